@@ -1,0 +1,123 @@
+"""Which positions of a sequence belong to which rank: pure functions of (N, rank, world_size).
+
+Two splits, as the guides use them:
+
+- contiguous (DPA): rank r gets one block ``[start, end)``; the first ``N % R`` ranks get one
+  more. 23 over 4 ranks -> ``[(0, 6), (6, 12), (12, 18), (18, 23)]``; 3 over 5 ranks ->
+  ``[(0, 1), (1, 2), (2, 3), (3, 3), (3, 3)]`` (two empty ranges).
+- strided / round-robin (torch's sampler, scDataset): rank r gets positions ``r, r+R, r+2R...``.
+  10 over 4 ranks -> rank 0 ``[0, 4, 8]``, rank 1 ``[1, 5, 9]``, rank 2 ``[2, 6]``, rank 3 ``[3, 7]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _check(total: int, world_size: int, rank: int | None = None) -> None:
+    if isinstance(total, bool) or not isinstance(total, int | np.integer) or total < 0:
+        raise ValueError(f"total_samples ({total!r}) must be a non-negative integer.")
+    if (
+        isinstance(world_size, bool)
+        or not isinstance(world_size, int | np.integer)
+        or world_size < 1
+    ):
+        raise ValueError(f"world_size ({world_size!r}) must be an integer >= 1.")
+    if rank is not None and (
+        isinstance(rank, bool)
+        or not isinstance(rank, int | np.integer)
+        or not 0 <= rank < world_size
+    ):
+        raise ValueError(
+            f"rank ({rank!r}) must be < world_size ({world_size}) and >= 0; "
+            f"valid ranks are 0..{world_size - 1}."
+        )
+
+
+def contiguous_range(total: int, world_size: int, rank: int) -> tuple[int, int]:
+    """``[start, end)`` of ``rank``'s contiguous block; the first ``total % world_size`` ranks
+    hold one extra item.
+
+    >>> [contiguous_range(23, 4, r) for r in range(4)]
+    [(0, 6), (6, 12), (12, 18), (18, 23)]
+    """
+    _check(total, world_size, rank)
+    base, extra = divmod(int(total), int(world_size))
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def contiguous_owner(total: int, world_size: int, index: int) -> int:
+    """The rank whose contiguous block holds ``index`` (inverse of :func:`contiguous_range`).
+
+    >>> contiguous_owner(23, 4, 17), contiguous_owner(23, 4, 18)
+    (2, 3)
+    """
+    _check(total, world_size)
+    if not 0 <= index < total:
+        raise ValueError(f"sample_id ({index}) must be in [0, {total}).")
+    base, extra = divmod(int(total), int(world_size))
+    boundary = extra * (base + 1)  # indices below it live in the larger blocks
+    if index < boundary:
+        return int(index // (base + 1))
+    return int(extra + (index - boundary) // base)
+
+
+def strided_count(total: int, world_size: int, rank: int) -> int:
+    """How many of ``range(total)`` a strided split gives ``rank``.
+
+    >>> [strided_count(10, 4, r) for r in range(4)]
+    [3, 3, 2, 2]
+    """
+    _check(total, world_size, rank)
+    return max(0, (int(total) - rank + world_size - 1) // world_size)
+
+
+def strided_positions(total: int, world_size: int, rank: int) -> range:
+    """Positions ``rank, rank + R, ...`` below ``total`` (a lazy ``range``: O(1) memory).
+
+    >>> list(strided_positions(10, 4, 1))
+    [1, 5, 9]
+    """
+    _check(total, world_size, rank)
+    return range(rank, int(total), int(world_size))
+
+
+class DistributedRangeSplitter:
+    """Contiguous split of ``total_samples`` over ``world_size`` ranks (the DPA guide's API).
+
+    >>> s = DistributedRangeSplitter(23, 4)
+    >>> s.get_all_ranges()
+    [(0, 6), (6, 12), (12, 18), (18, 23)]
+    >>> s.get_rank_for_sample(20)
+    3
+    """
+
+    def __init__(self, total_samples: int, world_size: int) -> None:
+        _check(total_samples, world_size)
+        self.total_samples = int(total_samples)
+        self.world_size = int(world_size)
+
+    def get_rank_range(self, rank: int) -> tuple[int, int]:
+        """``(start, end)`` of ``rank``'s samples, end exclusive; empty when start == end."""
+        return contiguous_range(self.total_samples, self.world_size, rank)
+
+    def get_all_ranges(self) -> list[tuple[int, int]]:
+        """Every rank's ``(start, end)`` in rank order."""
+        return [self.get_rank_range(r) for r in range(self.world_size)]
+
+    def validate_ranges(self) -> bool:
+        """True when the ranges are ordered, never overlap and cover every sample exactly once."""
+        expected_start = 0
+        for start, end in self.get_all_ranges():
+            if start != expected_start or end < start:
+                return False
+            expected_start = end
+        return expected_start == self.total_samples
+
+    def get_rank_for_sample(self, sample_id: int) -> int:
+        """The rank whose range contains ``sample_id``."""
+        return contiguous_owner(self.total_samples, self.world_size, sample_id)
+
+    def __repr__(self) -> str:
+        return f"DistributedRangeSplitter(total_samples={self.total_samples}, world_size={self.world_size})"

@@ -1,0 +1,60 @@
+"""Process group life cycle and collectives (``rankwise.distributed``).
+
+>>> import rankwise
+>>> rankwise.distributed.init()          # world of one without RANK / WORLD_SIZE
+DistributedConfig(rank=0, world_size=1, ...)
+>>> rankwise.distributed.get_world_size()
+1
+"""
+
+from rankwise.distributed.collectives import (
+    all_gather,
+    all_reduce,
+    broadcast,
+    reduce_metrics,
+    scatter,
+)
+from rankwise.distributed.config import BackendType, DistributedConfig, normalize_backend
+from rankwise.distributed.errors import (
+    DistributedConfigError,
+    DistributedStateError,
+    DistributedTimeoutError,
+)
+from rankwise.distributed.group import (
+    barrier,
+    detect_world,
+    device,
+    finalize,
+    get_backend,
+    get_local_rank,
+    get_rank,
+    get_world_size,
+    init,
+    is_initialized,
+    is_master,
+)
+
+__all__ = [
+    "BackendType",
+    "DistributedConfig",
+    "DistributedConfigError",
+    "DistributedStateError",
+    "DistributedTimeoutError",
+    "all_gather",
+    "all_reduce",
+    "barrier",
+    "broadcast",
+    "detect_world",
+    "device",
+    "finalize",
+    "get_backend",
+    "get_local_rank",
+    "get_rank",
+    "get_world_size",
+    "init",
+    "is_initialized",
+    "is_master",
+    "normalize_backend",
+    "reduce_metrics",
+    "scatter",
+]

@@ -1,0 +1,159 @@
+"""Collectives over the live group; identities in a world of one.
+
+Thin wrappers over ``torch.distributed`` that (1) work unchanged when no process group exists,
+so single-process runs need no ``if`` around them, (2) take the reduction as a plain string,
+and (3) check their arguments with messages that say what to pass instead.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from rankwise.distributed.group import get_world_size
+
+_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "mean": dist.ReduceOp.SUM,  # gloo has no AVG: sum, then divide by the world size
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+    "product": dist.ReduceOp.PRODUCT,
+}
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Reduce ``tensor`` in place across ranks and return it.
+
+    ``op`` is one of ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"product"``.
+
+    >>> t = torch.tensor([1.0, 2.0])
+    >>> all_reduce(t, op="mean")  # world of one: unchanged
+    tensor([1., 2.])
+    """
+    key = op.lower() if isinstance(op, str) else op
+    if key not in _OPS:
+        raise ValueError(f"op {op!r} is not supported; use one of {sorted(_OPS)}.")
+    if key == "mean" and not (tensor.is_floating_point() or tensor.is_complex()):
+        raise ValueError(
+            f"op='mean' needs a floating-point tensor, got {tensor.dtype}; "
+            "convert with tensor.float() or reduce with op='sum'."
+        )
+    if _distributed():
+        dist.all_reduce(tensor, op=_OPS[key])
+        if key == "mean":
+            tensor.div_(dist.get_world_size())
+    return tensor
+
+
+def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Fill ``tensor_list[r]`` with rank r's ``tensor``; ``len(tensor_list)`` == world size."""
+    world = get_world_size()
+    if len(tensor_list) != world:
+        raise ValueError(
+            f"all_gather needs one output tensor per rank: got {len(tensor_list)} for a world "
+            f"of {world}; build it as [torch.empty_like(t) for _ in range({world})]."
+        )
+    if _distributed():
+        dist.all_gather(tensor_list, tensor)
+    else:
+        tensor_list[0].copy_(tensor)
+    return tensor_list
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """Overwrite ``tensor`` on every rank with rank ``src``'s, in place."""
+    _check_src(src)
+    if _distributed():
+        dist.broadcast(tensor, src=src)
+    return tensor
+
+
+def scatter(
+    tensor: torch.Tensor,
+    scatter_list: Sequence[torch.Tensor] | None = None,
+    src: int = 0,
+) -> torch.Tensor:
+    """Rank r receives ``scatter_list[r]`` (given on ``src`` only) into ``tensor``."""
+    _check_src(src)
+    world = get_world_size()
+    rank = dist.get_rank() if _distributed() else 0
+    if rank == src and (scatter_list is None or len(scatter_list) != world):
+        got = "None" if scatter_list is None else f"{len(scatter_list)} tensors"
+        raise ValueError(
+            f"scatter on the source rank {src} needs scatter_list with one tensor per rank "
+            f"({world}), got {got}."
+        )
+    if _distributed():
+        dist.scatter(tensor, list(scatter_list) if rank == src and scatter_list else None, src)
+    else:
+        assert scatter_list is not None  # checked above: rank == src in a world of one
+        tensor.copy_(scatter_list[0])
+    return tensor
+
+
+def reduce_metrics(
+    metrics: Mapping[str, float | torch.Tensor], weight: float = 1.0
+) -> dict[str, float]:
+    """Weighted mean of each metric across ranks, in one collective.
+
+    ``weight`` is this rank's share, usually its number of samples, which makes the result the
+    exact mean over all samples even when ranks saw different counts:
+
+    rank 0: ``{"loss": 1.0}``, weight 3; rank 1: ``{"loss": 2.0}``, weight 1
+    -> every rank gets ``{"loss": 1.25}``.
+
+    Every rank must pass the same keys; a mismatch raises instead of mixing metrics up.
+    """
+    if weight < 0:
+        raise ValueError(f"weight ({weight}) must be >= 0; pass this rank's sample count.")
+    keys = sorted(metrics)
+    values = [float(metrics[k]) for k in keys]
+    signature = float(zlib.crc32("\0".join(keys).encode()) % (1 << 24))
+    # Layout: [w*v_0, ..., w*v_{k-1}, w, signature]; float64 so large sums stay exact.
+    payload = torch.tensor([weight * v for v in values] + [weight, signature], dtype=torch.float64)
+    if not _distributed():
+        return dict(zip(keys, values, strict=True))
+    device = _collective_device()
+    reduced = payload.to(device)
+    # The key count fixes the message size, so agree on it first: with different counts gloo
+    # would pair up buffers of different sizes. [n, -n] under MAX gives (max, -min) everywhere,
+    # so every rank sees the mismatch and raises, none is left waiting.
+    counts = torch.tensor([len(keys), -len(keys)], dtype=torch.float64, device=device)
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    if counts[0].item() != -counts[1].item():
+        _raise_key_mismatch(keys)
+    dist.all_reduce(reduced)
+    reduced = reduced.cpu()
+    world = dist.get_world_size()
+    if abs(reduced[-1].item() - world * signature) > 0.5:
+        _raise_key_mismatch(keys)
+    total_weight = reduced[-2].item()
+    if total_weight == 0:
+        raise ValueError("reduce_metrics: the weights sum to 0 on all ranks; nothing to average.")
+    return {k: reduced[i].item() / total_weight for i, k in enumerate(keys)}
+
+
+def _raise_key_mismatch(keys: list[str]) -> None:
+    raise ValueError(
+        f"reduce_metrics got different metric names on different ranks (this rank: {keys}); "
+        "pass the same keys on every rank."
+    )
+
+
+def _collective_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _check_src(src: int) -> None:
+    world = get_world_size()
+    if not 0 <= src < world:
+        raise ValueError(f"src ({src}) must be a rank in 0..{world - 1}.")

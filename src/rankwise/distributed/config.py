@@ -1,0 +1,185 @@
+"""Process-group configuration: the one place in rankwise that reads environment variables.
+
+The variables are torchrun's (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``) plus two of the CyxWiz guide (``DISTRIBUTED_BACKEND``,
+``DISTRIBUTED_TIMEOUT_MS``). With none of them set the configuration describes a world of one,
+so the same script runs under ``python train.py`` and under ``rankwise launch``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from rankwise.distributed.errors import DistributedConfigError
+
+
+class BackendType(str, enum.Enum):
+    """Communication backend. ``CPU`` is the CyxWiz guide's name for gloo."""
+
+    AUTO = "auto"
+    CPU = "cpu"
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+
+_BACKEND_ALIASES = {"auto": "auto", "cpu": "gloo", "gloo": "gloo", "nccl": "nccl"}
+
+# Where each field comes from, so that errors can name the variable the user has to change.
+ENV_VARS = {
+    "rank": "RANK",
+    "world_size": "WORLD_SIZE",
+    "local_rank": "LOCAL_RANK",
+    "master_addr": "MASTER_ADDR",
+    "master_port": "MASTER_PORT",
+    "backend": "DISTRIBUTED_BACKEND",
+    "timeout_ms": "DISTRIBUTED_TIMEOUT_MS",
+}
+
+
+def normalize_backend(backend: str | BackendType) -> str:
+    """Return ``"auto"``, ``"gloo"`` or ``"nccl"``; ``"cpu"`` means gloo.
+
+    >>> normalize_backend("CPU"), normalize_backend(BackendType.NCCL)
+    ('gloo', 'nccl')
+    """
+    name = backend.value if isinstance(backend, BackendType) else backend
+    if not isinstance(name, str) or name.lower() not in _BACKEND_ALIASES:
+        raise DistributedConfigError(
+            f"backend {backend!r} is not supported (DISTRIBUTED_BACKEND); "
+            "use one of 'auto', 'gloo' (alias 'cpu') or 'nccl'."
+        )
+    return _BACKEND_ALIASES[name.lower()]
+
+
+@dataclasses.dataclass
+class DistributedConfig:
+    """Who this process is and how it reaches its peers.
+
+    Mutable on purpose: the CyxWiz guide builds one with no arguments and sets attributes
+    (``config.rank = 0``); :meth:`validate` runs on construction and again in
+    :func:`rankwise.distributed.init`, so late assignments are checked too.
+
+    ``local_rank=None`` means "same as rank" (the CyxWiz default for ``LOCAL_RANK``).
+    ``use_agent_store`` and ``restart_count`` are filled in from torchrun's variables: they say
+    whether the launcher hosts the rendezvous store and which restart attempt this is.
+
+    >>> DistributedConfig(rank=1, world_size=2).resolved_local_rank
+    1
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int | None = None
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    backend: str | BackendType = "auto"
+    timeout_ms: int = 30000
+    use_agent_store: bool = False
+    restart_count: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def resolved_local_rank(self) -> int:
+        return self.rank if self.local_rank is None else self.local_rank
+
+    @property
+    def backend_name(self) -> str:
+        """The backend as ``"auto"``, ``"gloo"`` or ``"nccl"``."""
+        return normalize_backend(self.backend)
+
+    def validate(self) -> DistributedConfig:
+        """Check every field; raise :class:`DistributedConfigError` naming value and fix."""
+        for name in ("rank", "world_size", "master_port", "timeout_ms", "restart_count"):
+            _require_int(name, getattr(self, name))
+        if self.local_rank is not None:
+            _require_int("local_rank", self.local_rank)
+        if self.world_size < 1:
+            raise DistributedConfigError(
+                f"world_size ({self.world_size}) must be >= 1 (WORLD_SIZE): it is the total "
+                "number of processes, e.g. WORLD_SIZE=2 for two ranks."
+            )
+        if self.rank < 0:
+            raise DistributedConfigError(
+                f"rank ({self.rank}) must be >= 0 (RANK): ranks are numbered from 0."
+            )
+        if self.rank >= self.world_size:
+            raise DistributedConfigError(
+                f"rank ({self.rank}) must be < world_size ({self.world_size}): ranks are "
+                f"numbered 0..{self.world_size - 1}; fix RANK or WORLD_SIZE."
+            )
+        if self.local_rank is not None and self.local_rank < 0:
+            raise DistributedConfigError(
+                f"local_rank ({self.local_rank}) must be >= 0 (LOCAL_RANK): it is the device "
+                "index on this machine."
+            )
+        if not 1 <= self.master_port <= 65535:
+            raise DistributedConfigError(
+                f"master_port ({self.master_port}) must be in 1..65535 (MASTER_PORT); "
+                "pick a free port such as 29500, or let `rankwise launch` choose one."
+            )
+        if not isinstance(self.master_addr, str) or not self.master_addr.strip():
+            raise DistributedConfigError(
+                f"master_addr ({self.master_addr!r}) must be a host name or IP address "
+                "(MASTER_ADDR), e.g. 127.0.0.1 on one machine."
+            )
+        if self.timeout_ms <= 0:
+            raise DistributedConfigError(
+                f"timeout_ms ({self.timeout_ms}) must be > 0 (DISTRIBUTED_TIMEOUT_MS), "
+                "e.g. 30000 for 30 seconds."
+            )
+        normalize_backend(self.backend)
+        return self
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> DistributedConfig:
+        """Build a config from torchrun's and the CyxWiz guide's environment variables.
+
+        Missing variables take the defaults of a world of one. ``environ`` defaults to
+        ``os.environ`` and exists so the parsing can be tested as a pure function.
+
+        >>> DistributedConfig.from_environment({"RANK": "1", "WORLD_SIZE": "2"}).rank
+        1
+        """
+        env = os.environ if environ is None else environ
+        kwargs: dict[str, Any] = {}
+        for field in ("rank", "world_size", "local_rank", "master_port", "timeout_ms"):
+            raw = env.get(ENV_VARS[field])
+            if raw is not None and raw.strip() != "":
+                kwargs[field] = _parse_int(ENV_VARS[field], raw)
+        if env.get("MASTER_ADDR"):
+            kwargs["master_addr"] = env["MASTER_ADDR"]
+        if env.get("DISTRIBUTED_BACKEND"):
+            kwargs["backend"] = env["DISTRIBUTED_BACKEND"]
+        kwargs["use_agent_store"] = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        raw_restart = env.get("TORCHELASTIC_RESTART_COUNT")
+        if raw_restart:
+            kwargs["restart_count"] = _parse_int("TORCHELASTIC_RESTART_COUNT", raw_restart)
+        if "rank" in kwargs and "world_size" not in kwargs:
+            raise DistributedConfigError(
+                f"RANK is set ({kwargs['rank']}) but WORLD_SIZE is not; set WORLD_SIZE to the "
+                "total number of processes, or unset RANK for a single-process run."
+            )
+        return cls(**kwargs)
+
+
+def _parse_int(var: str, raw: str) -> int:
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise DistributedConfigError(
+            f"{var}={raw!r} is not an integer; set {var} to a whole number (e.g. {var}=0)."
+        ) from None
+
+
+def _require_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DistributedConfigError(
+            f"{name} ({value!r}) must be an integer ({ENV_VARS.get(name, name)}), "
+            f"got {type(value).__name__}."
+        )

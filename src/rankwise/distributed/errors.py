@@ -1,0 +1,19 @@
+"""Error types raised by :mod:`rankwise.distributed`.
+
+Each message names the offending variable, its value and the fix, so a misconfigured launch
+fails before any socket is opened instead of hanging.
+"""
+
+from __future__ import annotations
+
+
+class DistributedConfigError(ValueError):
+    """A distributed setting (argument or environment variable) is invalid."""
+
+
+class DistributedTimeoutError(TimeoutError):
+    """Peers did not arrive within the configured timeout."""
+
+
+class DistributedStateError(RuntimeError):
+    """The process group is in the wrong state for the call (e.g. initialised twice)."""

@@ -1,0 +1,301 @@
+"""Process group life cycle: ``init`` / ``finalize`` and the rank queries.
+
+rankwise drives ``torch.distributed`` rather than replacing it: the rendezvous store is torch's
+``TCPStore``, the group is ``init_process_group``. What rankwise adds is the checking around it:
+configuration errors before any peer is contacted, a peer that never arrives reported by rank
+within ``timeout_ms`` instead of a hang, and a clean shutdown at exit.
+
+A world of one creates no torch process group at all: the collectives in
+:mod:`rankwise.distributed.collectives` are identities there, and ``python train.py`` runs the
+same script that ``rankwise launch`` runs on N ranks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import errno
+import gc
+import socket
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from rankwise.distributed.config import DistributedConfig
+from rankwise.distributed.errors import (
+    DistributedConfigError,
+    DistributedStateError,
+    DistributedTimeoutError,
+)
+
+_ARRIVED = "rankwise/arrived"
+# How long finalize() releases the GIL after destroying the group. gloo's worker threads
+# (pt_gloo_runloop) may still be destroying finished work objects, which frees Python-owned
+# tensors and needs the GIL; if the interpreter is already finalising by then, the thread is
+# torn down mid-destructor and the process aborts with SIGABRT ("terminate called without an
+# active exception") although training succeeded.
+_DRAIN_SECONDS = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class _Session:
+    config: DistributedConfig
+    backend: str  # resolved: "gloo" or "nccl"
+
+
+# The only module state rankwise keeps: what init() set up, so that get_local_rank() and
+# device() can answer and finalize() knows what to tear down. torch.distributed keeps the rest.
+_session: _Session | None = None
+_created_group = False
+_atexit_registered = False
+
+
+def init(config: DistributedConfig | None = None) -> DistributedConfig:
+    """Join the process group described by ``config`` (default: the environment).
+
+    With no environment variables this is a world of one: no process group, no sockets.
+    Calling it again with the same world is a no-op; with a different one it is an error.
+
+    >>> import rankwise.distributed as rd
+    >>> rd.init().world_size      # no RANK / WORLD_SIZE in the environment
+    1
+    >>> rd.finalize()
+    """
+    global _session, _created_group
+    cfg = DistributedConfig.from_environment() if config is None else config
+    cfg.validate()
+    if _session is not None:
+        active = _session.config
+        if (active.rank, active.world_size) == (cfg.rank, cfg.world_size):
+            return active
+        raise DistributedStateError(
+            f"rankwise.distributed is already initialised as rank {active.rank} of "
+            f"{active.world_size}; call rankwise.distributed.finalize() before init() with "
+            f"rank {cfg.rank} of {cfg.world_size}."
+        )
+    backend = _resolve_backend(cfg)
+    if backend == "nccl":
+        torch.cuda.set_device(cfg.resolved_local_rank)
+    _register_atexit()
+
+    if dist.is_initialized():
+        # Someone (a seed guide's script, a framework) built the group with torch directly.
+        # Adopt it rather than fail: the queries below read torch's state anyway.
+        _session = _Session(cfg, dist.get_backend())
+        return cfg
+    if cfg.world_size > 1:
+        store = _connect_store(cfg)
+        _wait_for_peers(store, cfg)
+        dist.init_process_group(
+            backend=backend,
+            store=store,
+            rank=cfg.rank,
+            world_size=cfg.world_size,
+            timeout=timedelta(milliseconds=cfg.timeout_ms),
+        )
+        _created_group = True
+    _session = _Session(cfg, backend)
+    return cfg
+
+
+def finalize() -> None:
+    """Leave the process group (if any) and wait for the backend's threads to wind down.
+
+    Safe to call more than once and when :func:`init` was never called. An ``atexit`` hook
+    registered by :func:`init` calls it too, so a script that forgets it still exits 0.
+    """
+    global _session
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _session = None
+    if _created_group:
+        gc.collect()
+        time.sleep(_DRAIN_SECONDS)  # releases the GIL so gloo's threads can finish
+
+
+def is_initialized() -> bool:
+    """True after :func:`init` (also in a world of one) or when torch's group exists."""
+    return _session is not None or (dist.is_available() and dist.is_initialized())
+
+
+def get_rank() -> int:
+    """This process's global rank; 0 when not distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return _session.config.rank if _session else 0
+
+
+def get_world_size() -> int:
+    """Number of processes in the world; 1 when not distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return _session.config.world_size if _session else 1
+
+
+def get_local_rank() -> int:
+    """Index of this process on its machine (its GPU index under NCCL); 0 when not distributed."""
+    if _session is not None:
+        return _session.config.resolved_local_rank
+    if dist.is_available() and dist.is_initialized():
+        return DistributedConfig.from_environment().resolved_local_rank
+    return 0
+
+
+def is_master() -> bool:
+    """True on rank 0, the rank that logs and writes checkpoints."""
+    return get_rank() == 0
+
+
+def barrier() -> None:
+    """Block until every rank reaches this call; a no-op in a world of one."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def get_backend() -> str:
+    """The resolved backend of the live group: ``"gloo"``, ``"nccl"``, or ``"none"``."""
+    if dist.is_available() and dist.is_initialized():
+        return str(dist.get_backend())
+    return _session.backend if _session else "none"
+
+
+def device() -> torch.device:
+    """The device this rank computes on: ``cuda:<local_rank>`` under NCCL, else the CPU."""
+    if get_backend() == "nccl" or (_session is not None and _session.backend == "nccl"):
+        return torch.device("cuda", get_local_rank())
+    return torch.device("cpu")
+
+
+def detect_world() -> tuple[int, int]:
+    """``(rank, world_size)`` from the live group, else from the environment, else ``(0, 1)``.
+
+    For components (datasets, samplers) that must know their shard before — or without —
+    a process group, e.g. inside DataLoader workers started by torchrun.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if _session is not None:
+        return _session.config.rank, _session.config.world_size
+    cfg = DistributedConfig.from_environment()
+    return cfg.rank, cfg.world_size
+
+
+# -- internals -------------------------------------------------------------------------------
+
+
+def _resolve_backend(cfg: DistributedConfig) -> str:
+    name = cfg.backend_name
+    cuda = torch.cuda.is_available()
+    if name == "auto":
+        name = "nccl" if cuda and torch.cuda.device_count() > 0 else "gloo"
+    if name == "nccl":
+        if not cuda or not dist.is_nccl_available():
+            raise DistributedConfigError(
+                "backend 'nccl' needs CUDA GPUs and an NCCL build of torch, and this machine "
+                f"has {'no CUDA devices' if not cuda else 'no NCCL'}; set "
+                "DISTRIBUTED_BACKEND=gloo (or 'cpu'), or leave it at 'auto'."
+            )
+        count = torch.cuda.device_count()
+        if cfg.resolved_local_rank >= count:
+            raise DistributedConfigError(
+                f"local_rank ({cfg.resolved_local_rank}) is beyond the {count} visible CUDA "
+                f"device(s) (LOCAL_RANK must be < {count}); start at most {count} processes "
+                "per machine, or check CUDA_VISIBLE_DEVICES."
+            )
+    if name == "gloo" and not dist.is_gloo_available():
+        raise DistributedConfigError("this build of torch has no gloo backend; use 'nccl'.")
+    return name
+
+
+def _hosts_store(cfg: DistributedConfig) -> bool:
+    # Under torchrun's shared agent store the launcher hosts the store; otherwise rank 0 does.
+    return cfg.rank == 0 and not cfg.use_agent_store
+
+
+def _check_port_free(cfg: DistributedConfig) -> None:
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # Same option as the store's listener, so a port in TIME_WAIT from the last run is usable.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind(("", cfg.master_port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise DistributedConfigError(
+                f"master_port ({cfg.master_port}) is already in use on this machine "
+                f"(MASTER_PORT={cfg.master_port}); another job or a leftover process holds it. "
+                "Pick another port, or let `rankwise launch` choose a free one."
+            ) from None
+        raise
+    finally:
+        probe.close()
+
+
+def _connect_store(cfg: DistributedConfig) -> dist.Store:
+    hosts = _hosts_store(cfg)
+    if hosts:
+        _check_port_free(cfg)
+    timeout = timedelta(milliseconds=cfg.timeout_ms)
+    try:
+        store: dist.Store = dist.TCPStore(
+            host_name=cfg.master_addr,
+            port=cfg.master_port,
+            world_size=cfg.world_size,
+            is_master=hosts,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
+    except (RuntimeError, OSError) as exc:  # DistNetworkError / DistStoreError derive from these
+        if hosts:
+            raise DistributedConfigError(
+                f"could not listen on MASTER_PORT={cfg.master_port} ({exc}); pick another port."
+            ) from exc
+        raise DistributedTimeoutError(
+            f"rank {cfg.rank} timed out after {cfg.timeout_ms / 1000:g} s connecting to the "
+            f"master at {cfg.master_addr}:{cfg.master_port} (rank 0 hosts it): 0 of "
+            f"{cfg.world_size} ranks arrived as far as this rank can tell. Start rank 0, check "
+            "MASTER_ADDR / MASTER_PORT and the firewall, or raise DISTRIBUTED_TIMEOUT_MS."
+        ) from exc
+    if cfg.use_agent_store:
+        # torchrun's static rendezvous reuses one store across restart attempts; keys left by a
+        # failed attempt would otherwise be read by the next one (gloo then dials dead peers).
+        store = dist.PrefixStore(f"rankwise/attempt_{cfg.restart_count}", store)
+    return store
+
+
+def _wait_for_peers(store: dist.Store, cfg: DistributedConfig) -> None:
+    """Count arrivals in the store so a missing peer is reported by rank, not as a hang."""
+    store.set(f"{_ARRIVED}/{cfg.rank}", "1")
+    arrived = store.add(_ARRIVED, 1)
+    deadline = time.monotonic() + cfg.timeout_ms / 1000
+    while arrived < cfg.world_size:
+        if time.monotonic() > deadline:
+            missing = [r for r in range(cfg.world_size) if not _has_key(store, f"{_ARRIVED}/{r}")]
+            raise DistributedTimeoutError(
+                f"timed out after {cfg.timeout_ms / 1000:g} s waiting for peers: {arrived} of "
+                f"{cfg.world_size} ranks arrived at {cfg.master_addr}:{cfg.master_port} "
+                f"(missing ranks: {missing}). Start every rank with the same WORLD_SIZE, "
+                "MASTER_ADDR and MASTER_PORT, or raise DISTRIBUTED_TIMEOUT_MS."
+            )
+        time.sleep(0.02)
+        arrived = store.add(_ARRIVED, 0)
+
+
+def _has_key(store: dist.Store, key: str) -> bool:
+    with contextlib.suppress(RuntimeError):
+        return bool(store.check([key]))
+    return False
+
+
+def _finalize_at_exit() -> None:
+    if _session is not None or _created_group:
+        finalize()
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_finalize_at_exit)
+        _atexit_registered = True

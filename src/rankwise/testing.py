@@ -1,0 +1,256 @@
+"""Run code on N real gloo ranks, for tests and examples.
+
+:func:`run_distributed` runs a picklable function on ``world_size`` processes joined in a real
+process group (free port, gloo, a timeout on the whole run) and returns each rank's result in
+rank order. A rank that raises fails the call with that rank's traceback; ranks that never
+finish fail it with their numbers. :func:`run_script` does the same for a script through
+``rankwise launch``. :func:`hygiene` restores the environment and destroys any process group a
+test left behind.
+
+Processes come from a ``forkserver`` that has imported torch once, so each rank starts in
+milliseconds without inheriting the test process's threads (``fork`` after OpenMP has run is
+unsafe).
+
+>>> def total(x):
+...     import torch, rankwise.distributed as rd
+...     return rd.all_reduce(torch.tensor([x])).item()
+>>> run_distributed(total, 2, args=(1.0,))  # doctest: +SKIP
+[2.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+class RankFailedError(RuntimeError):
+    """A rank raised; the message carries its traceback."""
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def src_path() -> str:
+    """The folder that holds the imported ``rankwise`` package (for children's PYTHONPATH)."""
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The current environment minus rank variables, with rankwise importable."""
+    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src_path(), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra or {})
+    return env
+
+
+def _context(start_method: str) -> Any:
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "rankwise.distributed"])
+    return ctx
+
+
+def _rank_main(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    env: dict[str, str],
+    init_group: bool,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    conn: mpc.Connection,
+) -> None:
+    os.environ.update(env)
+    import torch
+
+    import rankwise.distributed as rd
+
+    torch.set_num_threads(1)
+    try:
+        if init_group:
+            rd.init()
+        result = fn(*args, **kwargs)
+        conn.send(("ok", result))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        rd.finalize()
+        conn.close()
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    *,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    timeout: float = 60.0,
+    backend: str = "gloo",
+    env: Mapping[str, str] | None = None,
+    init_group: bool = True,
+    start_method: str = "forkserver",
+    timeout_ms: int = 20000,
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return the results in rank order.
+
+    Each rank gets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT set (a fresh free
+    port), plus ``env``. With ``init_group`` (the default) the group is joined with
+    :func:`rankwise.distributed.init` before ``fn`` runs. ``fn`` must be picklable (defined at
+    module level). Raises :class:`RankFailedError` if a rank raises and ``TimeoutError`` if the
+    ranks do not all finish within ``timeout`` seconds; no process outlives the call.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size ({world_size}) must be >= 1.")
+    ctx = _context(start_method)
+    port = free_port()
+    procs: list[Any] = []
+    conns: dict[mpc.Connection, int] = {}
+    for rank in range(world_size):
+        rank_env = {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "DISTRIBUTED_BACKEND": backend,
+            "DISTRIBUTED_TIMEOUT_MS": str(timeout_ms),
+            "OMP_NUM_THREADS": "1",
+            **(env or {}),
+        }
+        parent, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=_rank_main,
+            args=(
+                fn,
+                rank,
+                world_size,
+                rank_env,
+                init_group,
+                tuple(args),
+                dict(kwargs or {}),
+                child,
+            ),
+            name=f"rankwise-rank{rank}",
+            daemon=True,
+        )
+        proc.start()
+        child.close()
+        procs.append(proc)
+        conns[parent] = rank
+    try:
+        return _collect(procs, conns, world_size, timeout)
+    finally:
+        _reap(procs)
+
+
+def _collect(
+    procs: list[Any], conns: dict[mpc.Connection, int], world_size: int, timeout: float
+) -> list[Any]:
+    results: dict[int, Any] = {}
+    failures: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    grace_deadline: float | None = None
+    pending = dict(conns)
+    while pending:
+        now = time.monotonic()
+        limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
+        if now >= limit:
+            break
+        for conn in mpc.wait(list(pending), timeout=limit - now):
+            assert isinstance(conn, mpc.Connection)
+            rank = pending.pop(conn)
+            try:
+                status, payload = conn.recv()
+            except EOFError:
+                code = procs[rank].exitcode
+                status, payload = "error", f"rank {rank} exited (code {code}) without a result"
+            if status == "ok":
+                results[rank] = payload
+            else:
+                failures[rank] = payload
+                # Peers of a failed rank are usually blocked in a collective: give them a moment
+                # to fail on their own (a clearer message), then stop waiting.
+                grace_deadline = grace_deadline or time.monotonic() + 3.0
+    if failures:
+        first = min(failures)
+        others = sorted(set(failures) - {first})
+        raise RankFailedError(
+            f"rank {first} of {world_size} failed"
+            + (f" (ranks {others} failed too)" if others else "")
+            + f":\n{failures[first]}"
+        )
+    if pending:
+        waiting = sorted(pending.values())
+        raise TimeoutError(
+            f"ranks {waiting} of {world_size} did not finish within {timeout:g} s "
+            "(a hang: a collective some rank never reached?)"
+        )
+    return [results[r] for r in range(world_size)]
+
+
+def _reap(procs: list[Any]) -> None:
+    for proc in procs:
+        proc.join(timeout=5)
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+
+
+def run_script(
+    script: str | Path,
+    nproc: int = 2,
+    *,
+    script_args: Sequence[str] = (),
+    launch_args: Sequence[str] = (),
+    timeout: float = 120.0,
+    env: Mapping[str, str] | None = None,
+    module: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` on ``nproc`` ranks through ``rankwise launch``; capture its output.
+
+    Never raises for the script's own failure: check ``returncode``. Raises
+    ``subprocess.TimeoutExpired`` (after killing the launch) when it outlives ``timeout``.
+    """
+    cmd = [sys.executable, "-m", "rankwise.cli", "launch", f"--nproc-per-node={nproc}"]
+    cmd += [*launch_args, *(["-m"] if module else []), str(script), *script_args]
+    return subprocess.run(
+        cmd,
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@contextlib.contextmanager
+def hygiene() -> Iterator[None]:
+    """Restore ``os.environ`` and tear down any process group left behind by the body."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        import rankwise.distributed as rd
+
+        rd.finalize()
+        os.environ.clear()
+        os.environ.update(saved)
