@@ -155,10 +155,13 @@ def run_distributed(
         child.close()
         procs.append(proc)
         conns[parent] = rank
+    ok = False
     try:
-        return _collect(procs, conns, world_size, timeout)
+        results = _collect(procs, conns, world_size, timeout)
+        ok = True
+        return results
     finally:
-        _reap(procs)
+        _reap(procs, graceful=ok)
 
 
 def _collect(
@@ -190,7 +193,9 @@ def _collect(
                 # to fail on their own (a clearer message), then stop waiting.
                 grace_deadline = grace_deadline or time.monotonic() + 3.0
     if failures:
-        first = min(failures)
+        # Report the rank that failed first: its peers usually fail as a consequence
+        # ("Connection closed by peer"), and their rank numbers may well be lower.
+        first = next(iter(failures))
         others = sorted(set(failures) - {first})
         raise RankFailedError(
             f"rank {first} of {world_size} failed"
@@ -206,9 +211,10 @@ def _collect(
     return [results[r] for r in range(world_size)]
 
 
-def _reap(procs: list[Any]) -> None:
-    for proc in procs:
-        proc.join(timeout=5)
+def _reap(procs: list[Any], graceful: bool) -> None:
+    if graceful:  # every rank reported: give them time to exit on their own
+        for proc in procs:
+            proc.join(timeout=5)
     for proc in procs:
         if proc.is_alive():
             proc.kill()

@@ -32,6 +32,7 @@ from rankwise.distributed.group import (
     init,
     is_initialized,
     is_master,
+    select_backend,
 )
 
 __all__ = [
@@ -57,4 +58,5 @@ __all__ = [
     "normalize_backend",
     "reduce_metrics",
     "scatter",
+    "select_backend",
 ]

@@ -187,26 +187,54 @@ def detect_world() -> tuple[int, int]:
 
 
 def _resolve_backend(cfg: DistributedConfig) -> str:
-    name = cfg.backend_name
-    cuda = torch.cuda.is_available()
+    cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return select_backend(
+        cfg.backend_name,
+        cfg.resolved_local_rank,
+        cuda_devices=cuda_devices,
+        nccl_available=dist.is_available() and dist.is_nccl_available(),
+        gloo_available=dist.is_available() and dist.is_gloo_available(),
+    )
+
+
+def select_backend(
+    requested: str,
+    local_rank: int,
+    *,
+    cuda_devices: int,
+    nccl_available: bool,
+    gloo_available: bool = True,
+) -> str:
+    """Pick the backend for ``requested`` (``auto`` / ``gloo`` / ``nccl``) on this machine.
+
+    A pure function of what the machine has, so every error path is testable anywhere.
+
+    >>> select_backend("auto", 0, cuda_devices=0, nccl_available=False)
+    'gloo'
+    >>> select_backend("auto", 1, cuda_devices=2, nccl_available=True)
+    'nccl'
+    """
+    name = "nccl" if requested == "auto" and cuda_devices > 0 and nccl_available else requested
     if name == "auto":
-        name = "nccl" if cuda and torch.cuda.device_count() > 0 else "gloo"
+        name = "gloo"
     if name == "nccl":
-        if not cuda or not dist.is_nccl_available():
+        if cuda_devices == 0 or not nccl_available:
+            missing = "no CUDA devices" if cuda_devices == 0 else "a torch build without NCCL"
             raise DistributedConfigError(
-                "backend 'nccl' needs CUDA GPUs and an NCCL build of torch, and this machine "
-                f"has {'no CUDA devices' if not cuda else 'no NCCL'}; set "
-                "DISTRIBUTED_BACKEND=gloo (or 'cpu'), or leave it at 'auto'."
+                f"backend 'nccl' needs CUDA GPUs and NCCL, and this machine has {missing} "
+                "(DISTRIBUTED_BACKEND=nccl); set DISTRIBUTED_BACKEND=gloo (or 'cpu'), or leave "
+                "it at 'auto'."
             )
-        count = torch.cuda.device_count()
-        if cfg.resolved_local_rank >= count:
+        if local_rank >= cuda_devices:
             raise DistributedConfigError(
-                f"local_rank ({cfg.resolved_local_rank}) is beyond the {count} visible CUDA "
-                f"device(s) (LOCAL_RANK must be < {count}); start at most {count} processes "
-                "per machine, or check CUDA_VISIBLE_DEVICES."
+                f"local_rank ({local_rank}) is beyond the {cuda_devices} visible CUDA "
+                f"device(s): LOCAL_RANK must be < {cuda_devices}. Start at most "
+                f"{cuda_devices} processes per machine, or check CUDA_VISIBLE_DEVICES."
             )
-    if name == "gloo" and not dist.is_gloo_available():
-        raise DistributedConfigError("this build of torch has no gloo backend; use 'nccl'.")
+    if name == "gloo" and not gloo_available:
+        raise DistributedConfigError(
+            "this build of torch has no gloo backend (DISTRIBUTED_BACKEND=gloo); use 'nccl'."
+        )
     return name
 
 

@@ -1,0 +1,101 @@
+"""``rankwise launch``: a thin front over ``torch.distributed.run`` (torchrun).
+
+torchrun does the work (spawning, rendezvous, restarts, multi-node). rankwise only picks
+settings that make it reliable by default:
+
+- **Rendezvous.** torchrun's default static rendezvous (what ``--master-port`` alone gives)
+  shares one TCP store between restart attempts, so a restarted attempt's gloo
+  ``connectFullMesh`` can read the dead attempt's addresses ("Connection refused") or hang.
+  rankwise uses the c10d rendezvous with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, which gives
+  every attempt a fresh store, so ``--max-restarts`` re-rendezvouses every time.
+- **Ports.** On one node with no ``--master-port``, the rendezvous listens on a port the OS
+  picks (port 0), so two jobs on one machine never collide.
+
+Everything else is torchrun's: any torchrun flag can be given and passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import get_args_parser, parse_min_max_nnodes
+from torch.distributed.run import run as torchrun_run
+
+DESCRIPTION = """\
+Run a training script on N processes per node through torchrun, with rankwise's defaults:
+c10d rendezvous with a fresh store per restart attempt (so --max-restarts works reliably) and,
+on a single node without --master-port, a free port chosen by the OS. Any torchrun option may
+be given. Each process gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, which
+rankwise.distributed.init() reads.
+
+examples:
+  rankwise launch --nproc-per-node 2 train.py --epochs 5
+  rankwise launch --nproc-per-node 4 --max-restarts 3 train.py
+  # two machines, run on each (node 0 at 10.0.0.1):
+  rankwise launch --nnodes 2 --nproc-per-node 4 --master-addr 10.0.0.1 --master-port 29500 train.py
+"""
+
+
+def add_launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``launch`` with every torchrun option, under rankwise's own help text."""
+    return subparsers.add_parser(
+        "launch",
+        parents=[get_args_parser()],
+        conflict_handler="resolve",  # our -h/--help replaces torchrun's
+        help="run a script on N processes (a thin front over torchrun)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Rewrite torchrun's parsed options with rankwise's rendezvous policy (see module doc).
+
+    An explicit ``--rdzv-backend``, ``--rdzv-endpoint`` or ``--standalone`` is respected.
+    """
+    explicit_rdzv = args.standalone or args.rdzv_backend != "static" or bool(args.rdzv_endpoint)
+    if not explicit_rdzv:
+        _, max_nodes = parse_min_max_nnodes(args.nnodes)
+        args.rdzv_backend = "c10d"
+        if max_nodes == 1:
+            port = args.master_port if args.master_port is not None else 0
+            args.rdzv_endpoint = f"{args.master_addr}:{port}"
+            args.rdzv_id = str(uuid.uuid4()) if args.rdzv_id == "none" else args.rdzv_id
+        else:
+            port = args.master_port if args.master_port is not None else 29500
+            args.rdzv_endpoint = f"{args.master_addr}:{port}"
+            # Every node must name the same run; a fixed default keeps the command identical.
+            args.rdzv_id = "rankwise" if args.rdzv_id == "none" else args.rdzv_id
+    return args
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    """Launch with torchrun; return the exit code of the job (0 when every rank succeeded)."""
+    apply_defaults(args)
+    # Read by the c10d rendezvous in this (agent) process: a fresh store per attempt.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    try:
+        torchrun_run(args)
+    except ChildFailedError as exc:
+        # torchrun already printed each failed rank's error; pass the first exit code on.
+        codes = [f.exitcode for f in exc.failures.values()]
+        first = next((c for c in codes if c and c > 0), 1)
+        print(
+            f"rankwise launch: {len(codes)} rank(s) failed; exit code {first}. "
+            "The traceback of the first failure is above.",
+            file=sys.stderr,
+        )
+        return first
+    return 0
+
+
+def launch(argv: Sequence[str]) -> int:
+    """Programmatic ``rankwise launch ARGV...``; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="rankwise")
+    add_launch_parser(parser.add_subparsers(dest="command"))
+    return run_launch(parser.parse_args(["launch", *argv]))

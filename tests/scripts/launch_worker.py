@@ -1,0 +1,59 @@
+"""A small DDP job for launcher tests and scripts/stress_launch.py.
+
+Each rank joins the group, checks one all_reduce, runs a few DDP steps and prints one line.
+Flags make it fail in the ways the launcher must handle: a rank raising, a failed first
+attempt (for --max-restarts), exiting without finalize().
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import rankwise.distributed as rd
+
+p = argparse.ArgumentParser()
+p.add_argument("--init", choices=["rankwise", "torch"], default="rankwise")
+p.add_argument("--fail-attempts", type=int, default=0, help="rank 1 raises on attempts below this")
+p.add_argument("--raise-on-rank", type=int, default=-1)
+p.add_argument("--no-finalize", action="store_true")
+p.add_argument("--steps", type=int, default=3)
+p.add_argument("--echo", default="")
+args = p.parse_args()
+
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+if args.init == "rankwise":
+    rd.init()
+else:
+    dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+
+total = torch.tensor([float(rank + 1)])
+dist.all_reduce(total)
+expected = world * (world + 1) / 2
+if total.item() != expected:
+    raise SystemExit(f"all_reduce gave {total.item()}, expected {expected}")
+
+if rank == 1 and attempt < args.fail_attempts:
+    raise RuntimeError(f"planned failure of rank 1 on attempt {attempt}")
+if rank == args.raise_on_rank:
+    raise ValueError(f"boom from rank {rank}")
+
+torch.manual_seed(0)
+model = DistributedDataParallel(torch.nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(args.steps):
+    opt.zero_grad()
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    opt.step()
+
+print(f"rank {rank}/{world} attempt {attempt}: ok {args.echo}", flush=True)
+if not args.no_finalize:
+    if args.init == "rankwise":
+        rd.finalize()
+    else:
+        dist.destroy_process_group()

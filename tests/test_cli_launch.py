@@ -1,0 +1,186 @@
+"""The `rankwise` command: launch policy (pure), help texts, env report, real launches, demo."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rankwise.cli import build_parser, main
+from rankwise.launch import apply_defaults
+from rankwise.testing import child_env, run_script
+
+WORKER = Path(__file__).parent / "scripts" / "launch_worker.py"
+
+
+def _launch_args(*argv: str) -> object:
+    return apply_defaults(build_parser().parse_args(["launch", *argv, "train.py"]))
+
+
+class TestLaunchPolicy:
+    def test_single_node_gets_c10d_on_an_os_chosen_port(self) -> None:
+        args = _launch_args("--nproc-per-node=2")
+        assert args.rdzv_backend == "c10d"  # type: ignore[attr-defined]
+        assert args.rdzv_endpoint == "127.0.0.1:0"  # type: ignore[attr-defined]
+        assert args.rdzv_id != "none"  # type: ignore[attr-defined]
+
+    def test_single_node_keeps_a_given_port(self) -> None:
+        args = _launch_args("--master-port=29777")
+        assert args.rdzv_endpoint == "127.0.0.1:29777"  # type: ignore[attr-defined]
+
+    def test_multi_node_uses_the_master_as_rendezvous(self) -> None:
+        args = _launch_args("--nnodes=2", "--node-rank=1", "--master-addr=10.1.2.3")
+        assert args.rdzv_backend == "c10d"  # type: ignore[attr-defined]
+        assert args.rdzv_endpoint == "10.1.2.3:29500"  # type: ignore[attr-defined]
+        assert args.rdzv_id == "rankwise"  # type: ignore[attr-defined]
+
+    def test_explicit_rendezvous_is_respected(self) -> None:
+        args = _launch_args("--rdzv-backend=etcd", "--rdzv-endpoint=h:1", "--rdzv-id=j")
+        assert (args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id) == ("etcd", "h:1", "j")  # type: ignore[attr-defined]
+
+    def test_torchrun_flags_and_script_args_pass_through(self) -> None:
+        args = build_parser().parse_args(
+            ["launch", "--max-restarts=3", "--monitor-interval=0.5", "t.py", "--lr", "0.1"]
+        )
+        assert args.max_restarts == 3 and args.monitor_interval == 0.5
+        assert args.training_script == "t.py" and args.training_script_args == ["--lr", "0.1"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        ([], ["launch", "env", "demo", "rankwise launch --nproc-per-node 2"]),
+        (["launch"], ["c10d", "--max-restarts", "--nproc-per-node", "--master-port", "free port"]),
+        (["env"], ["MASTER_PORT", "--json"]),
+        (["demo"], ["digits", "--nproc", "--epochs"]),
+    ],
+)
+def test_help_documents_every_command(
+    argv: list[str], fragments: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for fragment in fragments:
+        assert fragment in text, f"{fragment!r} missing from `rankwise {' '.join(argv)} --help`"
+
+
+def test_env_reports_configuration(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "rank 1 of 2" in out and "backends: gloo yes" in out and "CUDA devices:" in out
+    assert re.search(r"master port 29500: (free|IN USE)", out)
+
+
+def test_env_flags_a_bad_configuration(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RANK", "4")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert main(["env", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["config"]["valid"] is False
+    assert "rank (4) must be < world_size (4)" in report["config"]["error"]
+    assert report["variables"]["RANK"] == "4"
+
+
+# -- real launches (torchrun underneath) --------------------------------------------------------
+
+
+def test_launch_runs_every_rank_with_script_arguments() -> None:
+    proc = run_script(WORKER, 2, script_args=["--echo", "two words"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("attempt 0: ok two words") == 2
+    assert "rank 0/2" in proc.stdout and "rank 1/2" in proc.stdout
+
+
+def test_a_failing_rank_fails_the_launch_promptly_with_its_error() -> None:
+    started = time.monotonic()
+    proc = run_script(
+        WORKER,
+        2,
+        script_args=["--raise-on-rank=1"],
+        env={"DISTRIBUTED_TIMEOUT_MS": "300000"},  # a hang would sit here for 5 minutes
+        timeout=150,
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0
+    assert "ValueError: boom from rank 1" in proc.stderr
+    assert "rankwise launch: " in proc.stderr and "rank(s) failed" in proc.stderr
+    assert elapsed < 100, f"took {elapsed:.0f} s: the launch waited for the collective timeout"
+
+
+def test_restart_after_a_failed_attempt_rendezvouses_again() -> None:
+    proc = run_script(
+        WORKER,
+        2,
+        launch_args=["--max-restarts=1"],
+        script_args=["--fail-attempts=1"],
+        timeout=150,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "planned failure of rank 1 on attempt 0" in proc.stderr
+    assert proc.stdout.count("attempt 1: ok") == 2
+
+
+def test_restart_under_plain_torchrun_static_rendezvous() -> None:
+    # rankwise.init() namespaces its store keys by attempt, so even torchrun's shared agent
+    # store (static rendezvous, --master-port) does not leak the dead attempt's addresses.
+    from rankwise.testing import free_port
+
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+        f"--master-port={free_port()}", "--max-restarts=1", str(WORKER), "--fail-attempts=1",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("attempt 1: ok") == 2
+
+
+def test_job_that_never_calls_finalize_exits_zero() -> None:
+    proc = run_script(WORKER, 2, script_args=["--no-finalize", "--steps=5"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("attempt 0: ok") == 2
+
+
+def test_demo_trains_to_the_promised_accuracy() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rankwise.cli", "demo", "--epochs=12"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert out.count("epoch   1/12") == 1, "per-epoch lines must come from rank 0 only"
+    assert len(re.findall(r"^epoch +\d+/12 +loss [\d.]+ +acc [\d.]+", out, re.M)) == 12
+    match = re.search(r"final test accuracy: ([\d.]+) over (\d+) samples \(2 ranks", out)
+    assert match, out
+    assert float(match.group(1)) >= 0.93
+    assert int(match.group(2)) == 359
+
+
+def test_quickstart_example_runs_on_one_process_and_on_two() -> None:
+    script = Path(__file__).parent.parent / "examples" / "quickstart.py"
+    single = subprocess.run(
+        [sys.executable, str(script)], env=child_env(), capture_output=True, text=True, timeout=60
+    )
+    assert single.returncode == 0, single.stderr
+    assert "world 1: mean loss 0.250" in single.stdout
+    double = run_script(script, 2, timeout=120)
+    assert double.returncode == 0, double.stderr[-3000:]
+    # mean of 0.25 and 0.50; metrics weighted equally: loss (0.3 + 0.4) / 2
+    assert "world 2: mean loss 0.375" in double.stdout
+    assert "'loss': 0.35" in double.stdout
+    assert double.stdout.count("world 2") == 1  # printed on rank 0 only
