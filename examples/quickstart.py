@@ -1,7 +1,7 @@
 """The README's first example: the same script on one process and on N.
 
-    python examples/quickstart.py
-    rankwise launch --nproc-per-node 2 examples/quickstart.py
+python examples/quickstart.py
+rankwise launch --nproc-per-node 2 examples/quickstart.py
 """
 
 import torch
