@@ -18,12 +18,23 @@ from rankwise.data import (
 def test_guide_examples() -> None:
     assert DistributedRangeSplitter(23, 4).get_all_ranges() == [(0, 6), (6, 12), (12, 18), (18, 23)]
     assert DistributedRangeSplitter(100, 4).get_rank_range(3) == (75, 100)
-    assert DistributedRangeSplitter(3, 5).get_all_ranges() == [(0, 1), (1, 2), (2, 3), (3, 3), (3, 3)]
+    assert DistributedRangeSplitter(3, 5).get_all_ranges() == [
+        (0, 1),
+        (1, 2),
+        (2, 3),
+        (3, 3),
+        (3, 3),
+    ]
     assert DistributedRangeSplitter(0, 2).get_all_ranges() == [(0, 0), (0, 0)]
 
 
 def test_strided_example() -> None:
-    assert [list(strided_positions(10, 4, r)) for r in range(4)] == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
+    assert [list(strided_positions(10, 4, r)) for r in range(4)] == [
+        [0, 4, 8],
+        [1, 5, 9],
+        [2, 6],
+        [3, 7],
+    ]
     assert [strided_count(10, 4, r) for r in range(4)] == [3, 3, 2, 2]
     assert strided_count(2, 5, 4) == 0
 
@@ -31,7 +42,10 @@ def test_strided_example() -> None:
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: DistributedRangeSplitter(10, 4).get_rank_range(4), r"rank \(4\) must be < world_size \(4\)"),
+        (
+            lambda: DistributedRangeSplitter(10, 4).get_rank_range(4),
+            r"rank \(4\) must be < world_size \(4\)",
+        ),
         (lambda: DistributedRangeSplitter(10, 4).get_rank_range(-1), r"rank \(-1\)"),
         (lambda: DistributedRangeSplitter(10, 0), r"world_size \(0\)"),
         (lambda: DistributedRangeSplitter(-1, 2), r"total_samples \(-1\)"),

@@ -91,8 +91,13 @@ def test_state_is_small_plain_and_validated() -> None:
     s.advance(5)
     state = s.state_dict()
     assert state == {
-        "epoch": 2, "seed": 3, "num_samples": 100, "shuffle": True, "drop_last": False,
-        "consumed": 20, "world_size": 4,
+        "epoch": 2,
+        "seed": 3,
+        "num_samples": 100,
+        "shuffle": True,
+        "drop_last": False,
+        "consumed": 20,
+        "world_size": 4,
     }
     assert all(type(v) in (int, bool) for v in state.values())
     fresh = DistributedSampler(100, 2, 0, seed=99, shuffle=False)
@@ -102,12 +107,16 @@ def test_state_is_small_plain_and_validated() -> None:
     assert len(fresh) == 40
     fresh.set_epoch(3)  # a new epoch rewinds
     assert len(fresh) == 50 and fresh.consumed == 0
-    with pytest.raises(ValueError, match=r"saved for a dataset of 100 samples but this sampler has 99"):
+    with pytest.raises(
+        ValueError, match=r"saved for a dataset of 100 samples but this sampler has 99"
+    ):
         DistributedSampler(99, 1, 0).load_state_dict(state)
     with pytest.raises(ValueError, match=r"consumed'\] \(101\) must be <= num_samples \(100\)"):
         DistributedSampler(100, 1, 0).load_state_dict({**state, "consumed": 101})
     with pytest.raises(ValueError, match=r"missing \['consumed'\]"):
-        DistributedSampler(100, 1, 0).load_state_dict({k: v for k, v in state.items() if k != "consumed"})
+        DistributedSampler(100, 1, 0).load_state_dict(
+            {k: v for k, v in state.items() if k != "consumed"}
+        )
     with pytest.raises(ValueError, match=r"advance\(51\) passes the end of epoch 3: only 50"):
         fresh.advance(51)
 
@@ -127,14 +136,20 @@ def test_global_batches_do_not_depend_on_world_size(shuffle: bool) -> None:
     reference: list[list[int]] | None = None
     for r in (1, 2, 3, 4, 6, 12):
         iters = [
-            DistributedBatchIterator(DistributedSampler(n, r, rank, shuffle=shuffle, seed=8), global_batch // r)
+            DistributedBatchIterator(
+                DistributedSampler(n, r, rank, shuffle=shuffle, seed=8), global_batch // r
+            )
             for rank in range(r)
         ]
         per_rank = [list(it) for it in iters]
         assert len({len(b) for b in per_rank}) == 1
         # interleaving ranks strided rebuilds positions [kB, (k+1)B) in order
         batches = [
-            [per_rank[i % r][k][i // r] for i in range(global_batch) if i // r < len(per_rank[i % r][k])]
+            [
+                per_rank[i % r][k][i // r]
+                for i in range(global_batch)
+                if i // r < len(per_rank[i % r][k])
+            ]
             for k in range(len(per_rank[0]))
         ]
         full = batches[: n // global_batch]
@@ -147,7 +162,9 @@ def test_global_batches_do_not_depend_on_world_size(shuffle: bool) -> None:
         assert set(batches[-1]) >= rest and len(batches[-1]) - len(rest) < r
 
 
-def _resume_on_gloo(n: int, steps: int, state: dict[str, Any] | None) -> tuple[list[int], dict[str, Any]]:
+def _resume_on_gloo(
+    n: int, steps: int, state: dict[str, Any] | None
+) -> tuple[list[int], dict[str, Any]]:
     sampler = DistributedSampler(n, seed=21)  # world from the live process group
     if state is not None:
         sampler.load_state_dict(state)
