@@ -1,5 +1,15 @@
-"""Who sees which sample, in which order (``rankwise.data``)."""
+"""Who sees which sample, in which order (``rankwise.data``).
 
+- :mod:`~rankwise.data.partition`: contiguous and strided splits of ``range(N)`` over ranks.
+- :mod:`~rankwise.data.permutation`: a seeded permutation of ``[0, N)`` in O(1) memory.
+- :mod:`~rankwise.data.sampler`: :class:`DistributedSampler` with an elastic resume cursor.
+- :mod:`~rankwise.data.batches`: :class:`DistributedBatchIterator`.
+- :mod:`~rankwise.data.blocks` / :mod:`~rankwise.data.strategies`: :class:`FetchDataset`,
+  block-shuffled batches from on-disk sources (:class:`Streaming`, :class:`BlockShuffling`).
+"""
+
+from rankwise.data.batches import DistributedBatchIterator
+from rankwise.data.blocks import FetchDataset, default_fetch, rank_fetches, rows_per_rank
 from rankwise.data.partition import (
     DistributedRangeSplitter,
     contiguous_owner,
@@ -7,11 +17,25 @@ from rankwise.data.partition import (
     strided_count,
     strided_positions,
 )
+from rankwise.data.permutation import Permutation, permutation_keys
+from rankwise.data.sampler import DistributedSampler
+from rankwise.data.strategies import BlockShuffling, Strategy, Streaming
 
 __all__ = [
+    "BlockShuffling",
+    "DistributedBatchIterator",
     "DistributedRangeSplitter",
+    "DistributedSampler",
+    "FetchDataset",
+    "Permutation",
+    "Strategy",
+    "Streaming",
     "contiguous_owner",
     "contiguous_range",
+    "default_fetch",
+    "permutation_keys",
+    "rank_fetches",
+    "rows_per_rank",
     "strided_count",
     "strided_positions",
 ]

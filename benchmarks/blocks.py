@@ -1,0 +1,149 @@
+"""Benchmark: reading a backed .h5ad by random single rows vs FetchDataset strategies.
+
+Writes a dense .h5ad (default 100,000 x 128 float32) under benchmarks/out/, then measures
+samples/s for: random single-row reads (``adata.X[i]``, the baseline), Streaming, and
+BlockShuffling at several block sizes and fetch factors. Diversity of a batch = entropy (bits)
+of which batch-sized segment of the file its rows come from: log2(batch_size) for a uniform
+shuffle, 0 for rows read in order. Prints a table, writes benchmarks/out/blocks.json.
+
+    python benchmarks/blocks.py                       # 100k rows, a few minutes at most
+    python benchmarks/blocks.py --rows 1000000 --cols 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+OUT = Path(__file__).resolve().parent / "out"
+
+
+def make_file(path: Path, rows: int, cols: int) -> None:
+    import anndata as ad
+
+    if path.exists():
+        return
+    x = np.random.default_rng(0).random((rows, cols), dtype=np.float32)
+    x[:, 0] = np.arange(rows)  # column 0 holds the row id, to measure diversity
+    ad.AnnData(X=x).write_h5ad(path)
+
+
+def entropy_bits(row_ids: np.ndarray, segment: int) -> float:
+    _, counts = np.unique(row_ids.astype(np.int64) // segment, return_counts=True)
+    p = counts / counts.sum()
+    return float(-(p * np.log2(p)).sum())
+
+
+def random_rows(adata: Any, count: int, batch_size: int) -> dict[str, float]:
+    rng = np.random.default_rng(1)
+    ids = rng.choice(adata.n_obs, size=count, replace=False)
+    t0 = time.perf_counter()
+    rows = [np.asarray(adata.X[int(i)]) for i in ids]
+    seconds = time.perf_counter() - t0
+    ids_read = np.stack(rows)[:, 0]
+    batches = ids_read[: len(ids_read) // batch_size * batch_size].reshape(-1, batch_size)
+    return {
+        "samples_per_s": count / seconds,
+        "diversity_bits": float(np.mean([entropy_bits(b, batch_size) for b in batches])),
+    }
+
+
+def fetch_dataset(
+    adata: Any, strategy: Any, batch_size: int, fetch_factor: int
+) -> dict[str, float]:
+    from rankwise.data import FetchDataset, default_fetch
+
+    # Read X through the h5py dataset (one slice per contiguous run); AnnData views are slower.
+    ds = FetchDataset(
+        adata,
+        strategy,
+        batch_size,
+        fetch_factor=fetch_factor,
+        fetch_callback=lambda a, idx: default_fetch(a.X, idx),
+        rank=0,
+        world_size=1,
+    )
+    ds.set_epoch(1)
+    t0 = time.perf_counter()
+    entropies, count = [], 0
+    for batch in ds:
+        count += len(batch)
+        entropies.append(entropy_bits(batch[:, 0], batch_size))
+    seconds = time.perf_counter() - t0
+    return {"samples_per_s": count / seconds, "diversity_bits": float(np.mean(entropies))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--cols", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument(
+        "--random-samples", type=int, default=5_000, help="rows read by the baseline"
+    )
+    parser.add_argument("--block-sizes", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    parser.add_argument("--fetch-factors", type=int, nargs="+", default=[4, 16, 64])
+    args = parser.parse_args()
+
+    import anndata as ad
+
+    from rankwise.data import BlockShuffling, Streaming
+
+    OUT.mkdir(exist_ok=True)
+    path = OUT / f"bench_{args.rows}x{args.cols}.h5ad"
+    make_file(path, args.rows, args.cols)
+    adata = ad.read_h5ad(path, backed="r")
+    b = args.batch_size
+    cases = [
+        {
+            "method": "random single rows",
+            "block_size": 1,
+            "fetch_factor": 0,
+            **random_rows(adata, args.random_samples, b),
+        }
+    ]
+    cases.append(
+        {
+            "method": "Streaming",
+            "block_size": 0,
+            "fetch_factor": 16,
+            **fetch_dataset(adata, Streaming(), b, 16),
+        }
+    )
+    for bs in args.block_sizes:
+        for ff in args.fetch_factors:
+            res = fetch_dataset(adata, BlockShuffling(bs), b, ff)
+            cases.append({"method": "BlockShuffling", "block_size": bs, "fetch_factor": ff, **res})
+            print(
+                f"block_size={bs:4d} fetch_factor={ff:3d}: {res['samples_per_s']:12,.0f} samples/s",
+                flush=True,
+            )
+    base = cases[0]["samples_per_s"]
+    print(
+        f"\nfile {path.name}: {args.rows:,} rows x {args.cols} float32, batch_size {b}; "
+        "diversity of a uniform shuffle = the random-rows row\n"
+    )
+    print("| method | block size | fetch factor | samples/s | vs random rows | diversity (bits) |")
+    print("|---|---|---|---|---|---|")
+    for c in cases:
+        c["speedup"] = c["samples_per_s"] / base
+        print(
+            f"| {c['method']} | {c['block_size'] or '-'} | {c['fetch_factor'] or '-'} | "
+            f"{c['samples_per_s']:,.0f} | {c['speedup']:.0f}x | {c['diversity_bits']:.2f} |"
+        )
+    meta = {"rows": args.rows, "cols": args.cols, "batch_size": b, "cpus": os.cpu_count()}
+    (OUT / "blocks.json").write_text(json.dumps({"meta": meta, "cases": cases}, indent=2))
+    print(f"\nwrote {OUT / 'blocks.json'}")
+    adata.file.close()
+
+
+if __name__ == "__main__":
+    main()

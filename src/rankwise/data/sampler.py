@@ -1,0 +1,247 @@
+"""``DistributedSampler``: torch's sampler semantics, O(1) memory, and an elastic resume cursor.
+
+The epoch's *global order* is the permutation of ``[0, N)`` for ``(seed, epoch)`` (or
+``0..N-1`` without shuffle), padded by wrapping to a multiple of the world size R (torch's
+rule; ``drop_last`` trims instead). Rank r takes positions ``r, r+R, r+2R, ...`` of it::
+
+    N=10, R=4, no shuffle: global order 0 1 2 3 4 5 6 7 8 9 0 1   (2 wrapped to pad to 12)
+    rank 0 -> [0, 4, 8]   rank 1 -> [1, 5, 9]   rank 2 -> [2, 6, 0]   rank 3 -> [3, 7, 1]
+
+Every rank consumes in lockstep, so one number describes the whole world's progress: the
+*cursor*, how many positions of the global order all ranks together have consumed. The trainer
+moves it with :meth:`DistributedSampler.advance` (this rank's sample count; the sampler
+multiplies by R); :meth:`~DistributedSampler.state_dict` saves it. Loaded under another world
+size R', the rest of the order (positions ``consumed..N-1``) is split strided over the new
+ranks, padded to a multiple of R' by the same rule — so each sample is seen exactly once in the
+epoch across the stop (plus the usual < R' padding duplicates)::
+
+    N=10, R=4, stopped after 1 sample per rank: consumed = 4 (samples 0 1 2 3)
+    resumed with R'=3: rest = 4 5 6 7 8 9 -> rank 0 [4, 7], rank 1 [5, 8], rank 2 [6, 9]
+
+Global batches: with a global batch of B (B/R per rank), the k-th batches of all ranks together
+are exactly positions ``[kB, (k+1)B)`` of the global order — the same samples whatever R is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from rankwise.data.permutation import DEFAULT_CHUNK, Permutation, check_int
+from rankwise.distributed import detect_world
+
+__all__ = ["DistributedSampler"]
+
+_STATE_KEYS = ("epoch", "seed", "num_samples", "consumed")
+
+
+class DistributedSampler(Sampler[int]):
+    """Shards (and shuffles) ``range(N)`` over ranks; a drop-in for torch's DistributedSampler.
+
+    ``dataset_or_size`` is a sized dataset or the int N (``dataset=`` / ``dataset_size=`` are
+    accepted as keywords, as torch and the CyxWiz guide spell it). ``num_replicas`` / ``rank``
+    default to the process group, else the torchrun variables, else a world of one.
+
+    >>> s = DistributedSampler(10, num_replicas=4, rank=2, shuffle=False)
+    >>> list(s), len(s), s.padded_size()
+    ([2, 6, 0], 3, 12)
+    >>> s.advance(1)                   # every rank used one sample: 4 positions consumed
+    >>> s.state_dict()["consumed"]
+    4
+    >>> t = DistributedSampler(10, num_replicas=3, rank=0, shuffle=False)
+    >>> t.load_state_dict(s.state_dict()); list(t)   # rest 4..9 re-split over 3 ranks
+    [4, 7]
+    """
+
+    def __init__(
+        self,
+        dataset_or_size: Sized | int | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        *,
+        dataset: Sized | None = None,
+        dataset_size: int | None = None,
+    ) -> None:
+        given = [x for x in (dataset_or_size, dataset, dataset_size) if x is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "pass the data exactly once: DistributedSampler(dataset_or_size) with a sized "
+                f"dataset or an int (got {len(given)} of dataset_or_size / dataset / dataset_size)."
+            )
+        self._n = _num_samples(given[0])
+        if num_replicas is None or rank is None:
+            detected_rank, detected_world = detect_world()
+            num_replicas = detected_world if num_replicas is None else num_replicas
+            rank = detected_rank if rank is None else rank
+        self.num_replicas = check_int("num_replicas", num_replicas, minimum=1)
+        self.rank = check_int("rank", rank)
+        if self.rank >= self.num_replicas:
+            raise ValueError(
+                f"rank ({self.rank}) must be < num_replicas ({self.num_replicas}); "
+                f"valid ranks are 0..{self.num_replicas - 1}."
+            )
+        self.shuffle = bool(shuffle)
+        self.seed = check_int("seed", seed)
+        self.drop_last = bool(drop_last)
+        self.epoch = 0
+        self._start = 0  # position where the current split began (0, or a resume point)
+        self._cursor = 0  # positions of the global order consumed by all ranks together
+        self._perm: Permutation | None = None
+
+    # -- the global order ----------------------------------------------------------------------
+
+    def _end(self) -> int:
+        """One past the last position of the global order under the current world size."""
+        rest = self._n - self._start
+        per_rank = rest // self.num_replicas if self.drop_last else -(-rest // self.num_replicas)
+        return self._start + per_rank * self.num_replicas
+
+    def _permutation(self) -> Permutation:
+        p = self._perm
+        if p is None or (p.seed, p.epoch) != (self.seed, self.epoch):
+            p = self._perm = Permutation(self._n, self.seed, self.epoch)
+        return p
+
+    def _indices(self, positions: np.ndarray) -> np.ndarray:
+        positions = positions % max(self._n, 1)  # padding wraps to the start of the order
+        return self._permutation()[positions] if self.shuffle else positions
+
+    def __iter__(self) -> Iterator[int]:
+        # One chunk of positions at a time: memory stays flat for any N.
+        step, end = self.num_replicas, self._end()
+        for lo in range(self._cursor + self.rank, end, step * DEFAULT_CHUNK):
+            positions = np.arange(lo, min(lo + step * DEFAULT_CHUNK, end), step, dtype=np.int64)
+            yield from self._indices(positions).tolist()
+
+    def __len__(self) -> int:
+        """Indices :meth:`__iter__` yields on this rank (the rest of the epoch)."""
+        return (self._end() - self._cursor) // self.num_replicas
+
+    # -- epoch and cursor ----------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's order. A new epoch number rewinds the cursor to 0; the current
+        one keeps it, so calling ``set_epoch(e)`` right after loading a state of epoch e resumes
+        mid-epoch instead of restarting it."""
+        epoch = check_int("epoch", epoch)
+        if epoch != self.epoch:
+            self.epoch, self._start, self._cursor = epoch, 0, 0
+
+    def advance(self, num_samples: int) -> None:
+        """Record that this rank — and so, in lockstep, every rank — consumed ``num_samples``
+        more samples of the epoch (call it after each step with the per-rank batch length).
+
+        The cursor moves by ``num_samples * num_replicas`` positions; the next ``iter(self)``
+        starts after them and :meth:`state_dict` saves them. Iterating never moves the cursor
+        (a DataLoader reads ahead of what the model has consumed).
+        """
+        num_samples = check_int("num_samples", num_samples)
+        if num_samples > len(self):
+            raise ValueError(
+                f"advance({num_samples}) passes the end of epoch {self.epoch}: only {len(self)} "
+                "samples are left on each rank; call set_epoch(next_epoch) to start the next."
+            )
+        self._cursor += num_samples * self.num_replicas
+
+    @property
+    def consumed(self) -> int:
+        """Positions of the epoch's global order consumed by all ranks together."""
+        return self._cursor
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small dict of plain values describing the whole world's position.
+
+        ``consumed`` counts samples of the permutation (0..N) already used; it is N once the
+        epoch is done (padding duplicates and a ``drop_last`` tail are not counted).
+        """
+        consumed = self._n if self._cursor >= self._end() else min(self._cursor, self._n)
+        return {
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "num_samples": self._n,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "consumed": consumed,
+            "world_size": self.num_replicas,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved epoch under this sampler's world size (which may differ).
+
+        The state's seed, shuffle and drop_last replace the constructor's: the interrupted
+        order must be the one that continues. Raises ValueError for a state that does not fit.
+        """
+        missing = [k for k in _STATE_KEYS if k not in state]
+        if missing:
+            raise ValueError(
+                f"sampler state is missing {missing}; pass a dict from DistributedSampler."
+                f"state_dict() (keys {list(_STATE_KEYS)})."
+            )
+        n = check_int("state['num_samples']", state["num_samples"])
+        if n != self._n:
+            raise ValueError(
+                f"sampler state was saved for a dataset of {n} samples but this sampler has "
+                f"{self._n}; load a state saved for the same dataset."
+            )
+        consumed = check_int("state['consumed']", state["consumed"])
+        if consumed > n:
+            raise ValueError(
+                f"state['consumed'] ({consumed}) must be <= num_samples ({n}); "
+                "the state is corrupt or from another sampler."
+            )
+        self.epoch = check_int("state['epoch']", state["epoch"])
+        self.seed = check_int("state['seed']", state["seed"])
+        self.shuffle = bool(state.get("shuffle", self.shuffle))
+        self.drop_last = bool(state.get("drop_last", self.drop_last))
+        self._start = self._cursor = consumed
+
+    # -- the CyxWiz guide's methods ------------------------------------------------------------
+
+    def get_indices(self) -> list[int]:
+        """This rank's indices for the rest of the epoch, as a list (O(N/R) memory)."""
+        return list(self)
+
+    def local_size(self) -> int:
+        """How many indices this rank gets (the rest of the epoch); same on every rank."""
+        return len(self)
+
+    def total_size(self) -> int:
+        """N, the number of samples in the data set."""
+        return self._n
+
+    def padded_size(self) -> int:
+        """Length of the epoch's global order: N padded up (or, with drop_last, trimmed down)
+        to a multiple of the world size. 10 samples over 4 ranks -> 12 (8 with drop_last)."""
+        return self._end()
+
+    @property
+    def num_samples(self) -> int:
+        """torch's attribute: indices per rank (same as ``len(self)``)."""
+        return len(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"DistributedSampler(N={self._n}, num_replicas={self.num_replicas}, rank={self.rank}, "
+            f"shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, "
+            f"epoch={self.epoch}, consumed={self._cursor})"
+        )
+
+
+def _num_samples(data: Sized | int) -> int:
+    if isinstance(data, int | np.integer) and not isinstance(data, bool):
+        return check_int("dataset_size", data)
+    try:
+        return check_int("len(dataset)", len(data))  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(
+            f"dataset_or_size ({type(data).__name__}) must be an int or have a len(); "
+            "pass DistributedSampler(len(dataset)) for an iterable dataset."
+        ) from None

@@ -1,0 +1,136 @@
+"""DistributedSampler: torch's rule, the shuffle, O(1) memory, errors; the cursor is in
+test_data_resume.py."""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+from rankwise.data import DistributedSampler, Permutation
+
+
+def world(n: int, r: int, **kw: object) -> list[list[int]]:
+    return [list(DistributedSampler(n, r, rank, **kw)) for rank in range(r)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_unshuffled_equals_torch(drop_last: bool) -> None:
+    for n in range(0, 26):
+        for r in range(1, 7):
+            for rank in range(r):
+                theirs = tud.DistributedSampler(
+                    range(n), r, rank, shuffle=False, drop_last=drop_last
+                )
+                ours = DistributedSampler(n, r, rank, shuffle=False, drop_last=drop_last)
+                assert list(ours) == list(theirs), (n, r, rank)
+                assert len(ours) == len(theirs)
+
+
+@pytest.mark.parametrize(("n", "r"), [(10, 4), (23, 4), (3, 5), (1, 8), (1000, 7), (64, 8)])
+def test_shuffled_padding_rule(n: int, r: int) -> None:
+    """Global order = perm + perm[:pad] (wrapping), dealt strided; drop_last trims."""
+    sampler = DistributedSampler(n, r, 0, seed=5)
+    sampler.set_epoch(2)
+    perm = Permutation(n, 5, 2).take(0, n).tolist()
+    padded = -(-n // r) * r
+    order = [perm[p % n] for p in range(padded)]
+    got = []
+    for rank in range(r):
+        s = DistributedSampler(n, r, rank, seed=5)
+        s.set_epoch(2)
+        assert list(s) == order[rank::r] and len(s) == padded // r == s.local_size()
+        got += list(s)
+    assert set(got) == set(range(n)) and len(got) == padded == sampler.padded_size()
+    trimmed = world(n, r, seed=5, drop_last=True)
+    flat = [i for part in trimmed for i in part]
+    assert len(flat) == len(set(flat)) == n // r * r
+    assert {len(p) for p in trimmed} == {n // r}
+
+
+def test_epochs_reshuffle_and_are_reproducible() -> None:
+    s = DistributedSampler(1000, 2, 0, seed=3)
+    first = list(s)
+    assert list(s) == first  # iterating twice in an epoch gives the same order
+    s.set_epoch(1)
+    assert list(s) != first and sorted(list(s)) != sorted(first)  # a different half, too
+    s.set_epoch(0)
+    assert list(s) == first
+    assert list(DistributedSampler(1000, 2, 0, seed=4)) != first
+    # seed 0 epoch 1 and seed 1 epoch 0 differ (no seed + epoch)
+    a, b = DistributedSampler(1000, 1, 0, seed=0), DistributedSampler(1000, 1, 0, seed=1)
+    a.set_epoch(1)
+    assert list(a) != list(b)
+
+
+def test_cyxwiz_methods_and_aliases() -> None:
+    s = DistributedSampler(dataset_size=10, num_replicas=4, rank=3, shuffle=True, seed=42)
+    assert (s.total_size(), s.padded_size(), s.local_size()) == (10, 12, 3)
+    assert s.get_indices() == list(s) and len(s.get_indices()) == 3
+    assert DistributedSampler(10, 4, 3, drop_last=True).padded_size() == 8
+    t = DistributedSampler(dataset=torch.arange(7), num_replicas=2, rank=1)
+    assert t.total_size() == 7 and t.num_samples == 4
+
+
+def test_defaults_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    s = DistributedSampler(30)
+    assert (s.rank, s.num_replicas) == (2, 3)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    s = DistributedSampler(30)
+    assert (s.rank, s.num_replicas, len(s)) == (0, 1, 30)
+
+
+def test_in_a_dataloader() -> None:
+    data = tud.TensorDataset(torch.arange(20))
+    sampler = DistributedSampler(data, num_replicas=2, rank=1, seed=9)
+    loader = tud.DataLoader(data, batch_size=4, sampler=sampler)
+    seen = torch.cat([b[0] for b in loader]).tolist()
+    assert seen == list(sampler) and len(seen) == 10
+
+
+def test_billion_samples_start_at_once_in_small_memory() -> None:
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    s = DistributedSampler(10**9, num_replicas=8, rank=3, seed=1)
+    it = iter(s)
+    head = [next(it) for _ in range(100_000)]
+    elapsed = time.perf_counter() - t0
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(s) == 125_000_000 and len(set(head)) == len(head)
+    assert all(0 <= i < 10**9 for i in head)
+    assert elapsed < 5 and peak < 30_000_000  # the 100k ints themselves are ~4 MB
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: DistributedSampler(10, 4, 4), r"rank \(4\) must be < num_replicas \(4\)"),
+        (lambda: DistributedSampler(10, 0, 0), r"num_replicas \(0\)"),
+        (lambda: DistributedSampler(-5, 1, 0), r"dataset_size \(-5\)"),
+        (lambda: DistributedSampler(10, 1, 0, seed=-1), r"seed \(-1\)"),
+        (lambda: DistributedSampler(iter([1]), 1, 0), r"must be an int or have a len"),
+        (lambda: DistributedSampler(10, 1, 0, dataset_size=3), r"exactly once"),
+        (lambda: DistributedSampler(10, 1, 0).set_epoch(-1), r"epoch \(-1\)"),
+    ],
+)
+def test_bad_input(call: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        call()  # type: ignore[operator]
+
+
+def test_empty_dataset() -> None:
+    assert world(0, 3) == [[], [], []]
+    s = DistributedSampler(0, 2, 1)
+    assert s.state_dict()["consumed"] == 0 and len(s) == 0
+
+
+def test_indices_are_numpy_free_python_ints() -> None:
+    assert all(type(i) is int for i in DistributedSampler(50, 2, 0))
+    assert sorted(i for part in world(50, 5) for i in part) == list(range(50))
