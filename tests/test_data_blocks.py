@@ -255,11 +255,6 @@ def test_bad_input(call: Any, match: str) -> None:
 
 
 def _ranks_and_workers(n: int) -> tuple[list[int], int]:
-    import multiprocessing
-
-    # run_distributed starts ranks as daemon processes, which may not have children; a real
-    # torchrun rank is not a daemon, so lift the flag to let the DataLoader start workers.
-    multiprocessing.current_process()._config["daemon"] = False  # type: ignore[attr-defined]
     ds = FetchDataset(
         np.arange(n), BlockShuffling(5), batch_size=4, fetch_factor=2
     )  # world detected

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 import rankwise.distributed as rd
-from rankwise.data import contiguous_range
+from rankwise.data import DistributedSampler, contiguous_range
 
 
 def load_digits_split(seed: int, test_fraction: float = 0.2) -> tuple[torch.Tensor, ...]:
@@ -66,7 +66,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> float:
     args = parse_args(argv)
     rd.init()
-    rank, world = rd.get_rank(), rd.get_world_size()
+    world = rd.get_world_size()
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts)
     x_train, y_train, x_test, y_test = load_digits_split(args.seed)
 
@@ -75,9 +75,8 @@ def main(argv: Sequence[str] | None = None) -> float:
         model = DistributedDataParallel(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     dataset = TensorDataset(x_train, y_train)
-    sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(
-        dataset, num_replicas=world, rank=rank, seed=args.seed
-    )
+    # Shuffled by an O(1)-memory seeded permutation; rank r takes every world-th position.
+    sampler = DistributedSampler(dataset, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     if rd.is_master():
         print(

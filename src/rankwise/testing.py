@@ -149,7 +149,7 @@ def run_distributed(
                 child,
             ),
             name=f"rankwise-rank{rank}",
-            daemon=True,
+            daemon=False,  # a rank may start DataLoader workers; _reap() ends it anyway
         )
         proc.start()
         child.close()
