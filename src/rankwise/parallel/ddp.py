@@ -26,12 +26,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as _powersgd
-from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 import rankwise.distributed as rd
 from rankwise.parallel import hooks
-from rankwise.parallel.fsdp import FSDPConfig, shard_model
+from rankwise.parallel.fsdp import FSDPConfig, is_fsdp_module, shard_model
 
 STRATEGIES = ("ddp", "fsdp", "dp", "none")
 COMPRESSIONS = (None, "fp16", "bf16", "powersgd")
@@ -145,7 +144,7 @@ def wrap_model(
         raise ValueError(f"strategy ({strategy!r}) is not supported; use one of {STRATEGIES}.")
     if not isinstance(model, nn.Module):
         raise TypeError(f"wrap_model needs a torch.nn.Module, got {type(model).__name__}.")
-    if isinstance(model, DistributedDataParallel | DataParallel | FSDPModule):
+    if isinstance(model, DistributedDataParallel | DataParallel) or is_fsdp_module(model):
         raise ValueError(
             f"the model is already wrapped ({type(model).__name__}); pass the plain module, or "
             "unwrap it with rankwise.parallel.unwrap_model(model)."
@@ -288,12 +287,12 @@ def accumulate(model: nn.Module, is_last: bool) -> Iterator[None]:
     elif isinstance(model, DistributedDataParallel):
         with model.no_sync():
             yield
-    elif isinstance(model, FSDPModule):
-        model.set_requires_gradient_sync(False)
+    elif is_fsdp_module(model):
+        model.set_requires_gradient_sync(False)  # type: ignore[operator]
         try:
             yield
         finally:
-            model.set_requires_gradient_sync(True)
+            model.set_requires_gradient_sync(True)  # type: ignore[operator]
     else:
         yield
 

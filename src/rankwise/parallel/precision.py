@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 import rankwise.distributed as rd
+from rankwise.parallel.fsdp import as_dtensor
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -170,6 +170,5 @@ def clip_grad_norm(parameters: Params, max_norm: float, norm_type: float = 2.0) 
         raise ValueError(f"max_norm ({max_norm}) must be > 0, e.g. 1.0.")
     params = parameters.parameters() if isinstance(parameters, nn.Module) else parameters
     total = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
-    return total
+    sharded = as_dtensor(total)
+    return sharded.full_tensor() if sharded is not None else total

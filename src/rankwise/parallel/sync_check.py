@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate
 
 import rankwise.distributed as rd
 from rankwise.parallel.checkpointing import _unwrap
+from rankwise.parallel.fsdp import as_dtensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,11 +179,12 @@ def _optimizer_tensors(
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor | None:
-    if isinstance(tensor, DTensor):
-        if all(isinstance(p, Replicate) for p in tensor.placements):
-            return tensor.to_local()
-        return None  # sharded: each rank holds a different piece by design
-    return tensor
+    dtensor = as_dtensor(tensor)
+    if dtensor is None:
+        return tensor
+    if all(p.is_replicate() for p in dtensor.placements):
+        return dtensor.to_local()
+    return None  # sharded: each rank holds a different piece by design
 
 
 def _summary(tensor: torch.Tensor) -> torch.Tensor:
