@@ -201,8 +201,9 @@ def _ddp(model: nn.Module, cfg: DDPConfig, target: torch.device | None) -> nn.Mo
     first = next(model.parameters(), None)
     where = target or (first.device if first is not None else torch.device("cpu"))
     # A single-device CUDA module needs device_ids; CPU modules must pass None.
-    device_ids = [where.index if where.index is not None else torch.cuda.current_device()] \
-        if where.type == "cuda" else None
+    device_ids = None
+    if where.type == "cuda":
+        device_ids = [where.index if where.index is not None else torch.cuda.current_device()]
     ddp = DistributedDataParallel(
         model,
         device_ids=device_ids,
@@ -306,8 +307,8 @@ def is_sync_step(index: int, accumulation_steps: int, total: int | None = None) 
     >>> [is_sync_step(i, 3, total=7) for i in range(7)]
     [False, False, True, False, False, True, True]
     """
-    if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) \
-            or accumulation_steps < 1:
+    steps = accumulation_steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(
             f"accumulation_steps ({accumulation_steps!r}) must be an integer >= 1 (1 means "
             "sync every step)."

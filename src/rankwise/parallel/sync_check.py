@@ -110,19 +110,9 @@ def check_parameters_in_sync(
     device = rd.device()
     # Agree on the structure first: all_gather needs equal sizes on every rank, and mixing up
     # tensors of different models would give a meaningless report.
-    signature = zlib.crc32("\n".join(f"{n}:{tuple(t.shape)}" for n, t in named).encode())
-    header = torch.tensor([len(named), signature], dtype=torch.float64, device=device)
-    headers = rd.all_gather([torch.empty_like(header) for _ in range(world)], header)
-    counts = [int(h[0].item()) for h in headers]
-    if any(h[1].item() != signature or int(h[0].item()) != len(named) for h in headers):
-        detail = ", ".join(f"rank {r}: {c} tensors" for r, c in enumerate(counts))
-        return SyncReport(
-            world_size=world,
-            checked=0,
-            structure_error=f"names or shapes of the tensors differ ({detail}); build the "
-            "same model on every rank.",
-            skipped=tuple(skipped),
-        )
+    error = _structure_error(named, world, device)
+    if error is not None:
+        return SyncReport(world, 0, structure_error=error, skipped=tuple(skipped))
     if not named:
         return SyncReport(world_size=world, checked=0, skipped=tuple(skipped))
     local = torch.stack([_summary(t).to(device) for _, t in named])
@@ -133,6 +123,28 @@ def check_parameters_in_sync(
         if (m := _compare(name, gathered[:, i, :], atol)) is not None
     ]
     return SyncReport(world, len(named), tuple(mismatches), None, tuple(skipped))
+
+
+def _structure_error(
+    named: list[tuple[str, torch.Tensor]], world: int, device: torch.device
+) -> str | None:
+    signature = zlib.crc32("\n".join(f"{n}:{tuple(t.shape)}" for n, t in named).encode())
+    header = torch.tensor([len(named), signature], dtype=torch.float64, device=device)
+    headers = rd.all_gather([torch.empty_like(header) for _ in range(world)], header)
+    keys = [(int(h[0].item()), int(h[1].item())) for h in headers]
+    if len(set(keys)) == 1:
+        return None
+    groups: dict[tuple[int, int], list[int]] = {}
+    for rank, key in enumerate(keys):
+        groups.setdefault(key, []).append(rank)
+    ordered = sorted(groups.values(), key=lambda g: (-len(g), g[0]))
+    odd = ", ".join(_ranks(tuple(g)) for g in ordered[1:])
+    counts = ", ".join(str(k[0]) for k in keys)
+    return (
+        f"the names or shapes of the tensors on {odd} differ from those on "
+        f"{_ranks(tuple(ordered[0]))} (tensors per rank: {counts}); build the same model on "
+        "every rank."
+    )
 
 
 def _collect(
