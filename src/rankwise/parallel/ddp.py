@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -208,7 +209,7 @@ def _ddp(model: nn.Module, cfg: DDPConfig, target: torch.device | None) -> nn.Mo
         model,
         device_ids=device_ids,
         init_sync=cfg.broadcast_parameters,
-        forward_sync_buffers=cfg.broadcast_buffers,
+        **_buffer_sync_kwarg(cfg.broadcast_buffers),
         bucket_cap_mb=cfg.bucket_size_mb,
         find_unused_parameters=cfg.find_unused_parameters,
         static_graph=cfg.static_graph,
@@ -226,6 +227,13 @@ def _ddp(model: nn.Module, cfg: DDPConfig, target: torch.device | None) -> nn.Mo
         ddp.register_comm_hook(state, hooks.HOOKS[cfg.compression])
         setattr(ddp, _STATE_ATTR, state)
     return ddp
+
+
+def _buffer_sync_kwarg(enabled: bool) -> dict[str, Any]:
+    # torch 2.13 renamed broadcast_buffers to forward_sync_buffers and warns on the old name.
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers":
+            enabled}
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
