@@ -1,0 +1,70 @@
+"""Wrapping a model for N ranks (``rankwise.parallel``).
+
+Gradient synchronisation is torch's (DDP, comm hooks, FSDP2, autocast, GradScaler); rankwise
+adds validated configuration, a gloo-capable bf16 hook, byte counting, one accumulation
+context for every strategy, and a divergence check. A training step::
+
+    import rankwise.parallel as rp
+
+    model = rp.wrap_model(net, rp.DDPConfig(compression="powersgd"))
+    optimizer = torch.optim.AdamW(model.parameters())      # after wrapping (FSDP2 needs it)
+    precision = rp.Precision("bf16")
+    for i, (x, y) in enumerate(batches):
+        last = rp.is_sync_step(i, accumulation_steps=4, total=len(batches))
+        with rp.accumulate(model, is_last=last):
+            with precision.autocast():
+                loss = loss_fn(model(x), y) / 4
+            precision.backward(loss)
+        if last:
+            precision.clip_grad_norm_(model, 1.0, optimizer)
+            precision.step(optimizer)
+            optimizer.zero_grad()
+    assert rp.check_parameters_in_sync(model), "ranks diverged"
+
+See ``docs/parallel.md`` for each piece.
+"""
+
+from rankwise.parallel.checkpointing import enable_gradient_checkpointing, find_blocks
+from rankwise.parallel.ddp import (
+    COMPRESSIONS,
+    STRATEGIES,
+    DDPConfig,
+    accumulate,
+    comm_state_dict,
+    comm_stats,
+    is_sync_step,
+    load_comm_state_dict,
+    unwrap_model,
+    wrap_model,
+)
+from rankwise.parallel.fsdp import FSDPConfig, shard_model
+from rankwise.parallel.hooks import CommStats, allreduce_hook, bf16_hook, fp16_hook, powersgd_hook
+from rankwise.parallel.precision import Precision, clip_grad_norm
+from rankwise.parallel.sync_check import Mismatch, SyncReport, check_parameters_in_sync
+
+__all__ = [
+    "COMPRESSIONS",
+    "STRATEGIES",
+    "CommStats",
+    "DDPConfig",
+    "FSDPConfig",
+    "Mismatch",
+    "Precision",
+    "SyncReport",
+    "accumulate",
+    "allreduce_hook",
+    "bf16_hook",
+    "check_parameters_in_sync",
+    "clip_grad_norm",
+    "comm_state_dict",
+    "comm_stats",
+    "enable_gradient_checkpointing",
+    "find_blocks",
+    "fp16_hook",
+    "is_sync_step",
+    "load_comm_state_dict",
+    "powersgd_hook",
+    "shard_model",
+    "unwrap_model",
+    "wrap_model",
+]
