@@ -13,3 +13,7 @@ from rankwise.testing import hygiene
 def _hygiene() -> Iterator[None]:
     with hygiene():
         yield
+
+
+# Helper scripts run under `rankwise launch`; they are not test modules (and parse argv on import).
+collect_ignore = ["scripts"]

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 import rankwise.distributed as rd
 from rankwise.data import DistributedSampler, contiguous_range
+from rankwise.parallel import wrap_model
 
 
 def load_digits_split(seed: int, test_fraction: float = 0.2) -> tuple[torch.Tensor, ...]:
@@ -70,9 +70,8 @@ def main(argv: Sequence[str] | None = None) -> float:
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts)
     x_train, y_train, x_test, y_test = load_digits_split(args.seed)
 
-    model: nn.Module = make_model()
-    if world > 1:
-        model = DistributedDataParallel(model)
+    # DDP on N ranks (rank 0's weights broadcast), the plain module in a world of one.
+    model = wrap_model(make_model())
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     dataset = TensorDataset(x_train, y_train)
     # Shuffled by an O(1)-memory seeded permutation; rank r takes every world-th position.
