@@ -51,8 +51,9 @@ ACC_START_ITER = 10  # PowerSGD's plain all-reduce steps before compressing, in 
 
 def wide_mlp(seed: int = 0) -> nn.Sequential:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(784, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
-                         nn.Linear(2048, 10))
+    return nn.Sequential(
+        nn.Linear(784, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10)
+    )
 
 
 def _sync() -> None:
@@ -92,10 +93,15 @@ def bandwidth(sizes_mb: list[float], reps: int) -> list[dict[str, Any]]:
                 times.append(time.perf_counter() - start)
             seconds = statistics.median(times)
             payload = numel * t.element_size()
-            rows.append({
-                "size_mb": size, "op": label, "payload_mb": payload / 1e6,
-                "ms": 1e3 * seconds, "algbw_gbps": payload / seconds / 1e9,
-            })
+            rows.append(
+                {
+                    "size_mb": size,
+                    "op": label,
+                    "payload_mb": payload / 1e6,
+                    "ms": 1e3 * seconds,
+                    "algbw_gbps": payload / seconds / 1e9,
+                }
+            )
     return rows
 
 
@@ -126,11 +132,13 @@ def step_times(steps: int, batch: int, autocast: str) -> list[dict[str, Any]]:
             optimizer.zero_grad()
             _sync()
             times.append(time.perf_counter() - start)
-        rows.append({
-            "mode": label,
-            "bytes_per_step": stats.bytes_per_step if stats is not None else None,
-            "step_ms": 1e3 * statistics.median(times[warmup:]),
-        })
+        rows.append(
+            {
+                "mode": label,
+                "bytes_per_step": stats.bytes_per_step if stats is not None else None,
+                "step_ms": 1e3 * statistics.median(times[warmup:]),
+            }
+        )
         del model, optimizer
     plain = next(r for r in rows if r["mode"] == "rankwise none")["bytes_per_step"]
     for row in rows:
@@ -173,7 +181,7 @@ def accuracy(epochs: int, batch: int, autocast: str) -> list[dict[str, Any]]:
                 if step == ACC_START_ITER and stats is not None:
                     stats.reset()  # report the steady state, after PowerSGD's plain steps
                 step += 1
-                idx = shard[i:i + batch]
+                idx = shard[i : i + batch]
                 with precision.autocast():
                     out = model(x_train[idx].to(rd.device()))
                     loss = nn.functional.cross_entropy(out.float(), y_train[idx].to(rd.device()))
@@ -184,8 +192,13 @@ def accuracy(epochs: int, batch: int, autocast: str) -> list[dict[str, Any]]:
         model.eval()
         with torch.no_grad():
             pred = model(x_test.to(rd.device())).argmax(1).cpu()
-        rows.append({"mode": label, "test_accuracy": float((pred == y_test).float().mean()),
-                     "bytes_per_step": sent})
+        rows.append(
+            {
+                "mode": label,
+                "test_accuracy": float((pred == y_test).float().mean()),
+                "bytes_per_step": sent,
+            }
+        )
     return rows
 
 
@@ -204,8 +217,10 @@ def rank_main(opts: dict[str, Any]) -> dict[str, Any]:
 def table(rows: list[dict[str, Any]], cols: list[tuple[str, str, str]]) -> str:
     head = "| " + " | ".join(c[1] for c in cols) + " |"
     rule = "| " + " | ".join("---" for _ in cols) + " |"
-    body = ["| " + " | ".join(format(r[k], f) if r[k] is not None else "-" for k, _, f in cols)
-            + " |" for r in rows]
+    body = [
+        "| " + " | ".join(format(r[k], f) if r[k] is not None else "-" for k, _, f in cols) + " |"
+        for r in rows
+    ]
     return "\n".join([head, rule, *body])
 
 
@@ -229,26 +244,53 @@ def main() -> None:
         "threads": args.threads,
     }
     started = time.time()
-    results = run_distributed(rank_main, args.world, args=(opts,), backend=args.backend,
-                              timeout=3600, timeout_ms=600_000)
+    results = run_distributed(
+        rank_main, args.world, args=(opts,), backend=args.backend, timeout=3600, timeout_ms=600_000
+    )
     rank0 = results[0]
     print(f"# all-reduce on {args.world} ranks ({args.backend})\n")
-    print(table(rank0["bandwidth"], [("size_mb", "tensor MB", "g"), ("op", "op", "s"),
-                                     ("payload_mb", "payload MB", ".1f"), ("ms", "ms", ".1f"),
-                                     ("algbw_gbps", "algbw GB/s", ".2f")]))
-    print(f"\n# wide MLP 784-2048-2048-10, batch {opts['batch']}/rank, autocast "
-          f"{args.autocast}\n")
-    print(table(rank0["steps"], [("mode", "mode", "s"), ("bytes_per_step", "bytes/step", ",.0f"),
-                                 ("reduction_x", "fewer bytes (x)", ".1f"),
-                                 ("step_ms", "step ms", ".1f")]))
+    print(
+        table(
+            rank0["bandwidth"],
+            [
+                ("size_mb", "tensor MB", "g"),
+                ("op", "op", "s"),
+                ("payload_mb", "payload MB", ".1f"),
+                ("ms", "ms", ".1f"),
+                ("algbw_gbps", "algbw GB/s", ".2f"),
+            ],
+        )
+    )
+    print(f"\n# wide MLP 784-2048-2048-10, batch {opts['batch']}/rank, autocast {args.autocast}\n")
+    print(
+        table(
+            rank0["steps"],
+            [
+                ("mode", "mode", "s"),
+                ("bytes_per_step", "bytes/step", ",.0f"),
+                ("reduction_x", "fewer bytes (x)", ".1f"),
+                ("step_ms", "step ms", ".1f"),
+            ],
+        )
+    )
     print(f"\n# digits (28x28 upsampled), {opts['epochs']} epochs, test accuracy\n")
-    print(table(rank0["accuracy"], [("mode", "mode", "s"), ("test_accuracy", "accuracy", ".4f"),
-                                    ("bytes_per_step", "bytes/step", ",.0f")]))
+    print(
+        table(
+            rank0["accuracy"],
+            [
+                ("mode", "mode", "s"),
+                ("test_accuracy", "accuracy", ".4f"),
+                ("bytes_per_step", "bytes/step", ",.0f"),
+            ],
+        )
+    )
     payload = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": platform.platform(),
         "torch": torch.__version__,
-        "world": args.world, "backend": args.backend, "options": opts,
+        "world": args.world,
+        "backend": args.backend,
+        "options": opts,
         "seconds": time.time() - started,
         "results": rank0,
     }

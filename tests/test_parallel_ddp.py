@@ -24,8 +24,9 @@ LOCAL_BATCH = 4
 
 def _mlp(seed: int = 0, width: int = 16) -> nn.Sequential:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(6, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(),
-                         nn.Linear(width, 3))
+    return nn.Sequential(
+        nn.Linear(6, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 3)
+    )
 
 
 def _local_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,8 +40,9 @@ def _gathered(t: torch.Tensor) -> torch.Tensor:
 
 
 def _grads(model: nn.Module) -> list[torch.Tensor]:
-    return [p.grad.detach().clone() for p in rp.unwrap_model(model).parameters()
-            if p.grad is not None]
+    return [
+        p.grad.detach().clone() for p in rp.unwrap_model(model).parameters() if p.grad is not None
+    ]
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -76,8 +78,9 @@ def _gradients_and_accumulation() -> dict[str, Any]:
             opt.zero_grad()
             ref_opt.zero_grad()
     out["sync_diffs"], out["skipped_diffs"] = sync_diffs, skipped_diffs
-    out["param_diff"] = _max_diff(list(rp.unwrap_model(model).parameters()),
-                                  list(reference.parameters()))
+    out["param_diff"] = _max_diff(
+        list(rp.unwrap_model(model).parameters()), list(reference.parameters())
+    )
 
     # N micro-batches of loss/N through accumulate == one batch N times as large, on DDP;
     # a third copy also checkpoints its blocks, which must not change anything.
@@ -115,8 +118,9 @@ def test_ddp_gradients_match_reference_and_accumulation_matches_big_batch() -> N
 
 
 def _train_compressed(compression: str | None, precision: str) -> dict[str, Any]:
-    cfg = rp.DDPConfig(compression=compression, count_bytes=True, powersgd_start_iter=2,
-                       bucket_size_mb=1)
+    cfg = rp.DDPConfig(
+        compression=compression, count_bytes=True, powersgd_start_iter=2, bucket_size_mb=1
+    )
     model = rp.wrap_model(_mlp(width=32), cfg)
     reference = copy.deepcopy(rp.unwrap_model(model))
     prec = rp.Precision(precision, device="cpu")
@@ -132,8 +136,10 @@ def _train_compressed(compression: str | None, precision: str) -> dict[str, Any]
         prec.backward(loss)
         if step == 0:  # the hook's average must be the gathered batch's gradient
             nn.functional.mse_loss(reference(_gathered(x)), _gathered(y)).backward()
-            got, want = torch.cat([g.flatten() for g in _grads(model)]), torch.cat(
-                [g.flatten() for g in _grads(reference)])
+            got, want = (
+                torch.cat([g.flatten() for g in _grads(model)]),
+                torch.cat([g.flatten() for g in _grads(reference)]),
+            )
             first_error = float((got - want).norm() / want.norm())
         prec.step(optimizer)
         optimizer.zero_grad()
@@ -284,5 +290,6 @@ def _nccl_bf16_and_powersgd() -> list[bool]:
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices for NCCL")
 def test_nccl_compression_hooks() -> None:
     assert run_distributed(_nccl_bf16_and_powersgd, 2, backend="nccl", timeout=120) == [
-        [True, True], [True, True],
+        [True, True],
+        [True, True],
     ]

@@ -15,8 +15,9 @@ from rankwise.testing import run_distributed
 
 def _mlp(seed: int) -> nn.Sequential:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
-                         nn.Linear(16, 3))
+    return nn.Sequential(
+        nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3)
+    )
 
 
 def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:

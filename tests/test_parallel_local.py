@@ -17,7 +17,11 @@ from rankwise.parallel.hooks import load_powersgd_state_dict, powersgd_state_dic
 def _mlp(seed: int = 0, dropout: float = 0.0) -> nn.Sequential:
     torch.manual_seed(seed)
     return nn.Sequential(
-        nn.Linear(6, 16), nn.Tanh(), nn.Dropout(dropout), nn.Linear(16, 16), nn.Tanh(),
+        nn.Linear(6, 16),
+        nn.Tanh(),
+        nn.Dropout(dropout),
+        nn.Linear(16, 16),
+        nn.Tanh(),
         nn.Linear(16, 3),
     )
 
@@ -76,7 +80,12 @@ def test_wrap_model_argument_errors() -> None:
 def test_is_sync_step() -> None:
     assert [rp.is_sync_step(i, 1) for i in range(3)] == [True, True, True]
     assert [rp.is_sync_step(i, 4, total=6) for i in range(6)] == [
-        False, False, False, True, False, True,
+        False,
+        False,
+        False,
+        True,
+        False,
+        True,
     ]
     with pytest.raises(ValueError, match="accumulation_steps \\(0\\)"):
         rp.is_sync_step(0, 0)
@@ -119,8 +128,9 @@ def test_world_of_one_other_strategies() -> None:
 # -- precision ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("mode", "dtype"), [("fp32", torch.float32), ("bf16", torch.bfloat16),
-                                              ("fp16", torch.float16)])
+@pytest.mark.parametrize(
+    ("mode", "dtype"), [("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)]
+)
 def test_precision_autocasts_and_trains(mode: str, dtype: torch.dtype) -> None:
     model = _mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -222,7 +232,9 @@ def test_find_blocks_and_errors() -> None:
 
 def test_sync_report_text() -> None:
     two = rp.Mismatch("fc.weight", ((0, 1), (2,)), 0.25)
-    assert str(two) == "fc.weight: rank 2 differs from ranks [0, 1] (checksums differ by up to 0.25)"
+    assert (
+        str(two) == "fc.weight: rank 2 differs from ranks [0, 1] (checksums differ by up to 0.25)"
+    )
     three = rp.Mismatch("b", ((0, 3), (1,), (2,)), 1.0)
     assert "ranks disagree in 3 groups [0, 3] | [1] | [2]" in str(three)
     report = rp.SyncReport(world_size=4, checked=5, mismatches=(two, three))

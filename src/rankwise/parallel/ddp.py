@@ -88,8 +88,14 @@ class DDPConfig:
             raise ValueError(
                 f"DDPConfig.bucket_size_mb ({size!r}) must be > 0, e.g. 25 (DDP's default)."
             )
-        for name in ("broadcast_parameters", "broadcast_buffers", "find_unused_parameters",
-                     "static_graph", "gradient_as_bucket_view", "count_bytes"):
+        for name in (
+            "broadcast_parameters",
+            "broadcast_buffers",
+            "find_unused_parameters",
+            "static_graph",
+            "gradient_as_bucket_view",
+            "count_bytes",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"DDPConfig.{name} ({getattr(self, name)!r}) must be True or False."
@@ -105,7 +111,9 @@ class DDPConfig:
             )
         _require_int("powersgd_rank", self.powersgd_rank, 1, "e.g. 1, 2 or 4")
         _require_int(
-            "powersgd_start_iter", self.powersgd_start_iter, 2,
+            "powersgd_start_iter",
+            self.powersgd_start_iter,
+            2,
             "torch's PowerSGD needs two plain all-reduce steps before compressing",
         )
         return self
@@ -232,8 +240,9 @@ def _ddp(model: nn.Module, cfg: DDPConfig, target: torch.device | None) -> nn.Mo
 def _buffer_sync_kwarg(enabled: bool) -> dict[str, Any]:
     # torch 2.13 renamed broadcast_buffers to forward_sync_buffers and warns on the old name.
     params = inspect.signature(DistributedDataParallel.__init__).parameters
-    return {"forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers":
-            enabled}
+    return {
+        "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers": enabled
+    }
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

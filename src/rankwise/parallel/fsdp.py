@@ -125,10 +125,10 @@ def shard_model(
         _broadcast_from_rank0(model)
     policy = cfg.policy()
     for block in find_blocks(model, cfg.block_types):
-        fully_shard(block, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward,
-                    mp_policy=policy)
-    fully_shard(model, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward,
-                mp_policy=policy)
+        fully_shard(
+            block, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=policy
+        )
+    fully_shard(model, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=policy)
     return model
 
 

@@ -144,6 +144,7 @@ def powersgd_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
     _tally(state, bucket, ps.total_numel_after_compression - before, buffer.dtype)
     return fut
 
+
 HOOKS = {"fp16": fp16_hook, "bf16": bf16_hook, "powersgd": powersgd_hook, None: allreduce_hook}
 
 

@@ -139,8 +139,7 @@ class Precision:
         saved = state.get("mode")
         if saved not in DTYPES:
             raise ValueError(
-                f"not a Precision state: mode {saved!r}; pass what Precision.state_dict() "
-                "returned."
+                f"not a Precision state: mode {saved!r}; pass what Precision.state_dict() returned."
             )
         if saved != self.mode:
             warnings.warn(

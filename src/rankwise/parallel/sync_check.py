@@ -119,7 +119,8 @@ def check_parameters_in_sync(
     gathered = torch.stack(rd.all_gather([torch.empty_like(local) for _ in range(world)], local))
     gathered = gathered.cpu()  # [world, tensors, 3]
     mismatches = [
-        m for i, (name, _) in enumerate(named)
+        m
+        for i, (name, _) in enumerate(named)
         if (m := _compare(name, gathered[:, i, :], atol)) is not None
     ]
     return SyncReport(world, len(named), tuple(mismatches), None, tuple(skipped))
@@ -205,11 +206,13 @@ def _summary(tensor: torch.Tensor) -> torch.Tensor:
         return torch.zeros(3, dtype=torch.float64, device=flat.device)
     # Weights in [1, 2] make the third number depend on positions: swapped entries show up.
     weights = torch.linspace(1.0, 2.0, flat.numel(), dtype=torch.float64, device=flat.device)
-    return torch.stack([
-        flat.mean(),
-        flat.square().mean().sqrt(),
-        (flat * weights).sum() / weights.sum(),
-    ])
+    return torch.stack(
+        [
+            flat.mean(),
+            flat.square().mean().sqrt(),
+            (flat * weights).sum() / weights.sum(),
+        ]
+    )
 
 
 def _compare(name: str, rows: torch.Tensor, atol: float) -> Mismatch | None:
