@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -114,9 +115,10 @@ def numpy_noise(seed: int, count: int) -> np.ndarray:
         states = np.uint64(seed) + np.arange(1, pairs + 1, dtype=np.uint64) * np.uint64(
             GOLDEN_GAMMA
         )
-    z = mix64(states)
-    u1 = (((z >> np.uint64(40)) & np.uint64(0xFFFFFF)) + np.uint64(1)).astype(np.float64) / 2**24
-    u2 = ((z >> np.uint64(16)) & np.uint64(0xFFFFFF)).astype(np.float64) / 2**24
+    halves = mix64(states).view(np.int32).reshape(pairs, 2)  # little-endian: (low, high)
+    u1 = np.float32(0.5) - halves[:, 1].astype(np.float32) * np.float32(2.0**-32)
+    u1 = np.maximum(u1, np.float32(2.0**-25)).astype(np.float64)
+    u2 = halves[:, 0].astype(np.float64) * 2.0**-32
     r = np.sqrt(-2 * np.log(u1))
     return np.concatenate([r * np.cos(2 * np.pi * u2), r * np.sin(2 * np.pi * u2)])[:count]
 
@@ -128,6 +130,7 @@ def test_torch_mix_equals_numpy_mix_on_all_bit_patterns() -> None:
     np.testing.assert_array_equal(ours, mix64(words))
 
 
+@pytest.mark.skipif(sys.byteorder != "little", reason="the reference reads little-endian halves")
 def test_noise_matches_the_numpy_reference() -> None:
     seeds = np.array([0, 5, 2**63 + 7, 2**64 - 1], dtype=np.uint64)
     z = gaussian_noise(torch.from_numpy(seeds.view(np.int64).copy()), (3, 5, 7), torch.zeros(1))
@@ -142,8 +145,9 @@ def test_noise_is_standard_normal_and_independent_across_images() -> None:
     assert abs(float(z.mean())) < 0.01 and abs(float(z.std()) - 1) < 0.01
     assert float(z.abs().max()) < 6.0
     flat = z.view(64, -1)
-    corr = torch.corrcoef(flat)
-    assert float((corr - torch.eye(64, dtype=torch.float64)).abs().max()) < 0.07
+    off = (torch.corrcoef(flat) - torch.eye(64, dtype=torch.float64)).abs()
+    # Independent rows of n = 3072: |r| ~ 0.018 (1/sqrt(n)); 0.1 is over 5 sigma.
+    assert float(off.max()) < 0.1 and float(off.sum() / (64 * 63)) < 0.02
 
 
 def test_noise_uses_the_std_and_seed_of_each_image() -> None:
