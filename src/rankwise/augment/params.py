@@ -24,8 +24,9 @@ from rankwise.augment.seeds import (
     as_sample_ids,
     check_int,
     check_rank,
+    mix64,
     sample_keys,
-    stream_bits,
+    stream_offsets,
     to_unit,
 )
 from rankwise.data.partition import contiguous_range
@@ -276,13 +277,24 @@ def generate_params(
     >>> bool(generate_params([5], epoch=2)["rotation"][0] == a["rotation"][5])
     False
     """
-    cfg = resolve_config(config)
-    keys = sample_keys(as_sample_ids(sample_ids), base_seed=base_seed, epoch=epoch)
-    out: dict[str, npt.NDArray[Any]] = {}
-    for stream, name in enumerate(PARAM_NAMES):
-        low, high = getattr(cfg, f"{name}_range")
-        unit = to_unit(stream_bits(keys, stream))
-        # A fixed range returns low exactly; the clamp catches a rounding past ``high``.
-        out[name] = np.minimum(low + (high - low) * unit, high)
-    out["seed"] = stream_bits(keys, SEED_STREAM)
+    cfg = _DEFAULT if config is None else resolve_config(config)
+    ids = as_sample_ids(sample_ids)
+    keys = sample_keys(ids.reshape(-1), base_seed=base_seed, epoch=epoch)
+    # All six words of every sample in one (6, N) pass: a few numpy calls per batch, not per
+    # parameter, which is what small batches (one per training step) pay for.
+    with np.errstate(over="ignore"):
+        bits = mix64(_OFFSETS[:, None] + keys[None, :])
+    low = np.array([getattr(cfg, f"{name}_range")[0] for name in PARAM_NAMES])[:, None]
+    high = np.array([getattr(cfg, f"{name}_range")[1] for name in PARAM_NAMES])[:, None]
+    # A fixed range returns low exactly; the clamp catches a rounding past ``high``.
+    values = np.minimum(low + (high - low) * to_unit(bits[: len(PARAM_NAMES)]), high)
+    out: dict[str, npt.NDArray[Any]] = {
+        name: row.reshape(ids.shape) for name, row in zip(PARAM_NAMES, values, strict=True)
+    }
+    out["seed"] = bits[SEED_STREAM].reshape(ids.shape)
     return out
+
+
+# Read-only: generate_params only reads it, and resolve_config hands out fresh objects.
+_DEFAULT = AugmentationConfig()
+_OFFSETS = stream_offsets(len(PARAM_NAMES) + 1)

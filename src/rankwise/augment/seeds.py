@@ -14,6 +14,7 @@ Neither touches the global ``random`` / numpy / torch generators.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any
 
@@ -120,11 +121,15 @@ def mix64(x: U64) -> U64:
     >>> int(mix64(np.array([1], dtype=np.uint64))[0])
     6238072747940578789
     """
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore"):  # scalars warn on wrap-around; arrays never do
         z = np.asarray(x, dtype=np.uint64)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX_MUL1)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX_MUL2)
-        return z ^ (z >> np.uint64(31))
+        z = (z ^ (z >> _S30)) * _M1
+        z = (z ^ (z >> _S27)) * _M2
+        return z ^ (z >> _S31)
+
+
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_M1, _M2 = np.uint64(MIX_MUL1), np.uint64(MIX_MUL2)
 
 
 def as_sample_ids(sample_ids: Any) -> U64:
@@ -156,9 +161,19 @@ def sample_keys(sample_ids: U64, *, base_seed: int, epoch: int) -> U64:
     """
     seed = check_int("base_seed", base_seed, maximum=MAX_U64)
     epoch = check_int("epoch", epoch, maximum=MAX_U64)
+    return mix64(sample_ids.astype(np.uint64) ^ _head(seed, epoch))
+
+
+@functools.lru_cache(maxsize=256)
+def _head(seed: int, epoch: int) -> np.uint64:
+    # Per (seed, epoch), not per call: a training loop asks for the same pair many times.
     head = mix64(np.array([seed ^ _DOMAIN], dtype=np.uint64))
-    head = mix64(head ^ np.uint64(epoch))
-    return mix64(sample_ids.astype(np.uint64) ^ head[0])
+    return mix64(head ^ np.uint64(epoch))[0]
+
+
+def stream_offsets(streams: int) -> U64:
+    """``(j + 1)·γ`` for ``j < streams``: added to a key, word ``j`` of its SplitMix64 sequence."""
+    return np.array([((j + 1) * GOLDEN_GAMMA) & MAX_U64 for j in range(streams)], dtype=np.uint64)
 
 
 def stream_bits(keys: U64, stream: int) -> U64:
