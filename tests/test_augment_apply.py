@@ -272,3 +272,9 @@ def test_apply_leaves_global_rngs_alone() -> None:
 def test_errors_name_the_problem(images: object, params: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         apply_augmentation(images, params)  # type: ignore[arg-type]
+
+
+def test_gradients_flow_to_the_images() -> None:
+    x = torch.rand(4, 3, 8, 8, requires_grad=True)
+    apply_augmentation(x, generate_params(np.arange(4))).sum().backward()
+    assert x.grad is not None and bool((x.grad != 0).any())

@@ -311,7 +311,10 @@ def test_guide_multiprocess_workflow() -> None:
     # forkserver: safe after torch's threads have started here (plain fork is not), and each
     # worker forks from a server that has imported rankwise once, so it starts in milliseconds.
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "rankwise.augment"])
+    # The server is shared with rankwise.testing.run_distributed: preload what it does, too.
+    ctx.set_forkserver_preload(
+        ["torch", "torch.distributed", "rankwise.distributed", "rankwise.augment"]
+    )
     results_queue = ctx.Queue()
     processes = []
     for rank in range(world_size):

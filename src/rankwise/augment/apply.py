@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -56,50 +56,68 @@ def apply_augmentation(images: torch.Tensor, params: Mapping[str, Any]) -> torch
     (True, True)
     """
     _check_images(images)
+    p, seeds = _parse(params, images.shape[0])
+    # Half precision on CPU lacks grid_sample kernels, and noise needs the mantissa: work in
+    # float32 and cast back at the end.
+    work = images.float() if images.dtype in (torch.float16, torch.bfloat16) else images
+    out = _noise(_tone(_geometry(work, p), p), p, seeds)
+    if out is work:
+        return images
+    return out.to(images.dtype)
+
+
+def _parse(
+    params: Mapping[str, Any], batch: int
+) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """Per-image float64 values of the known keys (CPU), and the noise seeds if noise is on."""
     unknown = set(params) - _KNOWN_KEYS
     if unknown:
         raise ValueError(
             f"unknown augmentation parameter(s) {sorted(unknown)}; "
             f"valid keys are {sorted(PARAM_NAMES)} plus 'seed'."
         )
-    batch = images.shape[0]
     p = {name: _param(params[name], name, batch) for name in PARAM_NAMES if name in params}
     if "scale" in p and bool((p["scale"] <= 0).any()):
         raise ValueError(f"scale must be > 0 for every image, got {p['scale'].tolist()}.")
     if "noise" in p and bool((p["noise"] < 0).any()):
         raise ValueError(f"noise must be >= 0 (a std), got {p['noise'].tolist()}.")
+    if "noise" not in p:
+        return p, None
+    return p, _seeds(params["seed"], batch) if "seed" in params else _derived_seeds(p)
 
-    # Half precision on CPU lacks grid_sample kernels, and noise needs the mantissa: work in
-    # float32 and cast back at the end.
-    work = images.float() if images.dtype in (torch.float16, torch.bfloat16) else images
-    out = work
-    ones = torch.ones(batch, dtype=torch.float64)
+
+def _geometry(x: torch.Tensor, p: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    batch = x.shape[0]
     rotation = p.get("rotation", torch.zeros(batch, dtype=torch.float64))
-    scale = p.get("scale", ones)
-    out = _where((rotation != 0) | (scale != 1), lambda: _warp(out, rotation, scale), out)
+    scale = p.get("scale", torch.ones(batch, dtype=torch.float64))
+    return _where((rotation != 0) | (scale != 1), lambda: _warp(x, rotation, scale), x)
 
+
+def _tone(x: torch.Tensor, p: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    ones = torch.ones(x.shape[0], dtype=torch.float64)
     brightness, contrast = p.get("brightness", ones), p.get("contrast", ones)
 
     def tone() -> torch.Tensor:
         # mean(b·x) + c·(b·x − mean(b·x)) == (b·c)·x + (1 − c)·b·mean(x): one pass, not three.
-        mean = out.mean(dim=(1, 2, 3), keepdim=True)
-        shift = _per_image((1 - contrast) * brightness, out) * mean
-        return torch.addcmul(shift, out, _per_image(brightness * contrast, out))
+        mean = x.mean(dim=(1, 2, 3), keepdim=True)
+        shift = _per_image((1 - contrast) * brightness, x) * mean
+        return torch.addcmul(shift, x, _per_image(brightness * contrast, x))
 
-    out = _where((brightness != 1) | (contrast != 1), tone, out)
+    return _where((brightness != 1) | (contrast != 1), tone, x)
 
-    if "noise" in p:
-        n = p["noise"]
-        seeds = _seeds(params["seed"], batch) if "seed" in params else _derived_seeds(p)
 
-        def noisy() -> torch.Tensor:
-            z = gaussian_noise(seeds, out.shape[1:], out)
-            return z.mul_(_per_image(n, out)).add_(out)
+def _noise(
+    x: torch.Tensor, p: Mapping[str, torch.Tensor], seeds: torch.Tensor | None
+) -> torch.Tensor:
+    if seeds is None:
+        return x
+    std = p["noise"]
 
-        out = _where(n > 0, noisy, out)
-    if out is work:
-        return images
-    return out.to(images.dtype)
+    def noisy() -> torch.Tensor:
+        z = gaussian_noise(seeds, x.shape[1:], x)
+        return torch.addcmul(x, z, _per_image(std, x))
+
+    return _where(std > 0, noisy, x)
 
 
 def _check_images(images: Any) -> None:
@@ -142,7 +160,9 @@ def _per_image(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.to(like.device, like.dtype).view(-1, 1, 1, 1)
 
 
-def _where(mask: Any, compute: Any, current: torch.Tensor) -> torch.Tensor:
+def _where(
+    mask: torch.Tensor, compute: Callable[[], torch.Tensor], current: torch.Tensor
+) -> torch.Tensor:
     """``compute()`` where ``mask`` (one bool per image) holds, ``current`` elsewhere.
 
     Skips the work when no image needs it and the blend when all do, so identity images keep
@@ -150,7 +170,7 @@ def _where(mask: Any, compute: Any, current: torch.Tensor) -> torch.Tensor:
     """
     if not bool(mask.any()):
         return current
-    new: torch.Tensor = compute()
+    new = compute()
     if bool(mask.all()):
         return new
     return torch.where(mask.to(current.device).view(-1, 1, 1, 1), new, current)
