@@ -260,26 +260,39 @@ def gaussian_noise(
     """
     count = math.prod(shape)
     pairs = (count + 1) // 2
-    device = like.device
+    batch, device = seeds.shape[0], like.device
+    seeds = seeds.to(device, torch.int64)
     counter = torch.arange(1, pairs + 1, dtype=torch.int64, device=device).mul_(_GAMMA_S)
-    z = counter.repeat(seeds.shape[0], 1)
-    z += seeds.to(device, torch.int64).view(-1, 1)
-    z = _mix64_torch_(z)
-    # The two 32-bit halves of each word, read in place as int32 (no shifts, no copies):
-    # u1 = 1/2 − hi·2⁻³² in (0, 1] (clamped off 0 where float32 rounds it there, so the log
-    # stays finite) and the angle lo·2π·2⁻³² in [−π, π).
-    halves = z.view(torch.int32).view(*z.shape, 2)
-    lo, hi = (0, 1) if sys.byteorder == "little" else (1, 0)
-    u1 = halves[..., hi].to(torch.float32).mul_(-(2.0**-32)).add_(0.5).clamp_min_(2.0**-25)
-    angle = halves[..., lo].to(torch.float32).mul_(2.0**-32 * 2 * math.pi)
-    del z, halves
-    radius = u1.log_().mul_(-2.0).sqrt_()
-    normals = torch.empty(seeds.shape[0], 2, pairs, dtype=torch.float32, device=device)
-    torch.cos(angle, out=normals[:, 0])
-    torch.sin(angle, out=normals[:, 1])
-    normals *= radius.unsqueeze(1)
-    flat = normals.view(seeds.shape[0], 2 * pairs)
+    normals = torch.empty(batch, 2, pairs, dtype=torch.float32, device=device)
+    # On CPU, a block of images at a time with reused buffers of about 1 MiB: the dozen integer
+    # passes then run in cache instead of faulting in fresh pages for each (about 1.5x faster).
+    # A GPU takes the batch in one block.
+    rows = batch if device.type != "cpu" else max(1, min(batch, (1 << 17) // pairs))
+    words = torch.empty(rows, pairs, dtype=torch.int64, device=device)
+    scratch = torch.empty_like(words)
+    u1 = torch.empty(rows, pairs, dtype=torch.float32, device=device)
+    angle = torch.empty_like(u1)
+    for start in range(0, batch, rows):
+        n = min(rows, batch - start)
+        z = torch.add(counter, seeds[start : start + n].view(-1, 1), out=words[:n])
+        _mix64_torch_(z, scratch[:n])
+        # The two 32-bit halves of each word, read in place as int32: u1 = 1/2 − hi·2⁻³² in
+        # (0, 1] (clamped off 0 where float32 rounds it there, so the log stays finite) and
+        # the angle lo·2π·2⁻³² in [−π, π).
+        halves = z.view(torch.int32).view(n, pairs, 2)
+        radius = u1[:n].copy_(halves[..., _HI]).mul_(-(2.0**-32)).add_(0.5)
+        radius.clamp_min_(2.0**-25).log_().mul_(-2.0).sqrt_()
+        theta = angle[:n].copy_(halves[..., _LO]).mul_(2.0**-32 * 2 * math.pi)
+        block = normals[start : start + n]
+        torch.cos(theta, out=block[:, 0])
+        torch.sin(theta, out=block[:, 1])
+        block.mul_(radius.unsqueeze(1))
+    flat = normals.view(batch, 2 * pairs)
     return flat[:, :count].reshape(-1, *shape).to(like.dtype)
+
+
+# Which int32 of an int64 holds its low / high half on this machine.
+_LO, _HI = (0, 1) if sys.byteorder == "little" else (1, 0)
 
 
 def _seeds(value: Any, batch: int) -> torch.Tensor:
