@@ -114,8 +114,9 @@ def _noise(
     std = p["noise"]
 
     def noisy() -> torch.Tensor:
+        # Into the noise's own buffer: a second image-sized allocation costs more than the add.
         z = gaussian_noise(seeds, x.shape[1:], x)
-        return torch.addcmul(x, z, _per_image(std, x))
+        return z.mul_(_per_image(std, x)).add_(x)
 
     return _where(std > 0, noisy, x)
 
