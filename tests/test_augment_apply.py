@@ -175,16 +175,27 @@ def test_noise_without_seed_is_still_deterministic() -> None:
 def test_identity_and_missing_keys_return_the_input() -> None:
     x = torch.rand(4, 3, 8, 8)
     assert apply_augmentation(x, {}) is x
-    identity = {"rotation": np.zeros(4), "scale": np.ones(4), "brightness": np.ones(4),
-                "contrast": np.ones(4), "noise": np.zeros(4), "seed": np.arange(4)}
+    identity = {
+        "rotation": np.zeros(4),
+        "scale": np.ones(4),
+        "brightness": np.ones(4),
+        "contrast": np.ones(4),
+        "noise": np.zeros(4),
+        "seed": np.arange(4),
+    }
     assert apply_augmentation(x, identity) is x
 
 
 def test_identity_images_stay_bit_exact_in_a_mixed_batch() -> None:
     x = torch.rand(4, 3, 9, 9)
     params = generate_params(np.arange(4), config=get_preset("aggressive"))
-    for name, neutral in (("rotation", 0), ("scale", 1), ("brightness", 1), ("contrast", 1),
-                          ("noise", 0)):
+    for name, neutral in (
+        ("rotation", 0),
+        ("scale", 1),
+        ("brightness", 1),
+        ("contrast", 1),
+        ("noise", 0),
+    ):
         params[name][[1, 3]] = neutral
     out = apply_augmentation(x, params)
     assert torch.equal(out[1], x[1]) and torch.equal(out[3], x[3])
@@ -197,12 +208,14 @@ def test_batch_result_equals_per_image_results_in_any_order() -> None:
     params = generate_params(ids, epoch=2, config=get_preset("aggressive"))
     whole = apply_augmentation(x, params)
     perm = np.random.default_rng(0).permutation(16)
-    shuffled = apply_augmentation(x[perm], generate_params(ids[perm], epoch=2,
-                                                           config=get_preset("aggressive")))
+    shuffled = apply_augmentation(
+        x[perm], generate_params(ids[perm], epoch=2, config=get_preset("aggressive"))
+    )
     torch.testing.assert_close(shuffled, whole[perm], atol=1e-6, rtol=1e-6)
     for i in (0, 7, 15):
-        one = apply_augmentation(x[i : i + 1], generate_params(ids[i : i + 1], epoch=2,
-                                                               config=get_preset("aggressive")))
+        one = apply_augmentation(
+            x[i : i + 1], generate_params(ids[i : i + 1], epoch=2, config=get_preset("aggressive"))
+        )
         torch.testing.assert_close(one[0], whole[i], atol=1e-6, rtol=1e-6)
 
 

@@ -87,7 +87,9 @@ def test_two_ranks_through_dataloaders_see_what_one_process_sees() -> None:
 def test_augment_batch_takes_tensor_ids() -> None:
     x = images(4)
     ids = torch.tensor([9, 2, 7, 0])
-    torch.testing.assert_close(augment_batch(x, ids, epoch=5), augment_batch(x, [9, 2, 7, 0], epoch=5))
+    torch.testing.assert_close(
+        augment_batch(x, ids, epoch=5), augment_batch(x, [9, 2, 7, 0], epoch=5)
+    )
 
 
 def test_dataset_errors() -> None:

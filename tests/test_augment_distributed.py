@@ -54,8 +54,9 @@ def augment_my_shard(epoch: int) -> dict[str, Any]:
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_together_equal_a_single_process(world_size: int) -> None:
     results = run_distributed(augment_my_shard, world_size, args=(3,), timeout=80)
-    reference = generate_params(np.arange(TOTAL), epoch=3, base_seed=17,
-                                config=get_preset("aggressive"))
+    reference = generate_params(
+        np.arange(TOTAL), epoch=3, base_seed=17, config=get_preset("aggressive")
+    )
     ids = np.concatenate([r["ids"] for r in results])
     np.testing.assert_array_equal(ids, np.arange(TOTAL))
     for name, want in reference.items():

@@ -57,8 +57,14 @@ def test_seeds_unique_per_seed_sample_rank_and_depth() -> None:
     [
         (lambda: RankAwareSeedGenerator(-1, 2), r"base_seed \(-1\) must be >= 0"),
         (lambda: RankAwareSeedGenerator(0, 0), r"world_size \(0\) must be >= 1"),
-        (lambda: RankAwareSeedGenerator(0, 4).generate_seed(1, 4), r"rank \(4\) must be < world_size \(4\)"),
-        (lambda: RankAwareSeedGenerator(0, 4).generate_seed(-1, 0), r"sample_id \(-1\) must be >= 0"),
+        (
+            lambda: RankAwareSeedGenerator(0, 4).generate_seed(1, 4),
+            r"rank \(4\) must be < world_size \(4\)",
+        ),
+        (
+            lambda: RankAwareSeedGenerator(0, 4).generate_seed(-1, 0),
+            r"sample_id \(-1\) must be >= 0",
+        ),
         (lambda: RankAwareSeedGenerator(0, 4).generate_seed(1, 0, 0), r"augmentation_depth \(0\)"),
     ],
 )
@@ -187,12 +193,7 @@ def test_guide_quick_start(capsys: pytest.CaptureFixture[str]) -> None:
     config = get_preset("moderate")
 
     # Generate parameters for rank 0 in a 4-rank setup
-    params = gen_distributed_augmentation_params(
-        sample_id=42,
-        rank=0,
-        config=config,
-        world_size=4
-    )
+    params = gen_distributed_augmentation_params(sample_id=42, rank=0, config=config, world_size=4)
 
     print(f"Rotation: {params['rotation']:.2f}")
     print(f"Brightness: {params['brightness']:.3f}")
@@ -209,14 +210,11 @@ def test_guide_quick_start(capsys: pytest.CaptureFixture[str]) -> None:
     splitter = DistributedRangeSplitter(total_samples, world_size)
     start_id, end_id = splitter.get_rank_range(rank)
 
-    print(f"Rank {rank} processes samples {start_id} to {end_id-1}")
+    print(f"Rank {rank} processes samples {start_id} to {end_id - 1}")
 
     # Stream parameters for this rank's range
     param_stream = stream_distributed_augmentation_chain(
-        num_samples=total_samples,
-        rank=rank,
-        world_size=world_size,
-        config=config
+        num_samples=total_samples, rank=rank, world_size=world_size, config=config
     )
 
     for params in param_stream:  # noqa: B007
@@ -279,20 +277,14 @@ def worker_process(rank, world_size, total_samples, config_dict, results_queue):
     # Process this rank's samples
     processed_count = 0
     param_stream = stream_distributed_augmentation_chain(
-        num_samples=total_samples,
-        rank=rank,
-        world_size=world_size,
-        config=config
+        num_samples=total_samples, rank=rank, world_size=world_size, config=config
     )
 
     for params in param_stream:  # noqa: B007
         # Simulate processing
         processed_count += 1
 
-    results_queue.put({
-        'rank': rank,
-        'processed': processed_count
-    })
+    results_queue.put({"rank": rank, "processed": processed_count})
 
 
 @pytest.mark.timeout(60)
@@ -301,12 +293,12 @@ def test_guide_multiprocess_workflow() -> None:
     total_samples = 103
     config = get_preset("moderate")
     config_dict = {
-        'rotation_range': config.rotation_range,
-        'brightness_range': config.brightness_range,
-        'noise_range': config.noise_range,
-        'scale_range': config.scale_range,
-        'contrast_range': config.contrast_range,
-        'augmentation_depth': config.augmentation_depth
+        "rotation_range": config.rotation_range,
+        "brightness_range": config.brightness_range,
+        "noise_range": config.noise_range,
+        "scale_range": config.scale_range,
+        "contrast_range": config.contrast_range,
+        "augmentation_depth": config.augmentation_depth,
     }
     # forkserver: safe after torch's threads have started here (plain fork is not), and each
     # worker forks from a server that has imported rankwise once, so it starts in milliseconds.
@@ -328,9 +320,9 @@ def test_guide_multiprocess_workflow() -> None:
     for p in processes:
         p.join(timeout=10)
     assert all(p.exitcode == 0 for p in processes)
-    total_processed = sum(r['processed'] for r in results)
+    total_processed = sum(r["processed"] for r in results)
     assert total_processed == total_samples
-    assert [r['processed'] for r in sorted(results, key=lambda x: x['rank'])] == [26, 26, 26, 25]
+    assert [r["processed"] for r in sorted(results, key=lambda x: x["rank"])] == [26, 26, 26, 25]
 
 
 def test_seed_as_random_seed_as_in_advanced_topics() -> None:

@@ -57,7 +57,10 @@ def test_default_config_is_moderate() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"rotation_range": (10, -10)}, r"rotation_range \(\(10, -10\)\) must have low <= high; swap"),
+        (
+            {"rotation_range": (10, -10)},
+            r"rotation_range \(\(10, -10\)\) must have low <= high; swap",
+        ),
         ({"noise_range": (-0.1, 0.1)}, r"noise_range .* low >= 0"),
         ({"scale_range": (0.0, 1.0)}, r"scale_range .* low > 0"),
         ({"scale_range": (-1.0, 1.0)}, r"scale_range .* low > 0"),
@@ -139,9 +142,7 @@ def test_params_stay_in_range(ids: list[int], epoch: int, seed: int, preset: str
 
 @settings(max_examples=40, deadline=None)
 @given(
-    ranges=st.lists(
-        st.tuples(st.floats(-1e6, 1e6), st.floats(0, 1e6)), min_size=5, max_size=5
-    ),
+    ranges=st.lists(st.tuples(st.floats(-1e6, 1e6), st.floats(0, 1e6)), min_size=5, max_size=5),
 )
 def test_any_valid_range_is_respected(ranges: list[tuple[float, float]]) -> None:
     bounds = [(lo, lo + span) for lo, span in ranges]
@@ -181,8 +182,10 @@ def test_invariant_to_order_and_batching(ids: list[int], data: st.DataObject) ->
     order = data.draw(st.permutations(range(len(ids))))
     shuffled = generate_params(np.array(ids)[order], epoch=2, base_seed=5)
     cut = data.draw(st.integers(0, len(ids)))
-    parts = [generate_params(np.array(ids[:cut]), epoch=2, base_seed=5),
-             generate_params(np.array(ids[cut:]), epoch=2, base_seed=5)]
+    parts = [
+        generate_params(np.array(ids[:cut]), epoch=2, base_seed=5),
+        generate_params(np.array(ids[cut:]), epoch=2, base_seed=5),
+    ]
     for name in whole:
         np.testing.assert_array_equal(shuffled[name], whole[name][order])
         np.testing.assert_array_equal(np.concatenate([q[name] for q in parts]), whole[name])

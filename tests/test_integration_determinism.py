@@ -77,3 +77,30 @@ def test_stop_on_three_ranks_resume_on_two_sees_each_sample_once_identically() -
     assert sorted(seen) == list(range(N))
     for i, views in seen.items():
         assert len(views) == 1 and torch.equal(views[0], REFERENCE[i])
+
+
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
+def test_set_epoch_reaches_persistent_workers_through_the_sampler(context: str) -> None:
+    # Persistent workers keep the copy of the dataset (and of the sampler inside it) that they
+    # got at the first epoch; the sampler's shared-memory epoch must still move them on.
+    sampler = DistributedSampler(N, num_replicas=2, rank=1, seed=SEED)
+    data, _ = _rank_view(sampler)
+    loader = DataLoader(
+        data,
+        batch_size=3,
+        sampler=sampler,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context=context,
+    )
+    for epoch in (0, 1, 2):
+        sampler.set_epoch(epoch)
+        expected = augment_batch(
+            IMAGES, np.arange(N), epoch=epoch, base_seed=BASE_SEED, config=get_preset("moderate")
+        )
+        seen = 0
+        for images, ids in loader:
+            for image, i in zip(images, ids.tolist(), strict=True):
+                assert torch.equal(image, expected[i]), f"epoch {epoch}, sample {i}: stale epoch"
+                seen += 1
+        assert seen == len(sampler) == N // 2

@@ -57,9 +57,12 @@ class AugmentedDataset(torch.utils.data.Dataset):
     construction, keeps the dataset in step with the sampler without further calls.
 
     With ``DataLoader(num_workers > 0)`` each worker holds a copy of the dataset (and of the
-    sampler it points to) made when the epoch's iterator starts, which is after
-    ``sampler.set_epoch``; with ``persistent_workers=True`` the copies would keep the first
-    epoch, so use :func:`augment_batch` on the batch instead there.
+    sampler it points to). With rankwise's :class:`~rankwise.data.DistributedSampler` the epoch
+    is read through the sampler's shared-memory :meth:`~rankwise.data.DistributedSampler.shared_epoch`,
+    so ``set_epoch`` reaches persistent workers too (tested). A source without ``shared_epoch``
+    (torch's sampler) is copied when the epoch's iterator starts, which is right for ordinary
+    workers; with ``persistent_workers=True`` such a copy keeps the first epoch, so use rankwise's
+    sampler there, or :func:`augment_batch` on the batch.
 
     >>> class Source:                      # any object with .epoch; torch's sampler works too
     ...     epoch = 0
@@ -90,10 +93,17 @@ class AugmentedDataset(torch.utils.data.Dataset):
         self.base_seed = check_int("base_seed", base_seed, maximum=MAX_U64)
         self.epoch_source = epoch_source
         self._epoch = check_int("epoch", epoch, maximum=MAX_U64)
+        # A source that offers a shared-memory view of its epoch (rankwise's sampler) is read
+        # through it, so set_epoch in the main process reaches persistent DataLoader workers,
+        # whose copy of the source is otherwise frozen at the first epoch.
+        shared = getattr(epoch_source, "shared_epoch", None)
+        self._shared_epoch: torch.Tensor | None = shared() if callable(shared) else None
 
     @property
     def epoch(self) -> int:
         """The epoch items are augmented for: ``epoch_source.epoch`` if there is a source."""
+        if self._shared_epoch is not None:
+            return int(self._shared_epoch.item())
         if self.epoch_source is not None:
             return int(self.epoch_source.epoch)
         return self._epoch

@@ -188,9 +188,7 @@ def to_unit(bits: U64) -> npt.NDArray[np.float64]:
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def counter_hash(
-    sample_ids: Any, *, base_seed: int = 0, epoch: int = 0, stream: int = 0
-) -> U64:
+def counter_hash(sample_ids: Any, *, base_seed: int = 0, epoch: int = 0, stream: int = 0) -> U64:
     """64 pseudo-random bits per sample id, keyed by ``(base_seed, epoch, sample_id, stream)``.
 
     Pure and vectorised: ``counter_hash([5, 7])[1] == counter_hash([7])[0]``.

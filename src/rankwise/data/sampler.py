@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sized
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import Sampler
 
 from rankwise.data.permutation import DEFAULT_CHUNK, Permutation, check_int
@@ -89,7 +90,8 @@ class DistributedSampler(Sampler[int]):
         self.shuffle = bool(shuffle)
         self.seed = check_int("seed", seed)
         self.drop_last = bool(drop_last)
-        self.epoch = 0
+        self._epoch = 0
+        self._shared: torch.Tensor | None = None  # see shared_epoch()
         self._start = 0  # position where the current split began (0, or a resume point)
         self._cursor = 0  # positions of the global order consumed by all ranks together
         self._perm: Permutation | None = None
@@ -124,6 +126,29 @@ class DistributedSampler(Sampler[int]):
         return (self._end() - self._cursor) // self.num_replicas
 
     # -- epoch and cursor ----------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._epoch = value
+        if self._shared is not None:
+            self._shared.fill_(value)
+
+    def shared_epoch(self) -> torch.Tensor:
+        """A 0-d int64 tensor in shared memory that always holds this sampler's epoch.
+
+        Objects that follow the epoch from inside DataLoader workers (e.g.
+        :class:`rankwise.augment.AugmentedDataset`) read it: a worker's copy of the sampler is
+        a snapshot, persistent workers keep it for the whole run, but this tensor's storage is
+        shared with the main process, so ``set_epoch`` reaches them. Created on first request,
+        so samplers nobody follows cost no shared memory.
+        """
+        if self._shared is None:
+            self._shared = torch.tensor(self._epoch, dtype=torch.int64).share_memory_()
+        return self._shared
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's order. A new epoch number rewinds the cursor to 0; the current
