@@ -134,3 +134,19 @@ def test_empty_dataset() -> None:
 def test_indices_are_numpy_free_python_ints() -> None:
     assert all(type(i) is int for i in DistributedSampler(50, 2, 0))
     assert sorted(i for part in world(50, 5) for i in part) == list(range(50))
+
+
+def test_len_is_constant_during_a_pass_that_advances() -> None:
+    # A loop that reads len(loader) at every step must see one number for the whole pass.
+    s = DistributedSampler(100, 2, 0, seed=1)
+    assert len(s) == 50
+    lengths = []
+    for _ in s:
+        lengths.append(len(s))
+        s.advance(1)
+    assert set(lengths) == {50} and s.state_dict()["consumed"] == 100
+    fresh = DistributedSampler(100, 2, 0, seed=1)
+    fresh.advance(10)
+    assert len(list(fresh)) == len(fresh) == 40  # a new pass starts after the cursor
+    with pytest.raises(ValueError, match=r"advance\(41\) passes the end of epoch 0: only 40"):
+        fresh.advance(41)

@@ -94,6 +94,7 @@ class DistributedSampler(Sampler[int]):
         self._shared: torch.Tensor | None = None  # see shared_epoch()
         self._start = 0  # position where the current split began (0, or a resume point)
         self._cursor = 0  # positions of the global order consumed by all ranks together
+        self._pass_start = 0  # the cursor when the current pass began (see __len__)
         self._perm: Permutation | None = None
 
     # -- the global order ----------------------------------------------------------------------
@@ -115,14 +116,28 @@ class DistributedSampler(Sampler[int]):
         return self._permutation()[positions] if self.shuffle else positions
 
     def __iter__(self) -> Iterator[int]:
+        # Not a generator itself: the pass's start is recorded now, when DataLoader calls
+        # iter(), so len() stays put while the loop advances the cursor.
+        self._pass_start = self._cursor
+        return self._positions_from(self._cursor)
+
+    def _positions_from(self, cursor: int) -> Iterator[int]:
         # One chunk of positions at a time: memory stays flat for any N.
         step, end = self.num_replicas, self._end()
-        for lo in range(self._cursor + self.rank, end, step * DEFAULT_CHUNK):
+        for lo in range(cursor + self.rank, end, step * DEFAULT_CHUNK):
             positions = np.arange(lo, min(lo + step * DEFAULT_CHUNK, end), step, dtype=np.int64)
             yield from self._indices(positions).tolist()
 
     def __len__(self) -> int:
-        """Indices :meth:`__iter__` yields on this rank (the rest of the epoch)."""
+        """Indices this rank's pass over the epoch yields: the rest of the epoch from where the
+        current (or, before one starts, the next) ``iter()`` began.
+
+        Constant during a pass, although :meth:`advance` moves the cursor: a loop that reads
+        ``len(loader)`` at every step sees the same number throughout.
+        """
+        return (self._end() - self._pass_start) // self.num_replicas
+
+    def _remaining(self) -> int:
         return (self._end() - self._cursor) // self.num_replicas
 
     # -- epoch and cursor ----------------------------------------------------------------------
@@ -156,7 +171,7 @@ class DistributedSampler(Sampler[int]):
         mid-epoch instead of restarting it."""
         epoch = check_int("epoch", epoch)
         if epoch != self.epoch:
-            self.epoch, self._start, self._cursor = epoch, 0, 0
+            self.epoch, self._start, self._cursor, self._pass_start = epoch, 0, 0, 0
 
     def advance(self, num_samples: int) -> None:
         """Record that this rank — and so, in lockstep, every rank — consumed ``num_samples``
@@ -167,9 +182,10 @@ class DistributedSampler(Sampler[int]):
         (a DataLoader reads ahead of what the model has consumed).
         """
         num_samples = check_int("num_samples", num_samples)
-        if num_samples > len(self):
+        if num_samples > self._remaining():
             raise ValueError(
-                f"advance({num_samples}) passes the end of epoch {self.epoch}: only {len(self)} "
+                f"advance({num_samples}) passes the end of epoch {self.epoch}: only "
+                f"{self._remaining()} "
                 "samples are left on each rank; call set_epoch(next_epoch) to start the next."
             )
         self._cursor += num_samples * self.num_replicas
@@ -226,7 +242,7 @@ class DistributedSampler(Sampler[int]):
         self.seed = check_int("state['seed']", state["seed"])
         self.shuffle = bool(state.get("shuffle", self.shuffle))
         self.drop_last = bool(state.get("drop_last", self.drop_last))
-        self._start = self._cursor = consumed
+        self._start = self._cursor = self._pass_start = consumed
 
     # -- the CyxWiz guide's methods ------------------------------------------------------------
 
