@@ -81,21 +81,36 @@ def bench_params(samples: int, repeats: int) -> list[dict[str, Any]]:
     ids = np.arange(samples)
     per_sample = max(samples // 10, 1)  # the slow paths on a tenth, reported as a rate
     rows = [
-        ("reference: SHA-256 + random, per sample", per_sample,
-         lambda: reference_params(range(per_sample), cfg, 0, 1)),
-        ("gen_distributed_augmentation_params (DPA API, depth 10)", per_sample,
-         lambda: [gen_distributed_augmentation_params(i, 0, cfg) for i in range(per_sample)]),
-        (f"generate_params, one call of {samples}", samples,
-         lambda: generate_params(ids, epoch=1, config=cfg)),
-        ("generate_params, calls of 256 ids", samples,
-         lambda: [generate_params(ids[i : i + 256], epoch=1, config=cfg)
-                  for i in range(0, samples, 256)]),
+        (
+            "reference: SHA-256 + random, per sample",
+            per_sample,
+            lambda: reference_params(range(per_sample), cfg, 0, 1),
+        ),
+        (
+            "gen_distributed_augmentation_params (DPA API, depth 10)",
+            per_sample,
+            lambda: [gen_distributed_augmentation_params(i, 0, cfg) for i in range(per_sample)],
+        ),
+        (
+            f"generate_params, one call of {samples}",
+            samples,
+            lambda: generate_params(ids, epoch=1, config=cfg),
+        ),
+        (
+            "generate_params, calls of 256 ids",
+            samples,
+            lambda: [
+                generate_params(ids[i : i + 256], epoch=1, config=cfg)
+                for i in range(0, samples, 256)
+            ],
+        ),
     ]
     results = []
     for name, count, fn in rows:
         wall, cpu = best_time(fn, repeats)
-        results.append({"name": name, "count": count, "wall_s": wall, "cpu_s": cpu,
-                        "per_second": count / cpu})
+        results.append(
+            {"name": name, "count": count, "wall_s": wall, "cpu_s": cpu, "per_second": count / cpu}
+        )
     base = results[0]["per_second"]
     for row in results:
         row["speedup"] = row["per_second"] / base
@@ -143,8 +158,9 @@ def bench_apply(batch: int, size: int, repeats: int) -> list[dict[str, Any]]:
     results = []
     for name, fn in rows:
         wall, cpu = best_time(fn, repeats)
-        results.append({"name": name, "count": batch, "wall_s": wall, "cpu_s": cpu,
-                        "per_second": batch / cpu})
+        results.append(
+            {"name": name, "count": batch, "wall_s": wall, "cpu_s": cpu, "per_second": batch / cpu}
+        )
     for row, base in zip(results, (results[0], results[0], results[2], results[2]), strict=True):
         row["speedup"] = row["per_second"] / base["per_second"]
     return results
@@ -154,12 +170,17 @@ def bench_apply(batch: int, size: int, repeats: int) -> list[dict[str, Any]]:
 
 
 def table(title: str, rows: list[dict[str, Any]], unit: str) -> str:
-    lines = [f"### {title}", "",
-             f"| method | n | CPU ms | wall ms | {unit}/s (CPU) | vs reference (CPU) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"### {title}",
+        "",
+        f"| method | n | CPU ms | wall ms | {unit}/s (CPU) | vs reference (CPU) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
-        lines.append(f"| {r['name']} | {r['count']} | {r['cpu_s'] * 1e3:.2f} | "
-                     f"{r['wall_s'] * 1e3:.2f} | {r['per_second']:,.0f} | {r['speedup']:.1f}x |")
+        lines.append(
+            f"| {r['name']} | {r['count']} | {r['cpu_s'] * 1e3:.2f} | "
+            f"{r['wall_s'] * 1e3:.2f} | {r['per_second']:,.0f} | {r['speedup']:.1f}x |"
+        )
     return "\n".join(lines)
 
 
@@ -168,8 +189,13 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--size", type=int, default=64, help="image side for the goal")
-    parser.add_argument("--extra-sizes", type=int, nargs="*", default=[16],
-                        help="further image sides, for context (not judged against the goal)")
+    parser.add_argument(
+        "--extra-sizes",
+        type=int,
+        nargs="*",
+        default=[16],
+        help="further image sides, for context (not judged against the goal)",
+    )
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "augment.json")
@@ -188,24 +214,39 @@ def main() -> None:
     for size, rows in extra.items():
         print(table(f"Applying to {args.batch} x 3 x {size} x {size} (context)", rows, "images"))
         print()
-    print(f"generate_params vs reference: {param_speedup:.0f}x (goal >= {PARAM_GOAL:g}x: "
-          f"{'met' if param_speedup >= PARAM_GOAL else 'MISSED'})")
-    print(f"apply_augmentation vs per-image loop: {apply_speedup:.1f}x (goal >= {APPLY_GOAL:g}x: "
-          f"{'met' if apply_speedup >= APPLY_GOAL else 'MISSED'})")
+    print(
+        f"generate_params vs reference: {param_speedup:.0f}x (goal >= {PARAM_GOAL:g}x: "
+        f"{'met' if param_speedup >= PARAM_GOAL else 'MISSED'})"
+    )
+    print(
+        f"apply_augmentation vs per-image loop: {apply_speedup:.1f}x (goal >= {APPLY_GOAL:g}x: "
+        f"{'met' if apply_speedup >= APPLY_GOAL else 'MISSED'})"
+    )
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "torch": torch.__version__, "numpy": np.__version__,
-                    "torch_threads": args.threads},
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "params": params,
-        "apply": apply,
-        "apply_extra_sizes": {str(size): rows for size, rows in extra.items()},
-        "goals": {"params": {"goal": PARAM_GOAL, "speedup": param_speedup},
-                  "apply": {"goal": APPLY_GOAL, "speedup": apply_speedup}},
-    }, indent=2))
+    args.out.write_text(
+        json.dumps(
+            {
+                "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "machine": {
+                    "platform": platform.platform(),
+                    "cpus": os.cpu_count(),
+                    "torch": torch.__version__,
+                    "numpy": np.__version__,
+                    "torch_threads": args.threads,
+                },
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "params": params,
+                "apply": apply,
+                "apply_extra_sizes": {str(size): rows for size, rows in extra.items()},
+                "goals": {
+                    "params": {"goal": PARAM_GOAL, "speedup": param_speedup},
+                    "apply": {"goal": APPLY_GOAL, "speedup": apply_speedup},
+                },
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {args.out}")
 
 
