@@ -145,13 +145,7 @@ def _param(value: Any, name: str, batch: int) -> torch.Tensor:
             t = torch.from_numpy(np.array(value, dtype=np.float64))
     except (TypeError, ValueError):
         raise ValueError(f"params[{name!r}] must hold numbers, got {value!r}.") from None
-    if t.ndim == 0:
-        t = t.expand(batch)
-    if tuple(t.shape) != (batch,):
-        raise ValueError(
-            f"params[{name!r}] has shape {tuple(t.shape)}; give one value per image, "
-            f"shape ({batch},), or a single number."
-        )
+    t = _one_per_image(t, name, batch)
     if not bool(torch.isfinite(t).all()):
         raise ValueError(f"params[{name!r}] must be finite, got {t.tolist()}.")
     return t
@@ -313,14 +307,20 @@ def _seeds(value: Any, batch: int) -> torch.Tensor:
         else:
             raise ValueError(f"params['seed'] must hold integers, got dtype {arr.dtype}.")
         seeds = torch.from_numpy(arr.view(np.int64).copy())
-    if seeds.ndim == 0:
-        seeds = seeds.expand(batch)
-    if tuple(seeds.shape) != (batch,):
+    return _one_per_image(seeds, "seed", batch)
+
+
+def _one_per_image(t: torch.Tensor, name: str, batch: int) -> torch.Tensor:
+    """A scalar broadcast to the batch; anything but one value per image is an error."""
+    if t.ndim == 0:
+        return t.expand(batch)
+    if tuple(t.shape) != (batch,):
+        what = "seed" if name == "seed" else "value"
         raise ValueError(
-            f"params['seed'] has shape {tuple(seeds.shape)}; give one seed per image, "
-            f"shape ({batch},)."
+            f"params[{name!r}] has shape {tuple(t.shape)}; give one {what} per image, "
+            f"shape ({batch},), or a single number."
         )
-    return seeds
+    return t
 
 
 def _derived_seeds(p: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -31,9 +31,9 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from rankwise.data.partition import resolve_world
 from rankwise.data.permutation import check_int
 from rankwise.data.strategies import Strategy
-from rankwise.distributed import detect_world
 
 __all__ = ["Fetch", "FetchDataset", "default_fetch", "rank_fetches", "rows_per_rank"]
 
@@ -174,17 +174,7 @@ class FetchDataset(IterableDataset[Any]):
         self.fetch_transform = fetch_transform
         self.batch_callback = batch_callback
         self.batch_transform = batch_transform
-        if rank is None or world_size is None:
-            detected_rank, detected_world = detect_world()
-            rank = detected_rank if rank is None else rank
-            world_size = detected_world if world_size is None else world_size
-        self.world_size = check_int("world_size", world_size, minimum=1)
-        self.rank = check_int("rank", rank)
-        if self.rank >= self.world_size:
-            raise ValueError(
-                f"rank ({self.rank}) must be < world_size ({self.world_size}); "
-                f"valid ranks are 0..{self.world_size - 1}."
-            )
+        self.rank, self.world_size = resolve_world(rank, world_size)
         self.seed = 0 if seed is None else check_int("seed", seed)
         self._n = _source_len(source)
         self.strategy.epoch_length(self._n)  # validates the strategy's indices against n now

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from rankwise.data.permutation import check_int
+from rankwise.distributed import detect_world
+
 
 def _check(total: int, world_size: int, rank: int | None = None) -> None:
     if isinstance(total, bool) or not isinstance(total, int | np.integer) or total < 0:
@@ -81,6 +84,34 @@ def strided_positions(total: int, world_size: int, rank: int) -> range:
     """
     _check(total, world_size, rank)
     return range(rank, int(total), int(world_size))
+
+
+def resolve_world(
+    rank: int | None, world_size: int | None, world_name: str = "world_size"
+) -> tuple[int, int]:
+    """``(rank, world_size)`` with missing values taken from the process group (else the
+    torchrun variables, else a world of one), checked: ``0 <= rank < world_size``.
+
+    ``world_name`` is the caller's name for the world size (torch's sampler says
+    ``num_replicas``), so errors quote the argument the user wrote.
+
+    >>> resolve_world(1, 4)
+    (1, 4)
+    >>> resolve_world(None, None)   # no process group, no RANK / WORLD_SIZE
+    (0, 1)
+    """
+    if rank is None or world_size is None:
+        detected_rank, detected_world = detect_world()
+        rank = detected_rank if rank is None else rank
+        world_size = detected_world if world_size is None else world_size
+    world_size = check_int(world_name, world_size, minimum=1)
+    rank = check_int("rank", rank)
+    if rank >= world_size:
+        raise ValueError(
+            f"rank ({rank}) must be < {world_name} ({world_size}); "
+            f"valid ranks are 0..{world_size - 1}."
+        )
+    return rank, world_size
 
 
 class DistributedRangeSplitter:

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from rankwise.data.partition import resolve_world
 from rankwise.data.permutation import DEFAULT_CHUNK, Permutation, check_int
-from rankwise.distributed import detect_world
 
 __all__ = ["DistributedSampler"]
 
@@ -76,17 +76,7 @@ class DistributedSampler(Sampler[int]):
                 f"dataset or an int (got {len(given)} of dataset_or_size / dataset / dataset_size)."
             )
         self._n = _num_samples(given[0])
-        if num_replicas is None or rank is None:
-            detected_rank, detected_world = detect_world()
-            num_replicas = detected_world if num_replicas is None else num_replicas
-            rank = detected_rank if rank is None else rank
-        self.num_replicas = check_int("num_replicas", num_replicas, minimum=1)
-        self.rank = check_int("rank", rank)
-        if self.rank >= self.num_replicas:
-            raise ValueError(
-                f"rank ({self.rank}) must be < num_replicas ({self.num_replicas}); "
-                f"valid ranks are 0..{self.num_replicas - 1}."
-            )
+        self.rank, self.num_replicas = resolve_world(rank, num_replicas, "num_replicas")
         self.shuffle = bool(shuffle)
         self.seed = check_int("seed", seed)
         self.drop_last = bool(drop_last)
