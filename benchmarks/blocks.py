@@ -180,7 +180,8 @@ def plot(cases: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
                 xytext=(4, 4),
                 fontsize=7,
             )
-    for c, marker in ((cases[0], "X"), (cases[1], "s")):
+    # The baseline sits at the right edge: label it to the left of its marker.
+    for c, marker, offset in ((cases[0], "X", (-115, 8)), (cases[1], "s", (8, -12))):
         ax.scatter(
             [c["diversity_bits"]],
             [c["samples_per_s"]],
@@ -193,7 +194,7 @@ def plot(cases: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
             c["method"],
             (c["diversity_bits"], c["samples_per_s"]),
             textcoords="offset points",
-            xytext=(6, -12),
+            xytext=offset,
             fontsize=8,
         )
     ax.axhline(100 * cases[0]["samples_per_s"], color="grey", linestyle="--", linewidth=0.8)
