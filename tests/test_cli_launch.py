@@ -153,6 +153,14 @@ def test_job_that_never_calls_finalize_exits_zero() -> None:
     assert proc.stdout.count("attempt 0: ok") == 2
 
 
+def test_a_group_built_with_torch_is_adopted_and_torn_down_at_exit() -> None:
+    # The seed guides call torch.distributed.init_process_group themselves; rankwise.init()
+    # then adopts that group, and its exit hook tears it down cleanly without finalize().
+    proc = run_script(WORKER, 2, script_args=["--init=adopt", "--no-finalize"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("attempt 0: ok") == 2
+
+
 def test_demo_trains_to_the_promised_accuracy() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "rankwise.cli", "demo", "--epochs=12"],

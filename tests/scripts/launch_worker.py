@@ -17,7 +17,12 @@ from torch.nn.parallel import DistributedDataParallel
 import rankwise.distributed as rd
 
 p = argparse.ArgumentParser()
-p.add_argument("--init", choices=["rankwise", "torch"], default="rankwise")
+p.add_argument(
+    "--init",
+    choices=["rankwise", "torch", "adopt"],
+    default="rankwise",
+    help="adopt: torch's init_process_group, then rankwise.distributed.init() adopts the group",
+)
 p.add_argument("--fail-attempts", type=int, default=0, help="rank 1 raises on attempts below this")
 p.add_argument("--raise-on-rank", type=int, default=-1)
 p.add_argument("--no-finalize", action="store_true")
@@ -30,6 +35,8 @@ if args.init == "rankwise":
     rd.init()
 else:
     dist.init_process_group("gloo")
+    if args.init == "adopt":
+        assert rd.init().world_size == dist.get_world_size()
 rank, world = dist.get_rank(), dist.get_world_size()
 
 total = torch.tensor([float(rank + 1)])
@@ -53,7 +60,7 @@ for _ in range(args.steps):
 
 print(f"rank {rank}/{world} attempt {attempt}: ok {args.echo}", flush=True)
 if not args.no_finalize:
-    if args.init == "rankwise":
+    if args.init in ("rankwise", "adopt"):
         rd.finalize()
     else:
         dist.destroy_process_group()

@@ -49,7 +49,7 @@ class _Session:
 # The only module state rankwise keeps: what init() set up, so that get_local_rank() and
 # device() can answer and finalize() knows what to tear down. torch.distributed keeps the rest.
 _session: _Session | None = None
-_created_group = False
+_saw_group = False  # a torch group existed in this process while rankwise was initialised
 _atexit_registered = False
 
 
@@ -64,7 +64,7 @@ def init(config: DistributedConfig | None = None) -> DistributedConfig:
     1
     >>> rd.finalize()
     """
-    global _session, _created_group
+    global _session, _saw_group
     cfg = DistributedConfig.from_environment() if config is None else config
     cfg.validate()
     if _session is not None:
@@ -85,6 +85,7 @@ def init(config: DistributedConfig | None = None) -> DistributedConfig:
         # Someone (a seed guide's script, a framework) built the group with torch directly.
         # Adopt it rather than fail: the queries below read torch's state anyway.
         _session = _Session(cfg, dist.get_backend())
+        _saw_group = True
         return cfg
     if cfg.world_size > 1:
         store = _connect_store(cfg)
@@ -96,7 +97,7 @@ def init(config: DistributedConfig | None = None) -> DistributedConfig:
             world_size=cfg.world_size,
             timeout=timedelta(milliseconds=cfg.timeout_ms),
         )
-        _created_group = True
+        _saw_group = True
     _session = _Session(cfg, backend)
     return cfg
 
@@ -108,10 +109,11 @@ def finalize() -> None:
     registered by :func:`init` calls it too, so a script that forgets it still exits 0.
     """
     global _session
-    if dist.is_available() and dist.is_initialized():
+    had_group = dist.is_available() and dist.is_initialized()
+    if had_group:
         dist.destroy_process_group()
     _session = None
-    if _created_group:
+    if had_group or _saw_group:
         gc.collect()
         time.sleep(_DRAIN_SECONDS)  # releases the GIL so gloo's threads can finish
 
@@ -318,7 +320,7 @@ def _has_key(store: dist.Store, key: str) -> bool:
 
 
 def _finalize_at_exit() -> None:
-    if _session is not None or _created_group:
+    if _session is not None or _saw_group:
         finalize()
 
 
