@@ -300,3 +300,16 @@ def test_noise_blocks_do_not_show_in_the_result() -> None:
     z = gaussian_noise(seeds, (3, 64, 64), torch.zeros(1))
     for i in (0, 20, 21, 41, 42, 49):
         assert torch.equal(z[i], gaussian_noise(seeds[i : i + 1], (3, 64, 64), torch.zeros(1))[0])
+
+
+def test_noise_without_seeds_refuses_to_repeat_itself_across_images() -> None:
+    x = torch.zeros(4, 1, 8, 8)
+    with pytest.raises(ValueError, match=r"images 0 and 1 have identical parameters"):
+        apply_augmentation(x, {"noise": 0.1})
+    # distinct parameters derive distinct seeds; explicit seeds are the caller's choice
+    distinct = apply_augmentation(x, {"noise": [0.1, 0.2, 0.3, 0.4]})
+    assert not torch.equal(distinct[0] / 0.1, distinct[1] / 0.2)
+    seeded = apply_augmentation(x, {"noise": 0.1, "seed": np.arange(4)})
+    assert not torch.equal(seeded[0], seeded[1])
+    # one noisy image among identical identity ones is fine
+    apply_augmentation(x, {"noise": [0.0, 0.0, 0.1, 0.0]})

@@ -77,3 +77,15 @@ def test_bad_batch_size() -> None:
         DistributedBatchIterator(sampler, 0)
     with pytest.raises(ValueError, match=r"batch_size \(2.5\)"):
         DistributedBatchIterator(sampler, 2.5)  # type: ignore[arg-type]
+
+
+def test_num_batches_after_reset_counts_the_next_pass() -> None:
+    s = DistributedSampler(10, 1, 0, shuffle=False)
+    it = DistributedBatchIterator(s, 4)
+    assert it.next() == [0, 1, 2, 3]
+    it.reset()  # same epoch: the next pass continues after the consumed batch
+    assert it.num_batches() == 2 and list(it) == [[4, 5, 6, 7], [8, 9]]
+    it.reset()
+    assert it.num_batches() == 0 and list(it) == []  # the epoch is done
+    it.reset(epoch=1)
+    assert it.num_batches() == 3 and sorted(i for b in it for i in b) == list(range(10))

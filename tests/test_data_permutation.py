@@ -103,3 +103,12 @@ def test_bad_input(call: object, match: str) -> None:
 
 def test_empty() -> None:
     assert Permutation(0).take(0, 0).size == 0 and len(Permutation(0)) == 0
+
+
+def test_large_seeds_do_not_alias_other_epochs() -> None:
+    # SeedSequence([seed, epoch]) would join 32-bit words: (2**32 + 7, 0) == (7, 1).
+    assert permutation_keys(2**32 + 7, 0) != permutation_keys(7, 1)
+    assert permutation_keys(2**32, 0) != permutation_keys(0, 1)
+    a = Permutation(10, 1 + 2 * 2**32, 3).take(0, 10).tolist()
+    b = Permutation(10, 1, 2 + 3 * 2**32).take(0, 10).tolist()
+    assert a != b

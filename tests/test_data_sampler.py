@@ -147,6 +147,7 @@ def test_len_is_constant_during_a_pass_that_advances() -> None:
     assert set(lengths) == {50} and s.state_dict()["consumed"] == 100
     fresh = DistributedSampler(100, 2, 0, seed=1)
     fresh.advance(10)
-    assert len(list(fresh)) == len(fresh) == 40  # a new pass starts after the cursor
+    assert len(fresh) == 40  # before iter(): the next pass starts after the cursor
+    assert len(list(fresh)) == len(fresh) == 40
     with pytest.raises(ValueError, match=r"advance\(41\) passes the end of epoch 0: only 40"):
         fresh.advance(41)

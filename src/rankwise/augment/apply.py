@@ -83,7 +83,11 @@ def _parse(
         raise ValueError(f"noise must be >= 0 (a std), got {p['noise'].tolist()}.")
     if "noise" not in p:
         return p, None
-    return p, _seeds(params["seed"], batch) if "seed" in params else _derived_seeds(p)
+    if "seed" in params:
+        return p, _seeds(params["seed"], batch)
+    seeds = _derived_seeds(p)
+    _refuse_shared_noise(seeds, p["noise"] > 0)
+    return p, seeds
 
 
 def _geometry(x: torch.Tensor, p: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -321,6 +325,21 @@ def _one_per_image(t: torch.Tensor, name: str, batch: int) -> torch.Tensor:
             f"shape ({batch},), or a single number."
         )
     return t
+
+
+def _refuse_shared_noise(seeds: torch.Tensor, noisy: torch.Tensor) -> None:
+    """Seeds derived from parameter values repeat when two images' parameters do (a scalar
+    ``noise`` alone, say): those images would get the very same noise field. Say so instead."""
+    first_of: dict[int, int] = {}
+    for index in torch.nonzero(noisy).flatten().tolist():
+        seed = int(seeds[index])
+        if seed in first_of:
+            raise ValueError(
+                f"params has no 'seed', and images {first_of[seed]} and {index} have identical "
+                "parameters, so they would get identical noise. Pass one seed per image as "
+                "params['seed'] (generate_params returns it; the sample ids will do)."
+            )
+        first_of[seed] = index
 
 
 def _derived_seeds(p: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -56,6 +56,9 @@ class DistributedBatchIterator:
 
     def reset(self, epoch: int | None = None) -> None:
         """Start a new pass; with ``epoch``, call ``sampler.set_epoch(epoch)`` first."""
+        close = getattr(self._it, "close", None)
+        if callable(close):
+            close()  # end the sampler's pass, so its len() counts from the cursor again
         if epoch is not None:
             self.sampler.set_epoch(epoch)
         self._it = None

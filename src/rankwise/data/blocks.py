@@ -229,7 +229,7 @@ class FetchDataset(IterableDataset[Any]):
         if self.fetch_transform is not None:
             data = self.fetch_transform(data)
         if self.strategy.shuffle_fetch:
-            seq = np.random.SeedSequence([self.seed, epoch, fetch_id])
+            seq = np.random.SeedSequence(self.seed, spawn_key=(epoch, fetch_id))
             where = where[np.random.default_rng(seq).permutation(where.size)]
         for lo in range(0, where.size, self.batch_size):
             picked = where[lo : lo + self.batch_size]

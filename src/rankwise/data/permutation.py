@@ -7,9 +7,11 @@ and *cycle walking* (apply it again while the value is >= N) restricts it to a b
 Everything is vectorised with numpy over arrays of positions, so a sampler can compute the
 indices of one chunk at a time.
 
-The round keys come from ``numpy.random.SeedSequence([seed, epoch])``: a proper hash of the
-pair, so ``(seed=0, epoch=1)`` and ``(seed=1, epoch=0)`` give unrelated orders (unlike torch's
-``seed + epoch``).
+The round keys come from ``numpy.random.SeedSequence(seed, spawn_key=(epoch,))``: a proper
+hash of the pair, so ``(seed=0, epoch=1)`` and ``(seed=1, epoch=0)`` give unrelated orders
+(unlike torch's ``seed + epoch``). The epoch goes in the spawn key, not next to the seed in the
+entropy list: ``SeedSequence([seed, epoch])`` joins 32-bit words without a length, so
+``(2**32 + 7, 0)`` and ``(7, 1)`` would collide.
 
 >>> p = Permutation(10, seed=0, epoch=0)
 >>> sorted(p.take(0, 10).tolist()) == list(range(10))   # a true permutation of 0..9
@@ -56,7 +58,7 @@ def permutation_keys(seed: int, epoch: int, rounds: int = _ROUNDS) -> tuple[int,
     """
     seed = check_int("seed", seed)
     epoch = check_int("epoch", epoch)
-    state = np.random.SeedSequence([seed, epoch]).generate_state(rounds, dtype=np.uint64)
+    state = np.random.SeedSequence(seed, spawn_key=(epoch,)).generate_state(rounds, dtype=np.uint64)
     return tuple(int(k) for k in state)
 
 
@@ -88,7 +90,7 @@ class Permutation:
         self._table: IntArray | None = None
         self._table_inv: IntArray | None = None
         if self.n <= SMALL_N:
-            rng = np.random.default_rng(np.random.SeedSequence([self.seed, self.epoch]))
+            rng = np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(self.epoch,)))
             self._table = rng.permutation(self.n).astype(np.int64)
             self._table_inv = np.argsort(self._table).astype(np.int64)
 

@@ -84,7 +84,7 @@ class DistributedSampler(Sampler[int]):
         self._shared: torch.Tensor | None = None  # see shared_epoch()
         self._start = 0  # position where the current split began (0, or a resume point)
         self._cursor = 0  # positions of the global order consumed by all ranks together
-        self._pass_start = 0  # the cursor when the current pass began (see __len__)
+        self._pass: tuple[object, int] | None = None  # (token, start cursor) of a live pass
         self._perm: Permutation | None = None
 
     # -- the global order ----------------------------------------------------------------------
@@ -108,8 +108,16 @@ class DistributedSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         # Not a generator itself: the pass's start is recorded now, when DataLoader calls
         # iter(), so len() stays put while the loop advances the cursor.
-        self._pass_start = self._cursor
-        return self._positions_from(self._cursor)
+        token = object()
+        self._pass = (token, self._cursor)
+        return self._pass_over(self._cursor, token)
+
+    def _pass_over(self, cursor: int, token: object) -> Iterator[int]:
+        try:
+            yield from self._positions_from(cursor)
+        finally:  # exhausted, closed or collected: len() follows the cursor again
+            if self._pass is not None and self._pass[0] is token:
+                self._pass = None
 
     def _positions_from(self, cursor: int) -> Iterator[int]:
         # One chunk of positions at a time: memory stays flat for any N.
@@ -119,13 +127,14 @@ class DistributedSampler(Sampler[int]):
             yield from self._indices(positions).tolist()
 
     def __len__(self) -> int:
-        """Indices this rank's pass over the epoch yields: the rest of the epoch from where the
-        current (or, before one starts, the next) ``iter()`` began.
+        """Indices this rank yields in the current pass, or in the next one when no pass is
+        under way: the rest of the epoch from the cursor where that pass starts.
 
         Constant during a pass, although :meth:`advance` moves the cursor: a loop that reads
         ``len(loader)`` at every step sees the same number throughout.
         """
-        return (self._end() - self._pass_start) // self.num_replicas
+        start = self._pass[1] if self._pass is not None else self._cursor
+        return (self._end() - start) // self.num_replicas
 
     def _remaining(self) -> int:
         return (self._end() - self._cursor) // self.num_replicas
@@ -161,7 +170,7 @@ class DistributedSampler(Sampler[int]):
         mid-epoch instead of restarting it."""
         epoch = check_int("epoch", epoch)
         if epoch != self.epoch:
-            self.epoch, self._start, self._cursor, self._pass_start = epoch, 0, 0, 0
+            self.epoch, self._start, self._cursor, self._pass = epoch, 0, 0, None
 
     def advance(self, num_samples: int) -> None:
         """Record that this rank — and so, in lockstep, every rank — consumed ``num_samples``
@@ -232,13 +241,14 @@ class DistributedSampler(Sampler[int]):
         self.seed = check_int("state['seed']", state["seed"])
         self.shuffle = bool(state.get("shuffle", self.shuffle))
         self.drop_last = bool(state.get("drop_last", self.drop_last))
-        self._start = self._cursor = self._pass_start = consumed
+        self._start = self._cursor = consumed
+        self._pass = None
 
     # -- the CyxWiz guide's methods ------------------------------------------------------------
 
     def get_indices(self) -> list[int]:
         """This rank's indices for the rest of the epoch, as a list (O(N/R) memory)."""
-        return list(self)
+        return list(self._positions_from(self._cursor))  # not a pass: len() is unaffected
 
     def local_size(self) -> int:
         """How many indices this rank gets (the rest of the epoch); same on every rank."""
