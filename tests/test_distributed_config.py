@@ -40,6 +40,12 @@ def test_reads_every_variable() -> None:
     assert cfg.use_agent_store and cfg.restart_count == 2
 
 
+def test_collective_timeout_is_separate_and_defaults_to_torchs() -> None:
+    assert DistributedConfig().collective_timeout_ms == 30 * 60 * 1000
+    cfg = DistributedConfig.from_environment({"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "5000"})
+    assert (cfg.timeout_ms, cfg.collective_timeout_ms) == (30000, 5000)
+
+
 def test_local_rank_defaults_to_rank() -> None:
     cfg = DistributedConfig.from_environment({"RANK": "2", "WORLD_SIZE": "3"})
     assert cfg.local_rank is None and cfg.resolved_local_rank == 2
@@ -59,6 +65,8 @@ def test_local_rank_defaults_to_rank() -> None:
         ({"DISTRIBUTED_BACKEND": "mpi"}, ["'mpi'", "'gloo'", "'nccl'"]),
         ({"DISTRIBUTED_TIMEOUT_MS": "0"}, ["timeout_ms (0) must be > 0"]),
         ({"RANK": "1"}, ["WORLD_SIZE is not"]),
+        ({"WORLD_SIZE": "2"}, ["WORLD_SIZE is set (2) but RANK is not"]),
+        ({"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "-5"}, ["collective_timeout_ms (-5) must be > 0"]),
     ],
 )
 def test_bad_environment_names_variable_value_and_fix(

@@ -197,3 +197,97 @@ def _sleep_forever() -> None:
 def test_harness_times_out_naming_ranks() -> None:
     with pytest.raises(TimeoutError, match=r"ranks \[0, 1\] of 2 did not finish"):
         run_distributed(_sleep_forever, 2, timeout=3)
+
+
+def _empty_rank_reports_nan() -> dict[str, float]:
+    # rank 1 saw no samples: its mean is NaN, its weight 0
+    if rd.get_rank() == 0:
+        return rd.reduce_metrics({"loss": 2.0}, weight=4)
+    return rd.reduce_metrics({"loss": torch.tensor([]).mean()}, weight=0)
+
+
+def _all_weights_zero() -> str:
+    try:
+        rd.reduce_metrics({"loss": 1.0}, weight=0)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_reduce_metrics_with_an_empty_rank() -> None:
+    assert run_distributed(_empty_rank_reports_nan, 2) == [{"loss": 2.0}, {"loss": 2.0}]
+    assert all("weights sum to 0" in m for m in run_distributed(_all_weights_zero, 2))
+    with pytest.raises(ValueError, match="finite"):
+        rd.reduce_metrics({"a": 1.0}, weight=float("nan"))
+
+
+def _slow_rank_zero() -> float:
+    # The rendezvous timeout (timeout_ms) must not bound collectives: rank 0 works for longer
+    # than it before the all_reduce, as it would while saving a checkpoint.
+    if rd.get_rank() == 0:
+        time.sleep(2.5)
+    return rd.all_reduce(torch.ones(1)).item()
+
+
+def test_collectives_may_outlast_the_rendezvous_timeout() -> None:
+    assert run_distributed(_slow_rank_zero, 2, timeout_ms=1000, timeout=60) == [2.0, 2.0]
+
+
+def _reinit_after_torch_destroyed_the_group() -> float:
+    import torch.distributed as dist
+
+    dist.destroy_process_group()  # behind rankwise's back
+    cfg = rd.init()  # must build a new group, not return the stale session
+    assert cfg.world_size == 2 and dist.is_initialized()
+    return rd.all_reduce(torch.tensor([rd.get_rank() + 1.0])).item()
+
+
+def test_init_after_an_outside_destroy_rebuilds_the_group() -> None:
+    assert run_distributed(_reinit_after_torch_destroyed_the_group, 2) == [3.0, 3.0]
+
+
+def _adopt_a_torch_group(port: int) -> tuple[int, int, int, bool]:
+    import os
+
+    import torch.distributed as dist
+
+    rank = int(os.environ.pop("RANK"))
+    os.environ.pop("WORLD_SIZE")
+    os.environ.pop("LOCAL_RANK")
+    # A framework's own init, with no rank variables left in the environment:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    cfg = rd.init()
+    rd.finalize()  # an adopted group belongs to the script that built it
+    still_there = dist.is_initialized()
+    dist.destroy_process_group()  # ... which can destroy it itself, without an error
+    return (
+        cfg.rank,
+        cfg.world_size,
+        rd.get_local_rank() if rd.is_initialized() else cfg.resolved_local_rank,
+        still_there,
+    )
+
+
+def test_a_torch_group_is_adopted_with_its_own_rank() -> None:
+    results = run_distributed(_adopt_a_torch_group, 2, args=(free_port(),), init_group=False)
+    assert results == [(0, 2, 0, True), (1, 2, 1, True)]
+
+
+def _adopt_with_conflicting_config() -> str:
+    try:
+        rd.init(DistributedConfig(rank=0, world_size=3))
+    except DistributedStateError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_adopting_refuses_a_config_that_contradicts_torch() -> None:
+    messages = run_distributed(_adopt_with_conflicting_config_after_torch_init, 2, init_group=False)
+    assert all("already initialised as rank" in m and "rank 0 of 3" in m for m in messages)
+
+
+def _adopt_with_conflicting_config_after_torch_init() -> str:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")  # from the harness's RANK / WORLD_SIZE / MASTER_* variables
+    return _adopt_with_conflicting_config()

@@ -128,7 +128,8 @@ def environment_report() -> dict[str, Any]:
     import torch.distributed as dist
 
     from rankwise import __version__
-    from rankwise.distributed import DistributedConfig, DistributedConfigError
+    from rankwise.distributed import DistributedConfig, DistributedConfigError, select_backend
+    from rankwise.distributed.group import port_is_free
 
     report: dict[str, Any] = {
         "rankwise": __version__,
@@ -137,45 +138,45 @@ def environment_report() -> dict[str, Any]:
         "host": socket.gethostname(),
         "variables": {k: os.environ.get(k) for k in _ENV_VARS},
     }
+    cuda = torch.cuda.is_available()
+    devices = torch.cuda.device_count() if cuda else 0
+    available = {
+        "gloo": dist.is_available() and dist.is_gloo_available(),
+        "nccl": dist.is_available() and dist.is_nccl_available(),
+        "mpi": dist.is_available() and dist.is_mpi_available(),
+    }
     try:
         cfg = DistributedConfig.from_environment()
+        # The same check init() makes, so "valid" here means init() would accept it.
+        backend = select_backend(
+            cfg.backend_name,
+            cfg.resolved_local_rank,
+            cuda_devices=devices,
+            nccl_available=available["nccl"],
+            gloo_available=available["gloo"],
+        )
         report["config"] = {
             "valid": True,
             "rank": cfg.rank,
             "world_size": cfg.world_size,
             "local_rank": cfg.resolved_local_rank,
             "master": f"{cfg.master_addr}:{cfg.master_port}",
-            "backend": cfg.backend_name,
+            "backend": backend,
         }
-        port = cfg.master_port
+        port: int | None = cfg.master_port
     except DistributedConfigError as exc:
         report["config"] = {"valid": False, "error": str(exc)}
         port = None
-    cuda = torch.cuda.is_available()
-    report["backends"] = {
-        "gloo": dist.is_available() and dist.is_gloo_available(),
-        "nccl": dist.is_available() and dist.is_nccl_available(),
-        "mpi": dist.is_available() and dist.is_mpi_available(),
-    }
-    report["auto_backend"] = "nccl" if cuda and torch.cuda.device_count() > 0 else "gloo"
+    report["backends"] = available
+    report["auto_backend"] = select_backend(
+        "auto", 0, cuda_devices=devices, nccl_available=available["nccl"]
+    )
     report["cuda"] = {
         "available": cuda,
-        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        if cuda
-        else [],
+        "devices": [torch.cuda.get_device_name(i) for i in range(devices)],
     }
-    report["master_port_free"] = None if port is None else _port_free(port)
+    report["master_port_free"] = None if port is None else port_is_free(port)
     return report
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("", port))
-        except OSError:
-            return False
-    return True
 
 
 def print_env(as_json: bool = False) -> int:

@@ -81,6 +81,8 @@ def _rank_main(
     kwargs: dict[str, Any],
     conn: mpc.Connection,
 ) -> None:
+    # The forkserver's environment is a copy from its start; take the caller's as it is now.
+    os.environ.clear()
     os.environ.update(env)
     import torch
 
@@ -127,17 +129,20 @@ def run_distributed(
     procs: list[Any] = []
     conns: dict[mpc.Connection, int] = {}
     for rank in range(world_size):
-        rank_env = {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "DISTRIBUTED_BACKEND": backend,
-            "DISTRIBUTED_TIMEOUT_MS": str(timeout_ms),
-            "OMP_NUM_THREADS": "1",
-            **(env or {}),
-        }
+        rank_env = child_env(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "DISTRIBUTED_BACKEND": backend,
+                "DISTRIBUTED_TIMEOUT_MS": str(timeout_ms),
+                "DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": str(int(timeout * 1000)),
+                "OMP_NUM_THREADS": "1",
+                **(env or {}),
+            }
+        )
         parent, child = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_rank_main,

@@ -7,6 +7,7 @@ and (3) check their arguments with messages that say what to pass instead.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping, Sequence
 
@@ -111,30 +112,33 @@ def reduce_metrics(
 
     Every rank must pass the same keys; a mismatch raises instead of mixing metrics up.
     """
-    if weight < 0:
-        raise ValueError(f"weight ({weight}) must be >= 0; pass this rank's sample count.")
+    if not math.isfinite(weight) or weight < 0:
+        raise ValueError(
+            f"weight ({weight}) must be a finite number >= 0; pass this rank's sample count."
+        )
     keys = sorted(metrics)
     values = [float(metrics[k]) for k in keys]
-    signature = float(zlib.crc32("\0".join(keys).encode()) % (1 << 24))
-    # Layout: [w*v_0, ..., w*v_{k-1}, w, signature]; float64 so large sums stay exact.
-    payload = torch.tensor([weight * v for v in values] + [weight, signature], dtype=torch.float64)
     if not _distributed():
         return dict(zip(keys, values, strict=True))
     device = _collective_device()
-    reduced = payload.to(device)
-    # The key count fixes the message size, so agree on it first: with different counts gloo
-    # would pair up buffers of different sizes. [n, -n] under MAX gives (max, -min) everywhere,
-    # so every rank sees the mismatch and raises, none is left waiting.
-    counts = torch.tensor([len(keys), -len(keys)], dtype=torch.float64, device=device)
-    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
-    if counts[0].item() != -counts[1].item():
+    # Agree on the names first, exactly, and in one collective: [n, -n, sig, -sig] under MAX
+    # gives every rank (max, -min) of both, so all see any mismatch and raise together; none
+    # is left waiting in the next collective with a buffer of another size.
+    signature = float(zlib.crc32("\0".join(keys).encode()))
+    agree = torch.tensor(
+        [len(keys), -len(keys), signature, -signature], dtype=torch.float64, device=device
+    )
+    dist.all_reduce(agree, op=dist.ReduceOp.MAX)
+    if agree[0].item() != -agree[1].item() or agree[2].item() != -agree[3].item():
         _raise_key_mismatch(keys)
+    # A rank with no samples (weight 0) may well report NaN, the mean of nothing: it must
+    # contribute nothing rather than turn every rank's result into NaN. float64 keeps large
+    # sums exact. Layout: [w*v_0, ..., w*v_{k-1}, w].
+    contributions = [weight * v if weight else 0.0 for v in values]
+    reduced = torch.tensor([*contributions, weight], dtype=torch.float64, device=device)
     dist.all_reduce(reduced)
     reduced = reduced.cpu()
-    world = dist.get_world_size()
-    if abs(reduced[-1].item() - world * signature) > 0.5:
-        _raise_key_mismatch(keys)
-    total_weight = reduced[-2].item()
+    total_weight = reduced[-1].item()
     if total_weight == 0:
         raise ValueError("reduce_metrics: the weights sum to 0 on all ranks; nothing to average.")
     return {k: reduced[i].item() / total_weight for i, k in enumerate(keys)}

@@ -37,6 +37,7 @@ ENV_VARS = {
     "master_port": "MASTER_PORT",
     "backend": "DISTRIBUTED_BACKEND",
     "timeout_ms": "DISTRIBUTED_TIMEOUT_MS",
+    "collective_timeout_ms": "DISTRIBUTED_COLLECTIVE_TIMEOUT_MS",
 }
 
 
@@ -64,6 +65,9 @@ class DistributedConfig:
     :func:`rankwise.distributed.init`, so late assignments are checked too.
 
     ``local_rank=None`` means "same as rank" (the CyxWiz default for ``LOCAL_RANK``).
+    ``timeout_ms`` bounds the rendezvous (connecting, waiting for peers: the CyxWiz guide's
+    "connection timeout"); ``collective_timeout_ms`` bounds each collective once running, and
+    defaults to torch's 30 minutes, so rank 0 can save a checkpoint while the others wait.
     ``use_agent_store`` and ``restart_count`` are filled in from torchrun's variables: they say
     whether the launcher hosts the rendezvous store and which restart attempt this is.
 
@@ -78,6 +82,7 @@ class DistributedConfig:
     master_port: int = 29500
     backend: str | BackendType = "auto"
     timeout_ms: int = 30000
+    collective_timeout_ms: int = 1_800_000
     use_agent_store: bool = False
     restart_count: int = 0
 
@@ -95,7 +100,14 @@ class DistributedConfig:
 
     def validate(self) -> DistributedConfig:
         """Check every field; raise :class:`DistributedConfigError` naming value and fix."""
-        for name in ("rank", "world_size", "master_port", "timeout_ms", "restart_count"):
+        for name in (
+            "rank",
+            "world_size",
+            "master_port",
+            "timeout_ms",
+            "collective_timeout_ms",
+            "restart_count",
+        ):
             _require_int(name, getattr(self, name))
         if self.local_rank is not None:
             _require_int("local_rank", self.local_rank)
@@ -128,11 +140,12 @@ class DistributedConfig:
                 f"master_addr ({self.master_addr!r}) must be a host name or IP address "
                 "(MASTER_ADDR), e.g. 127.0.0.1 on one machine."
             )
-        if self.timeout_ms <= 0:
-            raise DistributedConfigError(
-                f"timeout_ms ({self.timeout_ms}) must be > 0 (DISTRIBUTED_TIMEOUT_MS), "
-                "e.g. 30000 for 30 seconds."
-            )
+        for name in ("timeout_ms", "collective_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise DistributedConfigError(
+                    f"{name} ({getattr(self, name)}) must be > 0 ({ENV_VARS[name]}), "
+                    "e.g. 30000 for 30 seconds."
+                )
         normalize_backend(self.backend)
         return self
 
@@ -148,7 +161,14 @@ class DistributedConfig:
         """
         env = os.environ if environ is None else environ
         kwargs: dict[str, Any] = {}
-        for field in ("rank", "world_size", "local_rank", "master_port", "timeout_ms"):
+        for field in (
+            "rank",
+            "world_size",
+            "local_rank",
+            "master_port",
+            "timeout_ms",
+            "collective_timeout_ms",
+        ):
             raw = env.get(ENV_VARS[field])
             if raw is not None and raw.strip() != "":
                 kwargs[field] = _parse_int(ENV_VARS[field], raw)
@@ -164,6 +184,12 @@ class DistributedConfig:
             raise DistributedConfigError(
                 f"RANK is set ({kwargs['rank']}) but WORLD_SIZE is not; set WORLD_SIZE to the "
                 "total number of processes, or unset RANK for a single-process run."
+            )
+        if kwargs.get("world_size", 1) > 1 and "rank" not in kwargs:
+            # Every process would be rank 0, and the second would find the port "in use".
+            raise DistributedConfigError(
+                f"WORLD_SIZE is set ({kwargs['world_size']}) but RANK is not; give each process "
+                "its RANK (0..WORLD_SIZE-1), or start them with `rankwise launch`."
             )
         return cls(**kwargs)
 

@@ -32,6 +32,7 @@ from rankwise.distributed.errors import (
 )
 
 _ARRIVED = "rankwise/arrived"
+_ALL_ARRIVED = "rankwise/all_arrived"
 # How long finalize() releases the GIL after destroying the group. gloo's worker threads
 # (pt_gloo_runloop) may still be destroying finished work objects, which frees Python-owned
 # tensors and needs the GIL; if the interpreter is already finalising by then, the thread is
@@ -44,12 +45,13 @@ _DRAIN_SECONDS = 0.05
 class _Session:
     config: DistributedConfig
     backend: str  # resolved: "gloo" or "nccl"
+    owns_group: bool  # rankwise built the torch group (and so destroys it in finalize)
 
 
 # The only module state rankwise keeps: what init() set up, so that get_local_rank() and
 # device() can answer and finalize() knows what to tear down. torch.distributed keeps the rest.
 _session: _Session | None = None
-_saw_group = False  # a torch group existed in this process while rankwise was initialised
+_saw_group = False  # this process has had a torch group: drain its threads before exit
 _atexit_registered = False
 
 
@@ -58,15 +60,20 @@ def init(config: DistributedConfig | None = None) -> DistributedConfig:
 
     With no environment variables this is a world of one: no process group, no sockets.
     Calling it again with the same world is a no-op; with a different one it is an error.
+    A group that a script built with ``torch.distributed.init_process_group`` is adopted:
+    rank and world size are then torch's, and rankwise leaves destroying it to its owner
+    (or to the exit hook).
 
     >>> import rankwise.distributed as rd
     >>> rd.init().world_size      # no RANK / WORLD_SIZE in the environment
     1
     >>> rd.finalize()
     """
-    global _session, _saw_group
+    global _session
     cfg = DistributedConfig.from_environment() if config is None else config
     cfg.validate()
+    if _session is not None and _session.config.world_size > 1 and not dist.is_initialized():
+        _session = None  # the group was destroyed behind rankwise's back: start afresh
     if _session is not None:
         active = _session.config
         if (active.rank, active.world_size) == (cfg.rank, cfg.world_size):
@@ -76,44 +83,73 @@ def init(config: DistributedConfig | None = None) -> DistributedConfig:
             f"{active.world_size}; call rankwise.distributed.finalize() before init() with "
             f"rank {cfg.rank} of {cfg.world_size}."
         )
+    _register_atexit()
+    if dist.is_available() and dist.is_initialized():
+        return _adopt(cfg, config is None)
     backend = _resolve_backend(cfg)
     if backend == "nccl":
         torch.cuda.set_device(cfg.resolved_local_rank)
-    _register_atexit()
-
-    if dist.is_initialized():
-        # Someone (a seed guide's script, a framework) built the group with torch directly.
-        # Adopt it rather than fail: the queries below read torch's state anyway.
-        _session = _Session(cfg, dist.get_backend())
-        _saw_group = True
-        return cfg
     if cfg.world_size > 1:
+        # One deadline for the whole rendezvous: connecting, then waiting for the others.
+        deadline = time.monotonic() + cfg.timeout_ms / 1000
         store = _connect_store(cfg)
-        _wait_for_peers(store, cfg)
+        _wait_for_peers(store, cfg, deadline)
         dist.init_process_group(
             backend=backend,
             store=store,
             rank=cfg.rank,
             world_size=cfg.world_size,
-            timeout=timedelta(milliseconds=cfg.timeout_ms),
+            timeout=timedelta(milliseconds=cfg.collective_timeout_ms),
         )
-        _saw_group = True
-    _session = _Session(cfg, backend)
+    _session = _Session(cfg, backend, owns_group=cfg.world_size > 1)
     return cfg
 
 
-def finalize() -> None:
-    """Leave the process group (if any) and wait for the backend's threads to wind down.
+def _adopt(cfg: DistributedConfig, from_environment: bool) -> DistributedConfig:
+    """Take over a group built with torch directly: its rank and world size are the truth."""
+    global _session
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # A config that names a world (passed in, or RANK / WORLD_SIZE set) must agree with torch;
+    # an empty environment just means "whatever torch has".
+    explicit = not from_environment or cfg.world_size > 1
+    if explicit and (cfg.rank, cfg.world_size) != (rank, world):
+        raise DistributedStateError(
+            f"torch.distributed is already initialised as rank {rank} of {world}, but rankwise "
+            f"was asked for rank {cfg.rank} of {cfg.world_size}; pass the same values, or "
+            "call rankwise.distributed.init() with no config to adopt torch's group."
+        )
+    # Without LOCAL_RANK, assume one machine: the local rank is the global one.
+    local = cfg.local_rank if cfg.local_rank is not None else rank
+    adopted = dataclasses.replace(cfg, rank=rank, world_size=world, local_rank=local)
+    backend = str(dist.get_backend())
+    if backend == "nccl":
+        torch.cuda.set_device(adopted.resolved_local_rank)
+    _session = _Session(adopted, backend, owns_group=False)
+    return adopted
 
-    Safe to call more than once and when :func:`init` was never called. An ``atexit`` hook
-    registered by :func:`init` calls it too, so a script that forgets it still exits 0.
+
+def finalize() -> None:
+    """Leave the process group and wait for the backend's threads to wind down.
+
+    Destroys the group rankwise created; a group adopted from torch is left to the script
+    that built it (and destroyed by the exit hook if still alive then). Safe to call more
+    than once and when :func:`init` was never called. An ``atexit`` hook registered by
+    :func:`init` runs at exit too, so a script that forgets ``finalize()`` still exits 0.
     """
     global _session
-    had_group = dist.is_available() and dist.is_initialized()
-    if had_group:
-        dist.destroy_process_group()
+    owns = _session is not None and _session.owns_group
     _session = None
-    if had_group or _saw_group:
+    _teardown(destroy=owns)
+
+
+def _teardown(destroy: bool) -> None:
+    global _saw_group
+    live = dist.is_available() and dist.is_initialized()
+    if live:
+        _saw_group = True
+        if destroy:
+            dist.destroy_process_group()
+    if _saw_group and (destroy or not live):
         gc.collect()
         time.sleep(_DRAIN_SECONDS)  # releases the GIL so gloo's threads can finish
 
@@ -142,7 +178,11 @@ def get_local_rank() -> int:
     if _session is not None:
         return _session.config.resolved_local_rank
     if dist.is_available() and dist.is_initialized():
-        return DistributedConfig.from_environment().resolved_local_rank
+        try:
+            local = DistributedConfig.from_environment().local_rank
+        except DistributedConfigError:  # the group was built from arguments, not variables
+            local = None
+        return dist.get_rank() if local is None else local
     return 0
 
 
@@ -166,7 +206,7 @@ def get_backend() -> str:
 
 def device() -> torch.device:
     """The device this rank computes on: ``cuda:<local_rank>`` under NCCL, else the CPU."""
-    if get_backend() == "nccl" or (_session is not None and _session.backend == "nccl"):
+    if get_backend() == "nccl":
         return torch.device("cuda", get_local_rank())
     return torch.device("cpu")
 
@@ -245,22 +285,32 @@ def _hosts_store(cfg: DistributedConfig) -> bool:
     return cfg.rank == 0 and not cfg.use_agent_store
 
 
-def _check_port_free(cfg: DistributedConfig) -> None:
+def port_is_free(port: int) -> bool:
+    """Whether a TCP listener could bind ``port`` on all interfaces of this machine now.
+
+    Same ``SO_REUSEADDR`` as the store's listener, so a port in TIME_WAIT from the last run
+    counts as free.
+    """
     probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    # Same option as the store's listener, so a port in TIME_WAIT from the last run is usable.
     probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        probe.bind(("", cfg.master_port))
+        probe.bind(("", port))
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise DistributedConfigError(
-                f"master_port ({cfg.master_port}) is already in use on this machine "
-                f"(MASTER_PORT={cfg.master_port}); another job or a leftover process holds it. "
-                "Pick another port, or let `rankwise launch` choose a free one."
-            ) from None
+            return False
         raise
     finally:
         probe.close()
+    return True
+
+
+def _check_port_free(cfg: DistributedConfig) -> None:
+    if not port_is_free(cfg.master_port):
+        raise DistributedConfigError(
+            f"master_port ({cfg.master_port}) is already in use on this machine "
+            f"(MASTER_PORT={cfg.master_port}); another job or a leftover process holds it. "
+            "Pick another port, or let `rankwise launch` choose a free one."
+        )
 
 
 def _connect_store(cfg: DistributedConfig) -> dist.Store:
@@ -278,13 +328,14 @@ def _connect_store(cfg: DistributedConfig) -> dist.Store:
             wait_for_workers=False,
         )
     except (RuntimeError, OSError) as exc:  # DistNetworkError / DistStoreError derive from these
+        host = "the launcher" if cfg.use_agent_store else "rank 0"
         if hosts:
             raise DistributedConfigError(
                 f"could not listen on MASTER_PORT={cfg.master_port} ({exc}); pick another port."
             ) from exc
         raise DistributedTimeoutError(
             f"rank {cfg.rank} timed out after {cfg.timeout_ms / 1000:g} s connecting to the "
-            f"master at {cfg.master_addr}:{cfg.master_port} (rank 0 hosts it): 0 of "
+            f"master at {cfg.master_addr}:{cfg.master_port} ({host} hosts it): 0 of "
             f"{cfg.world_size} ranks arrived as far as this rank can tell. Start rank 0, check "
             "MASTER_ADDR / MASTER_PORT and the firewall, or raise DISTRIBUTED_TIMEOUT_MS."
         ) from exc
@@ -295,22 +346,27 @@ def _connect_store(cfg: DistributedConfig) -> dist.Store:
     return store
 
 
-def _wait_for_peers(store: dist.Store, cfg: DistributedConfig) -> None:
-    """Count arrivals in the store so a missing peer is reported by rank, not as a hang."""
+def _wait_for_peers(store: dist.Store, cfg: DistributedConfig, deadline: float) -> None:
+    """Count arrivals in the store so a missing peer is reported by rank, not as a hang.
+
+    The last rank to arrive sets one key that every rank waits on: one blocking request per
+    rank, rather than all of them polling rank 0's store.
+    """
     store.set(f"{_ARRIVED}/{cfg.rank}", "1")
-    arrived = store.add(_ARRIVED, 1)
-    deadline = time.monotonic() + cfg.timeout_ms / 1000
-    while arrived < cfg.world_size:
-        if time.monotonic() > deadline:
-            missing = [r for r in range(cfg.world_size) if not _has_key(store, f"{_ARRIVED}/{r}")]
-            raise DistributedTimeoutError(
-                f"timed out after {cfg.timeout_ms / 1000:g} s waiting for peers: {arrived} of "
-                f"{cfg.world_size} ranks arrived at {cfg.master_addr}:{cfg.master_port} "
-                f"(missing ranks: {missing}). Start every rank with the same WORLD_SIZE, "
-                "MASTER_ADDR and MASTER_PORT, or raise DISTRIBUTED_TIMEOUT_MS."
-            )
-        time.sleep(0.02)
+    if store.add(_ARRIVED, 1) == cfg.world_size:
+        store.set(_ALL_ARRIVED, "1")
+    remaining = max(deadline - time.monotonic(), 0.1)
+    try:
+        store.wait([_ALL_ARRIVED], timedelta(seconds=remaining))
+    except dist.DistStoreError:
         arrived = store.add(_ARRIVED, 0)
+        missing = [r for r in range(cfg.world_size) if not _has_key(store, f"{_ARRIVED}/{r}")]
+        raise DistributedTimeoutError(
+            f"timed out after {cfg.timeout_ms / 1000:g} s waiting for peers: {arrived} of "
+            f"{cfg.world_size} ranks arrived at {cfg.master_addr}:{cfg.master_port} "
+            f"(missing ranks: {missing}). Start every rank with the same WORLD_SIZE, "
+            "MASTER_ADDR and MASTER_PORT, or raise DISTRIBUTED_TIMEOUT_MS."
+        ) from None
 
 
 def _has_key(store: dist.Store, key: str) -> bool:
@@ -320,8 +376,11 @@ def _has_key(store: dist.Store, key: str) -> bool:
 
 
 def _finalize_at_exit() -> None:
-    if _session is not None or _saw_group:
-        finalize()
+    # At exit every group goes, adopted ones too: the interpreter is about to tear the
+    # backend's threads down, and a live group is what makes that abort.
+    global _session
+    _session = None
+    _teardown(destroy=True)
 
 
 def _register_atexit() -> None:
