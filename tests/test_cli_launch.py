@@ -33,11 +33,22 @@ class TestLaunchPolicy:
         args = _launch_args("--master-port=29777")
         assert args.rdzv_endpoint == "127.0.0.1:29777"  # type: ignore[attr-defined]
 
-    def test_multi_node_uses_the_master_as_rendezvous(self) -> None:
+    def test_multi_node_uses_the_master_as_rendezvous(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         args = _launch_args("--nnodes=2", "--node-rank=1", "--master-addr=10.1.2.3")
         assert args.rdzv_backend == "c10d"  # type: ignore[attr-defined]
         assert args.rdzv_endpoint == "10.1.2.3:29500"  # type: ignore[attr-defined]
         assert args.rdzv_id == "rankwise"  # type: ignore[attr-defined]
+        # c10d numbers nodes by arrival: a given --node-rank is not silently dropped
+        assert "--node-rank 1 is not used" in capsys.readouterr().err
+
+    def test_explicit_static_rendezvous_is_kept(self) -> None:
+        args = _launch_args("--rdzv-backend=static", "--master-port=29600", "--node-rank=0")
+        assert args.rdzv_backend == "static"  # type: ignore[attr-defined]
+        assert args.node_rank == 0 and not args.rdzv_endpoint  # type: ignore[attr-defined]
+        plain = _launch_args()
+        assert plain.node_rank == 0  # type: ignore[attr-defined]
 
     def test_explicit_rendezvous_is_respected(self) -> None:
         args = _launch_args("--rdzv-backend=etcd", "--rdzv-endpoint=h:1", "--rdzv-id=j")

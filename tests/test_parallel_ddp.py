@@ -293,3 +293,20 @@ def test_nccl_compression_hooks() -> None:
         [True, True],
         [True, True],
     ]
+
+
+def _different_models_without_broadcast() -> str:
+    torch.manual_seed(0)
+    width = 4 if rd.get_rank() == 0 else 3
+    try:
+        rp.wrap_model(nn.Linear(4, width), rp.DDPConfig(broadcast_parameters=False))
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_different_models_without_broadcast_fail_clearly_on_every_rank() -> None:
+    # Without the check, DDP(init_sync=False) lets gloo abort a rank mid-all-reduce.
+    messages = run_distributed(_different_models_without_broadcast, 2, timeout=60)
+    for message in messages:
+        assert "broadcast_parameters=False" in message and "differ" in message, message

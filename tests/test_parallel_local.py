@@ -175,6 +175,27 @@ def test_fp16_overflow_skips_the_step_and_scaler_state_round_trips() -> None:
         restored.load_state_dict({"scale": 1.0})
 
 
+def test_fp16_with_two_optimizers_unscales_each_once() -> None:
+    # GAN-style: two models, two optimizers, both clipped, then stepped in one call.
+    torch.manual_seed(0)
+    a, b = nn.Linear(3, 1), nn.Linear(3, 1)
+    oa, ob = torch.optim.SGD(a.parameters(), lr=1.0), torch.optim.SGD(b.parameters(), lr=1.0)
+    precision = rp.Precision("fp16", device="cpu", init_scale=1024.0)
+    x = torch.ones(4, 3)
+    with precision.autocast():
+        loss = a(x).float().sum() + b(x).float().sum()
+    precision.backward(loss)
+    precision.clip_grad_norm_(a, 100.0, oa)
+    precision.clip_grad_norm_(b, 100.0, ob)
+    expected = b.weight.grad.clone()  # unscaled once: the true gradient, 4 per weight
+    before = b.weight.detach().clone()
+    assert precision.step(oa, ob) is True
+    assert torch.allclose(expected, torch.full_like(expected, 4.0))
+    assert torch.allclose(b.weight, before - expected)  # not unscaled a second time
+    with pytest.raises(ValueError, match="needs the optimizer"):
+        precision.step()
+
+
 def test_precision_errors() -> None:
     with pytest.raises(ValueError, match="precision mode \\('fp8'\\)"):
         rp.Precision("fp8")

@@ -43,7 +43,7 @@ examples:
 
 def add_launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``launch`` with every torchrun option, under rankwise's own help text."""
-    return subparsers.add_parser(
+    parser = subparsers.add_parser(
         "launch",
         parents=[get_args_parser()],
         conflict_handler="resolve",  # our -h/--help replaces torchrun's
@@ -51,6 +51,10 @@ def add_launch_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    # None = "not given", so an explicit --rdzv-backend static or --node-rank 0 can be told
+    # apart from torchrun's defaults (filled in by apply_defaults).
+    parser.set_defaults(rdzv_backend=None, node_rank=None)
+    return parser
 
 
 def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
@@ -58,19 +62,29 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
 
     An explicit ``--rdzv-backend``, ``--rdzv-endpoint`` or ``--standalone`` is respected.
     """
-    explicit_rdzv = args.standalone or args.rdzv_backend != "static" or bool(args.rdzv_endpoint)
-    if not explicit_rdzv:
-        _, max_nodes = parse_min_max_nnodes(args.nnodes)
+    explicit_rdzv = args.standalone or args.rdzv_backend is not None or bool(args.rdzv_endpoint)
+    _, max_nodes = parse_min_max_nnodes(args.nnodes)
+    if explicit_rdzv:
+        args.rdzv_backend = args.rdzv_backend or "static"  # torchrun's own default
+    else:
         args.rdzv_backend = "c10d"
-        if max_nodes == 1:
-            port = args.master_port if args.master_port is not None else 0
-            args.rdzv_endpoint = f"{args.master_addr}:{port}"
-            args.rdzv_id = str(uuid.uuid4()) if args.rdzv_id == "none" else args.rdzv_id
-        else:
-            port = args.master_port if args.master_port is not None else 29500
-            args.rdzv_endpoint = f"{args.master_addr}:{port}"
-            # Every node must name the same run; a fixed default keeps the command identical.
-            args.rdzv_id = "rankwise" if args.rdzv_id == "none" else args.rdzv_id
+        default_port = 0 if max_nodes == 1 else 29500
+        port = args.master_port if args.master_port is not None else default_port
+        args.rdzv_endpoint = f"{args.master_addr}:{port}"
+        if args.rdzv_id == "none":
+            # One node: a fresh id per launch. Several: every node must name the same run, and
+            # a fixed default keeps the command identical on each.
+            args.rdzv_id = str(uuid.uuid4()) if max_nodes == 1 else "rankwise"
+        if max_nodes > 1 and args.node_rank is not None:
+            print(
+                f"rankwise launch: --node-rank {args.node_rank} is not used by the c10d "
+                "rendezvous, which numbers nodes in the order they join; pass "
+                "--rdzv-backend static to pin node ranks (restarts then rely on "
+                "rankwise.distributed.init()'s per-attempt keys).",
+                file=sys.stderr,
+            )
+    if args.node_rank is None:
+        args.node_rank = 0
     return args
 
 

@@ -25,6 +25,7 @@ See ``docs/parallel.md`` for each piece.
 """
 
 from rankwise.parallel.checkpointing import enable_gradient_checkpointing, find_blocks
+from rankwise.parallel.common import unwrap_model
 from rankwise.parallel.ddp import (
     COMPRESSIONS,
     STRATEGIES,
@@ -34,7 +35,6 @@ from rankwise.parallel.ddp import (
     comm_stats,
     is_sync_step,
     load_comm_state_dict,
-    unwrap_model,
     wrap_model,
 )
 from rankwise.parallel.fsdp import FSDPConfig, shard_model

@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DataParallel, DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
+
+from rankwise.parallel.common import unwrap_model
 
 BlockSpec = Iterable[nn.Module] | type[nn.Module] | tuple[type[nn.Module], ...] | None
 
@@ -31,7 +32,7 @@ def find_blocks(model: nn.Module, blocks: BlockSpec = None) -> list[nn.Module]:
     >>> [type(b).__name__ for b in find_blocks(mlp)]
     ['Linear', 'Linear']
     """
-    inner = _unwrap(model)
+    inner = unwrap_model(model)
     if isinstance(blocks, type) or (
         isinstance(blocks, tuple) and blocks and all(isinstance(b, type) for b in blocks)
     ):
@@ -68,7 +69,7 @@ def enable_gradient_checkpointing(model: nn.Module, blocks: BlockSpec = None) ->
     >>> enable_gradient_checkpointing(mlp)
     ['0', '2']
     """
-    inner = _unwrap(model)
+    inner = unwrap_model(model)
     chosen = find_blocks(inner, blocks)
     if not chosen:
         raise ValueError(
@@ -96,12 +97,6 @@ class _CheckpointedForward:
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)  # evaluation: nothing to save, nothing to recompute
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    while isinstance(model, DistributedDataParallel | DataParallel):
-        model = model.module
-    return model
 
 
 def _numel(module: nn.Module) -> int:

@@ -32,6 +32,7 @@ from torch.nn.parallel import DataParallel, DistributedDataParallel
 import rankwise.distributed as rd
 from rankwise.parallel import hooks
 from rankwise.parallel.fsdp import FSDPConfig, is_fsdp_module, shard_model
+from rankwise.parallel.sync_check import structure_mismatch
 
 STRATEGIES = ("ddp", "fsdp", "dp", "none")
 COMPRESSIONS = (None, "fp16", "bf16", "powersgd")
@@ -213,6 +214,12 @@ def _ddp(model: nn.Module, cfg: DDPConfig, target: torch.device | None) -> nn.Mo
     device_ids = None
     if where.type == "cuda":
         device_ids = [where.index if where.index is not None else torch.cuda.current_device()]
+    if not cfg.broadcast_parameters:
+        # init_sync=False also skips DDP's check that every rank holds the same parameter
+        # shapes; a mismatch then aborts a rank inside gloo. Check here and say what differs.
+        problem = structure_mismatch(list(model.named_parameters()), rd.get_world_size(), where)
+        if problem is not None:
+            raise ValueError(f"broadcast_parameters=False, but {problem}")
     ddp = DistributedDataParallel(
         model,
         device_ids=device_ids,
@@ -243,13 +250,6 @@ def _buffer_sync_kwarg(enabled: bool) -> dict[str, Any]:
     return {
         "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers": enabled
     }
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's module inside a DDP / DataParallel wrapper (FSDP2 modules are their own)."""
-    while isinstance(model, DistributedDataParallel | DataParallel):
-        model = model.module
-    return model
 
 
 def comm_stats(model: nn.Module) -> hooks.CommStats | None:

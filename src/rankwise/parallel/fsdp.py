@@ -23,11 +23,10 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import rankwise.distributed as rd
 from rankwise.parallel.checkpointing import find_blocks
+from rankwise.parallel.common import DTYPES
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import MixedPrecisionPolicy
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclasses.dataclass

@@ -28,9 +28,8 @@ import torch
 from torch import nn
 
 import rankwise.distributed as rd
+from rankwise.parallel.common import DTYPES
 from rankwise.parallel.fsdp import as_dtensor
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 Params = nn.Module | torch.Tensor | Iterable[torch.Tensor]
 
@@ -111,18 +110,29 @@ class Precision:
             self.unscale_(optimizer)
         return clip_grad_norm(parameters, max_norm, norm_type)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """``optimizer.step()``; under fp16 skipped when gradients overflowed. Returns stepped.
+    def step(self, *optimizers: torch.optim.Optimizer) -> bool:
+        """``optimizer.step()`` for each optimizer; under fp16 skipped when gradients
+        overflowed. Returns True when nothing was skipped.
+
+        Give every optimizer of the step in one call (``precision.step(gen_opt, disc_opt)``):
+        the scaler updates once, after all of them. Updating between optimizers would reset
+        its record of which were unscaled (a clipped optimizer would be unscaled twice) and
+        change the scale under the next one.
 
         The skip is the same on every rank: DDP gradients are identical after sync, and for
         FSDP2's sharded gradients torch all-reduces the overflow flag.
         """
-        self._unscaled.discard(id(optimizer))
+        if not optimizers:
+            raise ValueError("step() needs the optimizer(s) to step, e.g. precision.step(opt).")
+        for optimizer in optimizers:
+            self._unscaled.discard(id(optimizer))
         if self.scaler is None:
-            optimizer.step()
+            for optimizer in optimizers:
+                optimizer.step()
             return True
         before = self.scaler.get_scale()
-        self.scaler.step(optimizer)
+        for optimizer in optimizers:
+            self.scaler.step(optimizer)
         self.scaler.update()
         return not self.scaler.get_scale() < before  # update() backs off only after a skip
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 import rankwise.distributed as rd
-from rankwise.parallel.checkpointing import _unwrap
+from rankwise.parallel.common import unwrap_model
 from rankwise.parallel.fsdp import as_dtensor
 
 
@@ -103,14 +103,14 @@ def check_parameters_in_sync(
     """
     if atol < 0:
         raise ValueError(f"atol ({atol}) must be >= 0 (0.0 demands bit-identical summaries).")
-    named, skipped = _collect(_unwrap(model), buffers, gradients, optimizer)
+    named, skipped = _collect(unwrap_model(model), buffers, gradients, optimizer)
     world = rd.get_world_size()
     if world == 1 or not dist.is_initialized():
         return SyncReport(world_size=1, checked=len(named), skipped=tuple(skipped))
     device = rd.device()
     # Agree on the structure first: all_gather needs equal sizes on every rank, and mixing up
     # tensors of different models would give a meaningless report.
-    error = _structure_error(named, world, device)
+    error = structure_mismatch(named, world, device)
     if error is not None:
         return SyncReport(world, 0, structure_error=error, skipped=tuple(skipped))
     if not named:
@@ -126,7 +126,7 @@ def check_parameters_in_sync(
     return SyncReport(world, len(named), tuple(mismatches), None, tuple(skipped))
 
 
-def _structure_error(
+def structure_mismatch(
     named: list[tuple[str, torch.Tensor]], world: int, device: torch.device
 ) -> str | None:
     signature = zlib.crc32("\n".join(f"{n}:{tuple(t.shape)}" for n, t in named).encode())
