@@ -13,7 +13,6 @@ import random
 import re
 from typing import Any
 
-import numpy as np
 import pytest
 
 from rankwise.augment import (
@@ -328,6 +327,10 @@ def test_guide_multiprocess_workflow() -> None:
 def test_seed_as_random_seed_as_in_advanced_topics() -> None:
     generator = RankAwareSeedGenerator(base_seed=42, world_size=8)
     seed = generator.generate_seed(sample_id=100, rank=3)
-    value = random.Random(int(seed, 16)).random()
-    assert 0 <= value < 1
-    assert isinstance(np.uint64(int(seed[:16], 16)), np.uint64)
+    assert re.fullmatch(r"[0-9a-f]{64}", seed)
+    assert seed == generator.generate_seed(sample_id=100, rank=3)
+    assert seed != generator.generate_seed(sample_id=100, rank=2)
+    # The guide seeds Python's random with it: the same seed gives the same stream ...
+    assert random.Random(int(seed, 16)).random() == random.Random(int(seed, 16)).random()
+    # ... and it is the seed behind that sample's parameters on that rank.
+    assert gen_distributed_augmentation_params(100, 3, base_seed=42, world_size=8)["hash"] == seed

@@ -265,3 +265,10 @@ def test_global_rng_state_is_untouched() -> None:
     assert random.getstate() == states[0]
     np.testing.assert_array_equal(np.random.get_state()[1], states[1])
     assert torch.equal(torch.get_rng_state(), states[2])
+
+
+def test_a_bad_range_assigned_later_is_caught_where_the_config_is_used() -> None:
+    config = get_preset("mild")
+    config.noise_range = (-1.0, 0.0)
+    with pytest.raises(ValueError, match=r"noise_range \(\(-1.0, 0.0\)\) must have low >= 0"):
+        generate_params(np.arange(3), config=config)

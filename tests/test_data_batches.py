@@ -73,7 +73,7 @@ def test_works_over_a_plain_torch_sampler() -> None:
 
 def test_bad_batch_size() -> None:
     sampler = DistributedSampler(10, 1, 0)
-    with pytest.raises(ValueError, match=r"batch_size \(0\) must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"batch_size \(0\) must be >= 1"):
         DistributedBatchIterator(sampler, 0)
     with pytest.raises(ValueError, match=r"batch_size \(2.5\)"):
         DistributedBatchIterator(sampler, 2.5)  # type: ignore[arg-type]

@@ -68,6 +68,11 @@ def test_equal_batch_counts_when_rows_do_not_divide(
         "fetch_factor": 2,
         "drop_last": drop_last,
     }
+    if drop_last and n // world < 4:
+        # fewer than batch_size rows per rank: every rank would silently get no batch at all
+        with pytest.raises(ValueError, match="drop_last=True leaves no batch"):
+            FetchDataset(**kw, rank=0, world_size=world)  # type: ignore[arg-type]
+        return
     parts = simulate(kw, world, 2, monkeypatch)
     counts = [len(parts[2 * r]) + len(parts[2 * r + 1]) for r in range(world)]
     assert len(set(counts)) == 1, f"unequal batch counts {counts} would hang DDP"
@@ -272,3 +277,18 @@ def test_two_gloo_ranks_with_two_workers_each() -> None:
     assert [w for _, w in results] == [2, 2]
     assert len(results[0][0]) == len(results[1][0]) == 60
     assert sorted(results[0][0] + results[1][0]) == list(range(120))
+
+
+def test_a_source_numpy_cannot_index_fails_at_construction() -> None:
+    with pytest.raises(ValueError, match=r"source \(list\) cannot be read by an array of row"):
+        FetchDataset(list(range(10)), BlockShuffling(4), batch_size=2, rank=0, world_size=1)
+    # with a fetch_callback the caller reads rows, so any source is fine
+    ds = FetchDataset(
+        list(range(10)),
+        Streaming(),
+        batch_size=5,
+        rank=0,
+        world_size=1,
+        fetch_callback=lambda src, rows: np.array([src[i] for i in rows]),
+    )
+    assert [b.tolist() for b in ds] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]

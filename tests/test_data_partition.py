@@ -93,3 +93,9 @@ def test_validate_ranges_detects_a_bad_split(monkeypatch: pytest.MonkeyPatch) ->
     for bad in ([(0, 6), (5, 10)], [(0, 4), (5, 10)], [(0, 5), (5, 9)]):  # overlap, gap, short
         monkeypatch.setattr(s, "get_all_ranges", lambda bad=bad: bad)
         assert not s.validate_ranges()
+
+
+@pytest.mark.parametrize("bad", [2.5, True, -1, 23])
+def test_rank_for_sample_rejects_non_samples(bad: object) -> None:
+    with pytest.raises(ValueError, match="sample_id"):
+        DistributedRangeSplitter(23, 4).get_rank_for_sample(bad)  # type: ignore[arg-type]

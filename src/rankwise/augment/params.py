@@ -66,6 +66,11 @@ class AugmentationConfig:
     augmentation_depth: int = 10
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> AugmentationConfig:
+        """Check every field (run on construction, and again wherever a config is used, so a
+        bad value assigned later is caught too); raise ValueError naming value and fix."""
         for name in PARAM_NAMES:
             field = f"{name}_range"
             setattr(self, field, _check_range(field, getattr(self, field)))
@@ -88,6 +93,7 @@ class AugmentationConfig:
         self.augmentation_depth = check_int(
             "augmentation_depth", self.augmentation_depth, minimum=1
         )
+        return self
 
 
 def _check_range(field: str, value: Any) -> Range:
@@ -157,7 +163,7 @@ def resolve_config(config: AugmentationConfig | None) -> AugmentationConfig:
             f"config must be an AugmentationConfig or None, got {type(config).__name__}; "
             "build one with AugmentationConfig(...) or get_preset(name)."
         )
-    return config
+    return config.validate()
 
 
 # ------------------------------------------------------------------------- DPA: per sample

@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rankwise.data.partition import check_rank
+from rankwise.data.permutation import check_int
+
 U64 = npt.NDArray[np.uint64]
 
 # SplitMix64 constants (Steele, Lea & Flood 2014; Stafford's "Mix13" finaliser). The mix is a
@@ -32,48 +35,6 @@ MIX_MUL2 = 0x94D049BB133111EB
 _DOMAIN = 0x72616E6B77697365  # b"rankwise"
 
 MAX_U64 = (1 << 64) - 1
-
-
-def check_int(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> int:
-    """``value`` as a Python int, or a ValueError naming it, the rule and the fix.
-
-    >>> check_int("sample_id", 3)
-    3
-    >>> check_int("sample_id", -1)
-    Traceback (most recent call last):
-    ...
-    ValueError: sample_id (-1) must be >= 0; pass a non-negative integer.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ValueError(
-            f"{name} ({value!r}) must be an integer, got {type(value).__name__}; "
-            f"pass int({name}) if it holds a whole number."
-        )
-    value = int(value)
-    if value < minimum:
-        fix = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
-        raise ValueError(f"{name} ({value}) must be >= {minimum}; pass {fix}.")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"{name} ({value}) must be <= {maximum}; reduce it modulo 2**64.")
-    return value
-
-
-def check_rank(rank: Any, world_size: Any) -> tuple[int, int]:
-    """Validate a ``(rank, world_size)`` pair with the DPA guide's messages.
-
-    >>> check_rank(4, 4)
-    Traceback (most recent call last):
-    ...
-    ValueError: rank (4) must be < world_size (4); ranks are 0-based, so use 0..3.
-    """
-    world_size = check_int("world_size", world_size, minimum=1)
-    rank = check_int("rank", rank)
-    if rank >= world_size:
-        raise ValueError(
-            f"rank ({rank}) must be < world_size ({world_size}); "
-            f"ranks are 0-based, so use 0..{world_size - 1}."
-        )
-    return rank, world_size
 
 
 # --------------------------------------------------------------------------- DPA (per sample)

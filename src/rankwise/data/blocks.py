@@ -105,6 +105,19 @@ def default_fetch(source: Any, indices: IntArray) -> Any:
     return data
 
 
+def _probe_default_fetch(source: Any) -> None:
+    """Fail at construction, not later inside a DataLoader worker, when ``source`` cannot be
+    indexed by an array of rows (a Python list, say)."""
+    try:
+        default_fetch(source, np.zeros(1, dtype=np.int64))
+    except (TypeError, IndexError, KeyError) as exc:
+        raise ValueError(
+            f"source ({type(source).__name__}) cannot be read by an array of row indices "
+            f"({type(exc).__name__}: {exc}); wrap it with numpy.asarray(source), or pass "
+            "fetch_callback=lambda source, rows: ... to read rows yourself."
+        ) from None
+
+
 def _read_runs(dataset: Any, indices: IntArray) -> Any:
     if indices.size == 0:
         return dataset[0:0]
@@ -177,7 +190,19 @@ class FetchDataset(IterableDataset[Any]):
         self.rank, self.world_size = resolve_world(rank, world_size)
         self.seed = 0 if seed is None else check_int("seed", seed)
         self._n = _source_len(source)
-        self.strategy.epoch_length(self._n)  # validates the strategy's indices against n now
+        length = self.strategy.epoch_length(self._n)  # validates the strategy's indices now
+        if (
+            self.drop_last
+            and length
+            and not rows_per_rank(length, self.world_size, self.batch_size, True)
+        ):
+            raise ValueError(
+                f"drop_last=True leaves no batch: {length} rows over {self.world_size} ranks is "
+                f"fewer than batch_size ({self.batch_size}) rows per rank; lower batch_size, "
+                "use fewer ranks, or set drop_last=False."
+            )
+        if fetch_callback is None and self._n:
+            _probe_default_fetch(source)
         # Shared memory made here, in the main process: DataLoader workers (forked, spawned,
         # persistent) hold the same storage, so set_epoch reaches their next __iter__.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()

@@ -11,30 +11,34 @@ Two splits, as the guides use them:
 
 from __future__ import annotations
 
-import numpy as np
-
 from rankwise.data.permutation import check_int
 from rankwise.distributed import detect_world
 
 
-def _check(total: int, world_size: int, rank: int | None = None) -> None:
-    if isinstance(total, bool) or not isinstance(total, int | np.integer) or total < 0:
-        raise ValueError(f"total_samples ({total!r}) must be a non-negative integer.")
-    if (
-        isinstance(world_size, bool)
-        or not isinstance(world_size, int | np.integer)
-        or world_size < 1
-    ):
-        raise ValueError(f"world_size ({world_size!r}) must be an integer >= 1.")
-    if rank is not None and (
-        isinstance(rank, bool)
-        or not isinstance(rank, int | np.integer)
-        or not 0 <= rank < world_size
-    ):
+def check_rank(rank: object, world_size: object, world_name: str = "world_size") -> tuple[int, int]:
+    """``(rank, world_size)`` as ints, or a ValueError in the DPA guide's words.
+
+    >>> check_rank(4, 4)
+    Traceback (most recent call last):
+    ...
+    ValueError: rank (4) must be < world_size (4); ranks are 0-based, so use 0..3.
+    """
+    world = check_int(world_name, world_size, minimum=1)
+    rank = check_int("rank", rank)
+    if rank >= world:
         raise ValueError(
-            f"rank ({rank!r}) must be < world_size ({world_size}) and >= 0; "
-            f"valid ranks are 0..{world_size - 1}."
+            f"rank ({rank}) must be < {world_name} ({world}); ranks are 0-based, so use "
+            f"0..{world - 1}."
         )
+    return rank, world
+
+
+def _check(total: int, world_size: int, rank: int | None = None) -> None:
+    check_int("total_samples", total)
+    if rank is None:
+        check_int("world_size", world_size, minimum=1)
+    else:
+        check_rank(rank, world_size)
 
 
 def contiguous_range(total: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -57,7 +61,8 @@ def contiguous_owner(total: int, world_size: int, index: int) -> int:
     (2, 3)
     """
     _check(total, world_size)
-    if not 0 <= index < total:
+    index = check_int("sample_id", index)  # 2.5 or True is a mistake, not sample 0
+    if index >= total:
         raise ValueError(f"sample_id ({index}) must be in [0, {total}).")
     base, extra = divmod(int(total), int(world_size))
     boundary = extra * (base + 1)  # indices below it live in the larger blocks
@@ -104,13 +109,7 @@ def resolve_world(
         detected_rank, detected_world = detect_world()
         rank = detected_rank if rank is None else rank
         world_size = detected_world if world_size is None else world_size
-    world_size = check_int(world_name, world_size, minimum=1)
-    rank = check_int("rank", rank)
-    if rank >= world_size:
-        raise ValueError(
-            f"rank ({rank}) must be < {world_name} ({world_size}); "
-            f"valid ranks are 0..{world_size - 1}."
-        )
+    rank, world_size = check_rank(rank, world_size, world_name)
     return rank, world_size
 
 

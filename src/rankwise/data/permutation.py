@@ -44,10 +44,28 @@ _S32 = np.uint64(32)
 IntArray = npt.NDArray[np.int64]
 
 
-def check_int(name: str, value: object, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ValueError(f"{name} ({value!r}) must be an integer >= {minimum}.")
-    return int(value)
+def check_int(name: str, value: object, *, minimum: int = 0, maximum: int | None = None) -> int:
+    """``value`` as a Python int, or a ValueError naming it, the rule and the fix.
+
+    >>> check_int("sample_id", 3)
+    3
+    >>> check_int("sample_id", -1)
+    Traceback (most recent call last):
+    ...
+    ValueError: sample_id (-1) must be >= 0; pass a non-negative integer.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ValueError(
+            f"{name} ({value!r}) must be an integer, got {type(value).__name__}; "
+            f"pass int({name}) if it holds a whole number."
+        )
+    value = int(value)
+    if value < minimum:
+        fix = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} ({value}) must be >= {minimum}; pass {fix}.")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} ({value}) must be <= {maximum}; reduce it modulo 2**64.")
+    return value
 
 
 def permutation_keys(seed: int, epoch: int, rounds: int = _ROUNDS) -> tuple[int, ...]:

@@ -118,7 +118,10 @@ class BlockShuffling:
         return m - m % self.block_size if self.drop_last else m
 
     def order(self, n: int, positions: IntArray, *, seed: int, epoch: int) -> IntArray:
-        m, bs = _base_length(n, self.indices), self.block_size
+        # Called once per fetch: no O(M) validation here (epoch_length did it, once, when the
+        # dataset was built), or an epoch would cost O(M^2 / fetch size).
+        m = n if self.indices is None else len(self.indices)
+        bs = self.block_size
         full, rem = divmod(m, bs)
         if self.drop_last or rem == 0:
             perm = Permutation(full, seed, epoch)
