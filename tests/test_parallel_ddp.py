@@ -310,3 +310,30 @@ def test_different_models_without_broadcast_fail_clearly_on_every_rank() -> None
     messages = run_distributed(_different_models_without_broadcast, 2, timeout=60)
     for message in messages:
         assert "broadcast_parameters=False" in message and "differ" in message, message
+
+
+def _powersgd_state_round_trip() -> dict[str, Any]:
+    torch.manual_seed(0)
+    cfg = rp.DDPConfig(compression="powersgd", powersgd_start_iter=2)
+    model = rp.wrap_model(nn.Linear(16, 8), cfg)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(4):
+        opt.zero_grad()
+        model(torch.randn(4, 16)).pow(2).mean().backward()
+        opt.step()
+    saved = rp.comm_state_dict(model)
+    resumed = rp.wrap_model(nn.Linear(16, 8), cfg)
+    rp.load_comm_state_dict(resumed, saved)
+    errors = []
+    try:
+        rp.load_comm_state_dict(rp.wrap_model(nn.Linear(16, 8)), saved)
+    except ValueError as exc:
+        errors.append(str(exc))
+    return {"saved": saved, "resumed": rp.comm_state_dict(resumed), "errors": errors}
+
+
+def test_powersgd_state_survives_a_checkpoint_round_trip() -> None:
+    for result in run_distributed(_powersgd_state_round_trip, 2, timeout=90):
+        assert result["saved"]["powersgd"]["iter"] == 4
+        assert result["resumed"] == result["saved"]  # counter and projection RNG restored
+        assert len(result["errors"]) == 1 and "no PowerSGD hook" in result["errors"][0]
