@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "scripts" / "launch_worker.py"
 sys.path.insert(0, str(ROOT / "src"))
 
-from rankwise.testing import child_env, free_port  # noqa: E402
+from rankwise.testing import child_env, free_port, run_isolated  # noqa: E402
 
 
 def command(case: str, launcher: str) -> list[str]:
@@ -82,13 +82,11 @@ def main() -> int:
     started = time.perf_counter()
     for i in range(args.runs):
         try:
-            proc: subprocess.CompletedProcess[str] | None = subprocess.run(
+            # In a session of its own, so a hang is killed with all of its ranks.
+            proc: subprocess.CompletedProcess[str] | None = run_isolated(
                 command(args.case, args.launcher),
                 env=child_env({"PYTHONUNBUFFERED": "1"}),
-                capture_output=True,
-                text=True,
                 timeout=args.timeout,
-                check=False,
             )
         except subprocess.TimeoutExpired:
             proc = None

@@ -13,7 +13,7 @@ import pytest
 
 from rankwise.cli import build_parser, main
 from rankwise.launch import apply_defaults
-from rankwise.testing import child_env, run_script
+from rankwise.testing import child_env, run_isolated, run_script
 
 WORKER = Path(__file__).parent / "scripts" / "launch_worker.py"
 
@@ -153,7 +153,7 @@ def test_restart_under_plain_torchrun_static_rendezvous() -> None:
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
         f"--master-port={free_port()}", "--max-restarts=1", str(WORKER), "--fail-attempts=1",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=150)
+    proc = run_isolated(cmd, env=child_env(), timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("attempt 1: ok") == 2
 
@@ -173,12 +173,8 @@ def test_a_group_built_with_torch_is_adopted_and_torn_down_at_exit() -> None:
 
 
 def test_demo_trains_to_the_promised_accuracy() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "rankwise.cli", "demo", "--epochs=12"],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
+    proc = run_isolated(
+        [sys.executable, "-m", "rankwise.cli", "demo", "--epochs=12"], env=child_env(), timeout=240
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
@@ -192,9 +188,7 @@ def test_demo_trains_to_the_promised_accuracy() -> None:
 
 def test_quickstart_example_runs_on_one_process_and_on_two() -> None:
     script = Path(__file__).parent.parent / "examples" / "quickstart.py"
-    single = subprocess.run(
-        [sys.executable, str(script)], env=child_env(), capture_output=True, text=True, timeout=60
-    )
+    single = run_isolated([sys.executable, str(script)], env=child_env(), timeout=60)
     assert single.returncode == 0, single.stderr
     assert "world 1: mean loss 0.250" in single.stdout
     double = run_script(script, 2, timeout=120)
@@ -203,3 +197,27 @@ def test_quickstart_example_runs_on_one_process_and_on_two() -> None:
     assert "world 2: mean loss 0.375" in double.stdout
     assert "'loss': 0.35" in double.stdout
     assert double.stdout.count("world 2") == 1  # printed on rank 0 only
+
+
+def test_a_timed_out_launch_leaves_no_process_behind(tmp_path: Path) -> None:
+    # A hung launch must be killed with the ranks it started, not just the launcher.
+    pid_file = tmp_path / "grandchild.pid"
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(600)\n"
+    )
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_isolated([sys.executable, "-c", script], timeout=5)
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{grandchild}").exists() and time.monotonic() < deadline:
+        state = Path(f"/proc/{grandchild}/stat").read_text().split()[2]
+        if state == "Z":  # killed, waiting for init to reap it
+            break
+        time.sleep(0.1)
+    alive = Path(f"/proc/{grandchild}").exists() and (
+        Path(f"/proc/{grandchild}/stat").read_text().split()[2] != "Z"
+    )
+    assert not alive, f"process {grandchild} outlived the timed-out launch"

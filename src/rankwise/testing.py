@@ -24,6 +24,7 @@ import contextlib
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -246,14 +247,34 @@ def run_script(
     """
     cmd = [sys.executable, "-m", "rankwise.cli", "launch", f"--nproc-per-node={nproc}"]
     cmd += [*launch_args, *(["-m"] if module else []), str(script), *script_args]
-    return subprocess.run(
-        cmd,
-        env=child_env(env),
-        capture_output=True,
+    return run_isolated(cmd, env=child_env(env), timeout=timeout)
+
+
+def run_isolated(
+    cmd: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` in a session of its own.
+
+    On timeout the whole session is killed — the launcher *and* the ranks it started; killing
+    only the launcher (what ``subprocess.run`` does) leaves hung ranks behind — and
+    ``subprocess.TimeoutExpired`` is raised.
+    """
+    with subprocess.Popen(
+        list(cmd),
+        env=None if env is None else dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-        check=False,
-    )
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
 
 
 @contextlib.contextmanager
