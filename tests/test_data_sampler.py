@@ -151,3 +151,21 @@ def test_len_is_constant_during_a_pass_that_advances() -> None:
     assert len(list(fresh)) == len(fresh) == 40
     with pytest.raises(ValueError, match=r"advance\(41\) passes the end of epoch 0: only 40"):
         fresh.advance(41)
+
+
+def test_len_holds_through_the_last_partial_batch_of_a_dataloader() -> None:
+    # BatchSampler drains the sampler while assembling the last, partial batch, before the
+    # loop body that reads len(loader) runs.
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    s = DistributedSampler(100, 2, 0, seed=3)
+    loader = DataLoader(TensorDataset(torch.arange(100)), batch_size=8, sampler=s)
+    lengths = []
+    for (x,) in loader:
+        lengths.append(len(loader))
+        s.advance(len(x))
+    assert lengths == [7] * 7 and s.remaining() == 0
+    assert len(s) == 50  # still the pass just finished, until the next iter() / set_epoch
+    s.set_epoch(1)
+    assert len(s) == s.remaining() == 50

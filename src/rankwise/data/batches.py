@@ -44,6 +44,11 @@ class DistributedBatchIterator:
         self._left = 0  # indices of this pass not yet handed out
         self._pass_size = 0  # indices in this pass when it started
 
+    def _next_pass_size(self) -> int:
+        # rankwise's sampler says what its next pass yields; any other sampler restarts.
+        remaining = getattr(self.sampler, "remaining", None)
+        return int(remaining()) if callable(remaining) else len(self.sampler)
+
     def _prime(self) -> None:
         if self._it is None:
             self._it = iter(self.sampler)
@@ -56,9 +61,6 @@ class DistributedBatchIterator:
 
     def reset(self, epoch: int | None = None) -> None:
         """Start a new pass; with ``epoch``, call ``sampler.set_epoch(epoch)`` first."""
-        close = getattr(self._it, "close", None)
-        if callable(close):
-            close()  # end the sampler's pass, so its len() counts from the cursor again
         if epoch is not None:
             self.sampler.set_epoch(epoch)
         self._it = None
@@ -89,7 +91,7 @@ class DistributedBatchIterator:
 
     def num_batches(self) -> int:
         """Batches in the current pass: a whole epoch, or its rest when resumed mid-epoch."""
-        left = self._pass_size if self._it is not None else len(self.sampler)
+        left = self._pass_size if self._it is not None else self._next_pass_size()
         full, tail = divmod(left, self.batch_size)
         return full + (1 if tail and not self.drop_last else 0)
 

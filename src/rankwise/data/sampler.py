@@ -84,7 +84,7 @@ class DistributedSampler(Sampler[int]):
         self._shared: torch.Tensor | None = None  # see shared_epoch()
         self._start = 0  # position where the current split began (0, or a resume point)
         self._cursor = 0  # positions of the global order consumed by all ranks together
-        self._pass: tuple[object, int] | None = None  # (token, start cursor) of a live pass
+        self._pass_start: int | None = None  # cursor at the last iter() (see __len__)
         self._perm: Permutation | None = None
 
     # -- the global order ----------------------------------------------------------------------
@@ -107,17 +107,12 @@ class DistributedSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         # Not a generator itself: the pass's start is recorded now, when DataLoader calls
-        # iter(), so len() stays put while the loop advances the cursor.
-        token = object()
-        self._pass = (token, self._cursor)
-        return self._pass_over(self._cursor, token)
-
-    def _pass_over(self, cursor: int, token: object) -> Iterator[int]:
-        try:
-            yield from self._positions_from(cursor)
-        finally:  # exhausted, closed or collected: len() follows the cursor again
-            if self._pass is not None and self._pass[0] is token:
-                self._pass = None
+        # iter(), so len() stays put while the loop advances the cursor. The pass lasts until
+        # the next iter(), set_epoch() or load_state_dict() -- not until the generator runs
+        # out: a DataLoader drains it while assembling the last batch, before the loop body
+        # that reads len(loader) has run.
+        self._pass_start = self._cursor
+        return self._positions_from(self._cursor)
 
     def _positions_from(self, cursor: int) -> Iterator[int]:
         # One chunk of positions at a time: memory stays flat for any N.
@@ -127,16 +122,18 @@ class DistributedSampler(Sampler[int]):
             yield from self._indices(positions).tolist()
 
     def __len__(self) -> int:
-        """Indices this rank yields in the current pass, or in the next one when no pass is
-        under way: the rest of the epoch from the cursor where that pass starts.
+        """Indices this rank yields in the current pass (from the last ``iter()``), or, before
+        the epoch's first pass, in the next one: the rest of the epoch from the cursor.
 
         Constant during a pass, although :meth:`advance` moves the cursor: a loop that reads
-        ``len(loader)`` at every step sees the same number throughout.
+        ``len(loader)`` at every step sees the same number throughout. :meth:`remaining` is
+        what the *next* pass would yield.
         """
-        start = self._pass[1] if self._pass is not None else self._cursor
+        start = self._cursor if self._pass_start is None else self._pass_start
         return (self._end() - start) // self.num_replicas
 
-    def _remaining(self) -> int:
+    def remaining(self) -> int:
+        """Indices left for this rank from the cursor: what the next ``iter()`` yields."""
         return (self._end() - self._cursor) // self.num_replicas
 
     # -- epoch and cursor ----------------------------------------------------------------------
@@ -170,7 +167,7 @@ class DistributedSampler(Sampler[int]):
         mid-epoch instead of restarting it."""
         epoch = check_int("epoch", epoch)
         if epoch != self.epoch:
-            self.epoch, self._start, self._cursor, self._pass = epoch, 0, 0, None
+            self.epoch, self._start, self._cursor, self._pass_start = epoch, 0, 0, None
 
     def advance(self, num_samples: int) -> None:
         """Record that this rank — and so, in lockstep, every rank — consumed ``num_samples``
@@ -181,10 +178,10 @@ class DistributedSampler(Sampler[int]):
         (a DataLoader reads ahead of what the model has consumed).
         """
         num_samples = check_int("num_samples", num_samples)
-        if num_samples > self._remaining():
+        if num_samples > self.remaining():
             raise ValueError(
                 f"advance({num_samples}) passes the end of epoch {self.epoch}: only "
-                f"{self._remaining()} "
+                f"{self.remaining()} "
                 "samples are left on each rank; call set_epoch(next_epoch) to start the next."
             )
         self._cursor += num_samples * self.num_replicas
@@ -242,7 +239,7 @@ class DistributedSampler(Sampler[int]):
         self.shuffle = bool(state.get("shuffle", self.shuffle))
         self.drop_last = bool(state.get("drop_last", self.drop_last))
         self._start = self._cursor = consumed
-        self._pass = None
+        self._pass_start = None
 
     # -- the CyxWiz guide's methods ------------------------------------------------------------
 
