@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from rankwise.distributed.group import get_world_size
+from rankwise.distributed.group import get_world_size, has_group
 
 _OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -26,7 +26,7 @@ _OPS = {
 
 
 def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return has_group() and dist.get_world_size() > 1
 
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:

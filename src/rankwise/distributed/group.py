@@ -72,7 +72,7 @@ def init(config: DistributedConfig | None = None) -> DistributedConfig:
     global _session
     cfg = DistributedConfig.from_environment() if config is None else config
     cfg.validate()
-    if _session is not None and _session.config.world_size > 1 and not dist.is_initialized():
+    if _session is not None and _session.config.world_size > 1 and not has_group():
         _session = None  # the group was destroyed behind rankwise's back: start afresh
     if _session is not None:
         active = _session.config
@@ -84,7 +84,7 @@ def init(config: DistributedConfig | None = None) -> DistributedConfig:
             f"rank {cfg.rank} of {cfg.world_size}."
         )
     _register_atexit()
-    if dist.is_available() and dist.is_initialized():
+    if has_group():
         return _adopt(cfg, config is None)
     backend = _resolve_backend(cfg)
     if backend == "nccl":
@@ -144,7 +144,7 @@ def finalize() -> None:
 
 def _teardown(destroy: bool) -> None:
     global _saw_group
-    live = dist.is_available() and dist.is_initialized()
+    live = has_group()
     if live:
         _saw_group = True
         if destroy:
@@ -154,21 +154,26 @@ def _teardown(destroy: bool) -> None:
         time.sleep(_DRAIN_SECONDS)  # releases the GIL so gloo's threads can finish
 
 
+def has_group() -> bool:
+    """True when a torch process group exists in this process (rankwise's or a script's)."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def is_initialized() -> bool:
     """True after :func:`init` (also in a world of one) or when torch's group exists."""
-    return _session is not None or (dist.is_available() and dist.is_initialized())
+    return _session is not None or has_group()
 
 
 def get_rank() -> int:
     """This process's global rank; 0 when not distributed."""
-    if dist.is_available() and dist.is_initialized():
+    if has_group():
         return dist.get_rank()
     return _session.config.rank if _session else 0
 
 
 def get_world_size() -> int:
     """Number of processes in the world; 1 when not distributed."""
-    if dist.is_available() and dist.is_initialized():
+    if has_group():
         return dist.get_world_size()
     return _session.config.world_size if _session else 1
 
@@ -177,7 +182,7 @@ def get_local_rank() -> int:
     """Index of this process on its machine (its GPU index under NCCL); 0 when not distributed."""
     if _session is not None:
         return _session.config.resolved_local_rank
-    if dist.is_available() and dist.is_initialized():
+    if has_group():
         try:
             local = DistributedConfig.from_environment().local_rank
         except DistributedConfigError:  # the group was built from arguments, not variables
@@ -193,13 +198,13 @@ def is_master() -> bool:
 
 def barrier() -> None:
     """Block until every rank reaches this call; a no-op in a world of one."""
-    if dist.is_available() and dist.is_initialized():
+    if has_group():
         dist.barrier()
 
 
 def get_backend() -> str:
     """The resolved backend of the live group: ``"gloo"``, ``"nccl"``, or ``"none"``."""
-    if dist.is_available() and dist.is_initialized():
+    if has_group():
         return str(dist.get_backend())
     return _session.backend if _session else "none"
 
@@ -217,10 +222,8 @@ def detect_world() -> tuple[int, int]:
     For components (datasets, samplers) that must know their shard before — or without —
     a process group, e.g. inside DataLoader workers started by torchrun.
     """
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    if _session is not None:
-        return _session.config.rank, _session.config.world_size
+    if has_group() or _session is not None:
+        return get_rank(), get_world_size()
     cfg = DistributedConfig.from_environment()
     return cfg.rank, cfg.world_size
 

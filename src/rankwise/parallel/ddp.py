@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as _powersgd
 from torch.nn.parallel import DataParallel, DistributedDataParallel
@@ -178,7 +177,7 @@ def wrap_model(
         return model
     if strategy == "dp":
         return _data_parallel(model)
-    if not (dist.is_available() and dist.is_initialized()):
+    if not rd.has_group():
         return model
     return _ddp(model, cfg, target)
 

@@ -107,7 +107,7 @@ def shard_model(
     cfg = (config if config is not None else FSDPConfig()).validate()
     if device is not None:
         model = model.to(torch.device(device))
-    if not (dist.is_available() and dist.is_initialized()):
+    if not rd.has_group():
         warnings.warn(
             "strategy='fsdp' in a world of one (no process group): nothing to shard, so the "
             "model is returned unwrapped. For bf16 compute use rankwise.parallel."

@@ -13,7 +13,6 @@ import zlib
 from collections.abc import Iterator
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import rankwise.distributed as rd
@@ -105,7 +104,7 @@ def check_parameters_in_sync(
         raise ValueError(f"atol ({atol}) must be >= 0 (0.0 demands bit-identical summaries).")
     named, skipped = _collect(unwrap_model(model), buffers, gradients, optimizer)
     world = rd.get_world_size()
-    if world == 1 or not dist.is_initialized():
+    if world == 1 or not rd.has_group():
         return SyncReport(world_size=1, checked=len(named), skipped=tuple(skipped))
     device = rd.device()
     # Agree on the structure first: all_gather needs equal sizes on every rank, and mixing up
