@@ -74,9 +74,7 @@ def _context(start_method: str) -> Any:
 
 def _rank_main(
     fn: Callable[..., Any],
-    rank: int,
-    world_size: int,
-    env: dict[str, str],
+    env: dict[str, str],  # carries RANK, WORLD_SIZE, ... for rankwise.distributed.init()
     init_group: bool,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -149,8 +147,6 @@ def run_distributed(
             target=_rank_main,
             args=(
                 fn,
-                rank,
-                world_size,
                 rank_env,
                 init_group,
                 tuple(args),
