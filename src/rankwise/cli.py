@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import socket
 import sys
@@ -17,20 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from rankwise.launch import add_launch_parser, launch, run_launch
-
-_ENV_VARS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "DISTRIBUTED_BACKEND",
-    "DISTRIBUTED_TIMEOUT_MS",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "CUDA_VISIBLE_DEVICES",
-    "OMP_NUM_THREADS",
-)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,6 +114,7 @@ def environment_report() -> dict[str, Any]:
 
     from rankwise import __version__
     from rankwise.distributed import DistributedConfig, DistributedConfigError, select_backend
+    from rankwise.distributed.config import environment_variables
     from rankwise.distributed.group import port_is_free
 
     report: dict[str, Any] = {
@@ -136,7 +122,7 @@ def environment_report() -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "host": socket.gethostname(),
-        "variables": {k: os.environ.get(k) for k in _ENV_VARS},
+        "variables": environment_variables(),
     }
     cuda = torch.cuda.is_available()
     devices = torch.cuda.device_count() if cuda else 0
@@ -191,7 +177,7 @@ def print_env(as_json: bool = False) -> int:
         "environment:",
     ]
     lines += [
-        f"  {k:<30} {v if v is not None else '(unset)'}" for k, v in report["variables"].items()
+        f"  {k:<34} {v if v is not None else '(unset)'}" for k, v in report["variables"].items()
     ]
     cfg = report["config"]
     lines.append("")

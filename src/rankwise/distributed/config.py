@@ -41,6 +41,21 @@ ENV_VARS = {
 }
 
 
+# What `rankwise env` shows: the variables above, plus the launcher's and the devices'.
+_DIAGNOSTIC_VARS = (
+    *ENV_VARS.values(),
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+)
+
+
+def environment_variables() -> dict[str, str | None]:
+    """The variables that shape a launch, as set now (``None`` when unset), for diagnostics."""
+    return {name: os.environ.get(name) for name in _DIAGNOSTIC_VARS}
+
+
 def normalize_backend(backend: str | BackendType) -> str:
     """Return ``"auto"``, ``"gloo"`` or ``"nccl"``; ``"cpu"`` means gloo.
 
