@@ -246,6 +246,26 @@ def test_init_after_an_outside_destroy_rebuilds_the_group() -> None:
     assert run_distributed(_reinit_after_torch_destroyed_the_group, 2) == [3.0, 3.0]
 
 
+def _reinit_while_rank_zero_still_holds_the_old_store() -> list[float]:
+    # Rank 1 re-initialises at once and dials rank 0's port while rank 0's previous store is
+    # still up: it must not take that store's finished rendezvous for the new one.
+    sums = []
+    for _ in range(3):
+        if rd.get_rank() == 0:
+            time.sleep(0.5)
+        rd.finalize()
+        rd.init()
+        sums.append(rd.all_reduce(torch.tensor([rd.get_rank() + 1.0])).item())
+    return sums
+
+
+def test_reinit_on_the_same_port_never_reuses_the_old_store() -> None:
+    assert (
+        run_distributed(_reinit_while_rank_zero_still_holds_the_old_store, 2, timeout=60)
+        == [[3.0] * 3] * 2
+    )
+
+
 def _adopt_a_torch_group(port: int) -> tuple[int, int, int, bool]:
     import os
 

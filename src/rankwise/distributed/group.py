@@ -33,6 +33,9 @@ from rankwise.distributed.errors import (
 
 _ARRIVED = "rankwise/arrived"
 _ALL_ARRIVED = "rankwise/all_arrived"
+_DEPARTED = "rankwise/departed"
+# Pause between attempts to reach a store that went away under a client (see _rendezvous).
+_RECONNECT_SECONDS = 0.05
 # How long finalize() releases the GIL after destroying the group. gloo's worker threads
 # (pt_gloo_runloop) may still be destroying finished work objects, which frees Python-owned
 # tensors and needs the GIL; if the interpreter is already finalising by then, the thread is
@@ -92,8 +95,7 @@ def init(config: DistributedConfig | None = None) -> DistributedConfig:
     if cfg.world_size > 1:
         # One deadline for the whole rendezvous: connecting, then waiting for the others.
         deadline = time.monotonic() + cfg.timeout_ms / 1000
-        store = _connect_store(cfg)
-        _wait_for_peers(store, cfg, deadline)
+        store = _rendezvous(cfg, deadline)
         dist.init_process_group(
             backend=backend,
             store=store,
@@ -316,11 +318,41 @@ def _check_port_free(cfg: DistributedConfig) -> None:
         )
 
 
-def _connect_store(cfg: DistributedConfig) -> dist.Store:
+def _rendezvous(cfg: DistributedConfig, deadline: float) -> dist.Store:
+    """Connect to the store and wait for every rank; the store then carries the group's setup.
+
+    A client may reach the store of the group this process pair just left: a script that
+    re-initialises on the same port can dial rank 0 before rank 0 has torn its old store
+    down. That store holds no arrival keys (the last rank out of each rendezvous deletes
+    them), so the client waits there until the old store closes under it, and then connects
+    again, this time to the new one.
+    """
+    while True:
+        try:
+            store = _connect_store(cfg, deadline)
+            _wait_for_peers(store, cfg, deadline)
+            return store
+        except dist.DistNetworkError as exc:
+            if _hosts_store(cfg) or time.monotonic() >= deadline:
+                raise _unreachable(cfg, exc) from exc
+            time.sleep(_RECONNECT_SECONDS)
+
+
+def _unreachable(cfg: DistributedConfig, exc: Exception) -> DistributedTimeoutError:
+    host = "the launcher" if cfg.use_agent_store else "rank 0"
+    return DistributedTimeoutError(
+        f"rank {cfg.rank} timed out after {cfg.timeout_ms / 1000:g} s connecting to the "
+        f"master at {cfg.master_addr}:{cfg.master_port} ({host} hosts it): 0 of "
+        f"{cfg.world_size} ranks arrived as far as this rank can tell ({exc}). Start rank 0, "
+        "check MASTER_ADDR / MASTER_PORT and the firewall, or raise DISTRIBUTED_TIMEOUT_MS."
+    )
+
+
+def _connect_store(cfg: DistributedConfig, deadline: float) -> dist.Store:
     hosts = _hosts_store(cfg)
     if hosts:
         _check_port_free(cfg)
-    timeout = timedelta(milliseconds=cfg.timeout_ms)
+    timeout = timedelta(seconds=max(deadline - time.monotonic(), 0.1))
     try:
         store: dist.Store = dist.TCPStore(
             host_name=cfg.master_addr,
@@ -331,17 +363,13 @@ def _connect_store(cfg: DistributedConfig) -> dist.Store:
             wait_for_workers=False,
         )
     except (RuntimeError, OSError) as exc:  # DistNetworkError / DistStoreError derive from these
-        host = "the launcher" if cfg.use_agent_store else "rank 0"
         if hosts:
             raise DistributedConfigError(
                 f"could not listen on MASTER_PORT={cfg.master_port} ({exc}); pick another port."
             ) from exc
-        raise DistributedTimeoutError(
-            f"rank {cfg.rank} timed out after {cfg.timeout_ms / 1000:g} s connecting to the "
-            f"master at {cfg.master_addr}:{cfg.master_port} ({host} hosts it): 0 of "
-            f"{cfg.world_size} ranks arrived as far as this rank can tell. Start rank 0, check "
-            "MASTER_ADDR / MASTER_PORT and the firewall, or raise DISTRIBUTED_TIMEOUT_MS."
-        ) from exc
+        if isinstance(exc, dist.DistNetworkError):
+            raise  # a store closing under us: _rendezvous connects again
+        raise _unreachable(cfg, exc) from exc
     if cfg.use_agent_store:
         # torchrun's static rendezvous reuses one store across restart attempts; keys left by a
         # failed attempt would otherwise be read by the next one (gloo then dials dead peers).
@@ -353,7 +381,9 @@ def _wait_for_peers(store: dist.Store, cfg: DistributedConfig, deadline: float) 
     """Count arrivals in the store so a missing peer is reported by rank, not as a hang.
 
     The last rank to arrive sets one key that every rank waits on: one blocking request per
-    rank, rather than all of them polling rank 0's store.
+    rank, rather than all of them polling rank 0's store. The last rank to leave deletes the
+    keys again, so a store that outlives this rendezvous (torchrun's agent store, or a group
+    being torn down while a peer re-initialises) never lets a later rendezvous through early.
     """
     store.set(f"{_ARRIVED}/{cfg.rank}", "1")
     if store.add(_ARRIVED, 1) == cfg.world_size:
@@ -370,6 +400,15 @@ def _wait_for_peers(store: dist.Store, cfg: DistributedConfig, deadline: float) 
             f"(missing ranks: {missing}). Start every rank with the same WORLD_SIZE, "
             "MASTER_ADDR and MASTER_PORT, or raise DISTRIBUTED_TIMEOUT_MS."
         ) from None
+    if store.add(_DEPARTED, 1) == cfg.world_size:
+        keys = [
+            _ALL_ARRIVED,
+            _ARRIVED,
+            _DEPARTED,
+            *(f"{_ARRIVED}/{r}" for r in range(cfg.world_size)),
+        ]
+        for key in keys:
+            store.delete_key(key)
 
 
 def _has_key(store: dist.Store, key: str) -> bool:
