@@ -212,6 +212,30 @@ def test_each_compression_mode_trains_stays_in_sync_and_counts_bytes() -> None:
         assert run["overflow"] == [False, True, True]  # skipped on both ranks, still in sync
 
 
+def _synced_gradient(compression: str | None, value: float) -> float:
+    # One weight, d(loss)/dw = value on every rank: the synced gradient is the mean, as
+    # rounded by the dtype the hook puts on the wire (each rank sends value / 2).
+    model = rp.wrap_model(nn.Linear(1, 1, bias=False), rp.DDPConfig(compression=compression))
+    (model(torch.full((1, 1), value)).sum()).backward()
+    return float(rp.unwrap_model(model).weight.grad)
+
+
+def _wire_dtypes() -> dict[str, list[float]]:
+    values = (1 + 2**-10, 1 + 2**-12)
+    return {str(c): [_synced_gradient(c, v) for v in values] for c in (None, "fp16", "bf16")}
+
+
+def test_cast_hooks_send_their_dtype() -> None:
+    # bf16 keeps 8 significant bits, fp16 11, fp32 24: 1 + 2^-10 survives fp16 but not bf16,
+    # 1 + 2^-12 survives only fp32.
+    for run in run_distributed(_wire_dtypes, 2):
+        assert run == {
+            "None": [1 + 2**-10, 1 + 2**-12],
+            "fp16": [1 + 2**-10, 1.0],
+            "bf16": [1.0, 1.0],
+        }
+
+
 # -- divergence detection ----------------------------------------------------------------------
 
 
