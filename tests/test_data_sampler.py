@@ -3,7 +3,6 @@ test_data_resume.py."""
 
 from __future__ import annotations
 
-import time
 import tracemalloc
 
 import pytest
@@ -95,17 +94,17 @@ def test_in_a_dataloader() -> None:
 
 
 def test_billion_samples_start_at_once_in_small_memory() -> None:
+    # Memory is the check, not time (speed lives in benchmarks/sampler.py): a materialised
+    # order of 1e9 int64s would be 8 GB, and even this rank's eighth 1 GB.
     tracemalloc.start()
-    t0 = time.perf_counter()
     s = DistributedSampler(10**9, num_replicas=8, rank=3, seed=1)
     it = iter(s)
     head = [next(it) for _ in range(100_000)]
-    elapsed = time.perf_counter() - t0
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert len(s) == 125_000_000 and len(set(head)) == len(head)
     assert all(0 <= i < 10**9 for i in head)
-    assert elapsed < 5 and peak < 30_000_000  # the 100k ints themselves are ~4 MB
+    assert peak < 30_000_000  # the 100k ints themselves are ~4 MB
 
 
 @pytest.mark.parametrize(
