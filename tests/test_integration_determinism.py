@@ -104,3 +104,19 @@ def test_set_epoch_reaches_persistent_workers_through_the_sampler(context: str) 
                 assert torch.equal(image, expected[i]), f"epoch {epoch}, sample {i}: stale epoch"
                 seen += 1
         assert seen == len(sampler) == N // 2
+
+
+def test_own_set_epoch_reaches_persistent_workers() -> None:
+    # No sampler to follow: the dataset's own epoch must reach workers that outlive an epoch.
+    data = AugmentedDataset(
+        [(IMAGES[i], i) for i in range(N)], get_preset("moderate"), base_seed=BASE_SEED
+    )
+    loader = DataLoader(data, batch_size=4, num_workers=2, persistent_workers=True)
+    for epoch in (0, 1, 2):
+        data.set_epoch(epoch)
+        expected = augment_batch(
+            IMAGES, np.arange(N), epoch=epoch, base_seed=BASE_SEED, config=get_preset("moderate")
+        )
+        for images, ids in loader:
+            for image, i in zip(images, ids.tolist(), strict=True):
+                assert torch.equal(image, expected[i]), f"epoch {epoch}, sample {i}: stale epoch"

@@ -47,6 +47,11 @@ def augment_batch(
     return apply_augmentation(images, params)
 
 
+def _check_epoch(epoch: int) -> int:
+    # The epoch is kept in an int64 tensor (shared with DataLoader workers).
+    return check_int("epoch", epoch, maximum=2**63 - 1)
+
+
 class AugmentedDataset(torch.utils.data.Dataset):
     """A map-style dataset whose item ``i`` is ``base[i]`` augmented for ``(base_seed, epoch, i)``.
 
@@ -59,10 +64,12 @@ class AugmentedDataset(torch.utils.data.Dataset):
     With ``DataLoader(num_workers > 0)`` each worker holds a copy of the dataset (and of the
     sampler it points to). With rankwise's :class:`~rankwise.data.DistributedSampler` the epoch
     is read through the sampler's shared-memory :meth:`~rankwise.data.DistributedSampler.shared_epoch`,
-    so ``set_epoch`` reaches persistent workers too (tested). A source without ``shared_epoch``
+    and without a source this object's own epoch lives in shared memory too, so ``set_epoch``
+    reaches persistent workers either way (tested). A source without ``shared_epoch``
     (torch's sampler) is copied when the epoch's iterator starts, which is right for ordinary
     workers; with ``persistent_workers=True`` such a copy keeps the first epoch, so use rankwise's
-    sampler there, or :func:`augment_batch` on the batch.
+    sampler there, call this dataset's :meth:`set_epoch` with no source, or use
+    :func:`augment_batch` on the batch.
 
     >>> class Source:                      # any object with .epoch; torch's sampler works too
     ...     epoch = 0
@@ -92,7 +99,8 @@ class AugmentedDataset(torch.utils.data.Dataset):
         self.config = resolve_config(config)
         self.base_seed = check_int("base_seed", base_seed, maximum=MAX_U64)
         self.epoch_source = epoch_source
-        self._epoch = check_int("epoch", epoch, maximum=MAX_U64)
+        # Shared memory, like the sampler's: persistent DataLoader workers see set_epoch().
+        self._epoch = torch.tensor(_check_epoch(epoch), dtype=torch.int64).share_memory_()
         # A source that offers a shared-memory view of its epoch (rankwise's sampler) is read
         # through it, so set_epoch in the main process reaches persistent DataLoader workers,
         # whose copy of the source is otherwise frozen at the first epoch.
@@ -106,14 +114,14 @@ class AugmentedDataset(torch.utils.data.Dataset):
             return int(self._shared_epoch.item())
         if self.epoch_source is not None:
             return int(self.epoch_source.epoch)
-        return self._epoch
+        return int(self._epoch.item())
 
     def set_epoch(self, epoch: int) -> None:
         """Augment for ``epoch`` from now on (forwarded to ``epoch_source`` when there is one,
         so the sampler and the augmentation never disagree)."""
-        epoch = check_int("epoch", epoch, maximum=MAX_U64)
+        epoch = _check_epoch(epoch)
         if self.epoch_source is None:
-            self._epoch = epoch
+            self._epoch.fill_(epoch)
         elif hasattr(self.epoch_source, "set_epoch"):
             self.epoch_source.set_epoch(epoch)
         else:
