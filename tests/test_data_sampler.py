@@ -168,3 +168,13 @@ def test_len_holds_through_the_last_partial_batch_of_a_dataloader() -> None:
     assert len(s) == 50  # still the pass just finished, until the next iter() / set_epoch
     s.set_epoch(1)
     assert len(s) == s.remaining() == 50
+
+
+def test_epochs_beyond_int64_are_refused_by_name() -> None:
+    # The epoch is shared with DataLoader workers through an int64 tensor.
+    sampler = DistributedSampler(10, num_replicas=1, rank=0)
+    sampler.shared_epoch()
+    sampler.set_epoch(2**63 - 1)
+    assert int(sampler.shared_epoch()) == 2**63 - 1
+    with pytest.raises(ValueError, match=r"epoch \(9223372036854775808\) must be <="):
+        sampler.set_epoch(2**63)

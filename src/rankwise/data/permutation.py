@@ -32,6 +32,8 @@ __all__ = ["DEFAULT_CHUNK", "SMALL_N", "Permutation", "permutation_keys"]
 #: Positions computed per numpy call when iterating: big enough to amortise Python overhead,
 #: small enough (a few MiB of temporaries) that memory stays flat whatever N is.
 DEFAULT_CHUNK = 1 << 16
+# Epochs are shared with DataLoader workers through int64 tensors (see shared_epoch()).
+MAX_EPOCH = 2**63 - 1
 
 #: Up to this n the permutation is a stored table (exactly uniform; 32 KiB at most).
 SMALL_N = 4096
