@@ -266,6 +266,38 @@ def test_reinit_on_the_same_port_never_reuses_the_old_store() -> None:
     )
 
 
+def _init_returns_after_the_slowest_group(delay: float) -> tuple[float, float]:
+    # The last rank takes ``delay`` longer to come out of building its group (a real group,
+    # built by torch; only its return is delayed). init() must return on no rank before that:
+    # a rank that left early (an exit, finalize()) would close the store or a gloo pair under
+    # a peer still building ("Connection reset by peer").
+    import os
+
+    import torch.distributed as dist
+
+    built = time.monotonic()
+    if os.environ["RANK"] == "2":  # before init(), get_rank() knows no better than 0
+        build = dist.init_process_group
+
+        def slow_to_return(*args: object, **kwargs: object) -> None:
+            nonlocal built
+            build(*args, **kwargs)  # type: ignore[arg-type]
+            time.sleep(delay)
+            built = time.monotonic()
+
+        dist.init_process_group = slow_to_return  # type: ignore[assignment]
+    rd.init()
+    return built, time.monotonic()  # CLOCK_MONOTONIC: one clock for every process here
+
+
+def test_init_returns_only_when_every_rank_has_built_its_group() -> None:
+    results = run_distributed(
+        _init_returns_after_the_slowest_group, 3, args=(1.0,), init_group=False, timeout=60
+    )
+    slowest_built = results[2][0]
+    assert all(returned >= slowest_built for _, returned in results), results
+
+
 def _adopt_a_torch_group(port: int) -> tuple[int, int, int, bool]:
     import os
 
@@ -276,6 +308,7 @@ def _adopt_a_torch_group(port: int) -> tuple[int, int, int, bool]:
     os.environ.pop("LOCAL_RANK")
     # A framework's own init, with no rank variables left in the environment:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.barrier()  # torch's init lets rank 0 leave (and close its store) before rank 1 is done
     cfg = rd.init()
     rd.finalize()  # an adopted group belongs to the script that built it
     still_there = dist.is_initialized()
@@ -310,4 +343,5 @@ def _adopt_with_conflicting_config_after_torch_init() -> str:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")  # from the harness's RANK / WORLD_SIZE / MASTER_* variables
+    dist.barrier()  # torch's init lets rank 0 leave (and close its store) before rank 1 is done
     return _adopt_with_conflicting_config()

@@ -2,7 +2,7 @@
 
 Each rank joins the group, checks one all_reduce, runs a few DDP steps and prints one line.
 Flags make it fail in the ways the launcher must handle: a rank raising, a failed first
-attempt (for --max-restarts), exiting without finalize().
+attempt (for --max-restarts), exiting without finalize(), rank 0 leaving right after init.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ p.add_argument(
 p.add_argument("--fail-attempts", type=int, default=0, help="rank 1 raises on attempts below this")
 p.add_argument("--raise-on-rank", type=int, default=-1)
 p.add_argument("--no-finalize", action="store_true")
+p.add_argument("--rank0-exits-after-init", action="store_true", help="os._exit(0) on rank 0")
 p.add_argument("--steps", type=int, default=3)
 p.add_argument("--echo", default="")
 args = p.parse_args()
@@ -38,6 +39,11 @@ else:
     if args.init == "adopt":
         assert rd.init().world_size == dist.get_world_size()
 rank, world = dist.get_rank(), dist.get_world_size()
+if args.rank0_exits_after_init:
+    if rank == 0:
+        os._exit(0)  # at once: the store rank 0 hosts goes with it
+    print(f"rank {rank}/{world}: ok", flush=True)
+    raise SystemExit(0)
 
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)

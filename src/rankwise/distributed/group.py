@@ -31,9 +31,9 @@ from rankwise.distributed.errors import (
     DistributedTimeoutError,
 )
 
-_ARRIVED = "rankwise/arrived"
-_ALL_ARRIVED = "rankwise/all_arrived"
-_DEPARTED = "rankwise/departed"
+# Store keys, under a namespace of their own per rendezvous (see _namespace).
+# A counter per step (see _count); "<counter>/done" is set when the count is complete.
+_ARRIVED, _JOINED, _LEFT = "arrived", "joined", "left"
 # Pause between attempts to reach a store that went away under a client (see _rendezvous).
 _RECONNECT_SECONDS = 0.05
 # How long finalize() releases the GIL after destroying the group. gloo's worker threads
@@ -55,6 +55,7 @@ class _Session:
 # device() can answer and finalize() knows what to tear down. torch.distributed keeps the rest.
 _session: _Session | None = None
 _saw_group = False  # this process has had a torch group: drain its threads before exit
+_rendezvous_count = 0  # multi-rank init() calls in this process: each gets fresh store keys
 _atexit_registered = False
 
 
@@ -103,6 +104,7 @@ def init(config: DistributedConfig | None = None) -> DistributedConfig:
             world_size=cfg.world_size,
             timeout=timedelta(milliseconds=cfg.collective_timeout_ms),
         )
+        _wait_until_all_joined(store, cfg)
     _session = _Session(cfg, backend, owns_group=cfg.world_size > 1)
     return cfg
 
@@ -319,23 +321,38 @@ def _check_port_free(cfg: DistributedConfig) -> None:
 
 
 def _rendezvous(cfg: DistributedConfig, deadline: float) -> dist.Store:
-    """Connect to the store and wait for every rank; the store then carries the group's setup.
+    """Connect to the store and wait for every rank; returns the store the group is built on.
 
-    A client may reach the store of the group this process pair just left: a script that
-    re-initialises on the same port can dial rank 0 before rank 0 has torn its old store
-    down. That store holds no arrival keys (the last rank out of each rendezvous deletes
-    them), so the client waits there until the old store closes under it, and then connects
-    again, this time to the new one.
+    Each rendezvous works in a key namespace of its own (:func:`_namespace`), so keys left in
+    a store that outlives it can never let a later one through early. That happens: a script
+    that re-initialises on the same port may dial rank 0 before rank 0 has closed its
+    previous store. Such a client waits there, under keys no peer will set, until that store
+    closes under it, and then connects again, this time to the new one.
     """
+    global _rendezvous_count
+    _rendezvous_count += 1
+    namespace = _namespace(cfg, _rendezvous_count)
     while True:
         try:
-            store = _connect_store(cfg, deadline)
+            store = dist.PrefixStore(namespace, _connect_store(cfg, deadline))
             _wait_for_peers(store, cfg, deadline)
             return store
         except dist.DistNetworkError as exc:
             if _hosts_store(cfg) or time.monotonic() >= deadline:
                 raise _unreachable(cfg, exc) from exc
             time.sleep(_RECONNECT_SECONDS)
+
+
+def _namespace(cfg: DistributedConfig, count: int) -> str:
+    """Store key prefix of this process's ``count``-th rendezvous.
+
+    Every rank of a job calls ``init()`` as many times as the others, so the count agrees
+    across ranks. Under torchrun's shared agent store the restart attempt is part of it too:
+    the store outlives a failed attempt, whose processes are gone (their counts restart at 1),
+    and a new attempt must not read the keys of the old one (gloo would dial dead peers).
+    """
+    attempt = f"attempt_{cfg.restart_count}/" if cfg.use_agent_store else ""
+    return f"rankwise/{attempt}init_{count}"
 
 
 def _unreachable(cfg: DistributedConfig, exc: Exception) -> DistributedTimeoutError:
@@ -370,27 +387,19 @@ def _connect_store(cfg: DistributedConfig, deadline: float) -> dist.Store:
         if isinstance(exc, dist.DistNetworkError):
             raise  # a store closing under us: _rendezvous connects again
         raise _unreachable(cfg, exc) from exc
-    if cfg.use_agent_store:
-        # torchrun's static rendezvous reuses one store across restart attempts; keys left by a
-        # failed attempt would otherwise be read by the next one (gloo then dials dead peers).
-        store = dist.PrefixStore(f"rankwise/attempt_{cfg.restart_count}", store)
     return store
 
 
 def _wait_for_peers(store: dist.Store, cfg: DistributedConfig, deadline: float) -> None:
     """Count arrivals in the store so a missing peer is reported by rank, not as a hang.
 
-    The last rank to arrive sets one key that every rank waits on: one blocking request per
-    rank, rather than all of them polling rank 0's store. The last rank to leave deletes the
-    keys again, so a store that outlives this rendezvous (torchrun's agent store, or a group
-    being torn down while a peer re-initialises) never lets a later rendezvous through early.
+    Each rank also leaves a key of its own, to name the missing ones in the error.
     """
     store.set(f"{_ARRIVED}/{cfg.rank}", "1")
-    if store.add(_ARRIVED, 1) == cfg.world_size:
-        store.set(_ALL_ARRIVED, "1")
+    _count(store, _ARRIVED, cfg.world_size)
     remaining = max(deadline - time.monotonic(), 0.1)
     try:
-        store.wait([_ALL_ARRIVED], timedelta(seconds=remaining))
+        store.wait([f"{_ARRIVED}/done"], timedelta(seconds=remaining))
     except dist.DistStoreError:
         arrived = store.add(_ARRIVED, 0)
         missing = [r for r in range(cfg.world_size) if not _has_key(store, f"{_ARRIVED}/{r}")]
@@ -398,17 +407,49 @@ def _wait_for_peers(store: dist.Store, cfg: DistributedConfig, deadline: float) 
             f"timed out after {cfg.timeout_ms / 1000:g} s waiting for peers: {arrived} of "
             f"{cfg.world_size} ranks arrived at {cfg.master_addr}:{cfg.master_port} "
             f"(missing ranks: {missing}). Start every rank with the same WORLD_SIZE, "
-            "MASTER_ADDR and MASTER_PORT, or raise DISTRIBUTED_TIMEOUT_MS."
+            "MASTER_ADDR and MASTER_PORT, or raise DISTRIBUTED_TIMEOUT_MS. A script that "
+            "calls init() more than once must do so the same number of times on every rank."
         ) from None
-    if store.add(_DEPARTED, 1) == cfg.world_size:
-        keys = [
-            _ALL_ARRIVED,
-            _ARRIVED,
-            _DEPARTED,
-            *(f"{_ARRIVED}/{r}" for r in range(cfg.world_size)),
-        ]
-        for key in keys:
-            store.delete_key(key)
+
+
+def _wait_until_all_joined(store: dist.Store, cfg: DistributedConfig) -> None:
+    """Return from ``init()`` only once every rank has built its group, and leave the store
+    in an order that strands no one.
+
+    Building a gloo group reads the store and connects each pair of ranks, and one rank can
+    finish before another. Were it to leave at once (an exit, or ``finalize()`` right away),
+    it would close its end of a pair, or the store itself when it hosts it, under a peer
+    still building: "Connection reset by peer" for a job that did nothing wrong (measured:
+    3 of 15 three-rank launches whose rank 0 exits right after init). So every rank waits
+    until all have joined, and the rank that hosts the store waits, in turn, until every
+    other rank has done its last store call of ``init()``.
+    """
+    timeout = timedelta(milliseconds=cfg.timeout_ms)
+    _count(store, _JOINED, cfg.world_size)
+    try:
+        store.wait([f"{_JOINED}/done"], timeout)
+        if _hosts_store(cfg):
+            store.wait([f"{_LEFT}/done"], timeout)
+        elif not cfg.use_agent_store:  # torchrun's agent outlives us all: nobody to tell
+            _count(store, _LEFT, cfg.world_size - 1)
+    except dist.DistStoreError:
+        joined = store.add(_JOINED, 0)
+        raise DistributedTimeoutError(
+            f"rank {cfg.rank} built its process group, but after another "
+            f"{cfg.timeout_ms / 1000:g} s only {joined} of {cfg.world_size} ranks had (or "
+            "had finished init()): a peer failed or stalled. Check the other ranks' logs, or "
+            "raise DISTRIBUTED_TIMEOUT_MS."
+        ) from None
+
+
+def _count(store: dist.Store, counter: str, total: int) -> None:
+    """Add one to ``counter``; the call that completes ``total`` sets ``<counter>/done``.
+
+    One blocking request per rank for the waiters (``store.wait`` on the done key), rather
+    than every rank polling the store that one of them hosts.
+    """
+    if store.add(counter, 1) == total:
+        store.set(f"{counter}/done", "1")
 
 
 def _has_key(store: dist.Store, key: str) -> bool:
