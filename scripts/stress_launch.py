@@ -1,11 +1,13 @@
 """Repeat launches many times and count how many end as they should (run on demand, not in CI).
 
-Cases (each a 2-rank gloo job, tests/scripts/launch_worker.py):
+Cases (gloo jobs of tests/scripts/launch_worker.py):
 
-  restart      rank 1 fails on attempt 0 under --max-restarts 1; success = exit 0 and both ranks
-               finish attempt 1 (the restarted attempt must re-rendezvous).
-  exit         a finished DDP job that never calls finalize(); success = exit 0 (no SIGABRT at
-               interpreter exit).
+  restart      2 ranks; rank 1 fails on attempt 0 under --max-restarts 1; success = exit 0 and
+               both ranks finish attempt 1 (the restarted attempt must re-rendezvous).
+  exit         2 ranks; a finished DDP job that never calls finalize(); success = exit 0 (no
+               SIGABRT at interpreter exit).
+  early-exit   3 ranks; rank 0 (the store's host) exits the moment init returns; success =
+               exit 0 and ranks 1 and 2 finish.
 
 Launchers:
 
@@ -17,6 +19,7 @@ Launchers:
   python scripts/stress_launch.py --case restart --runs 50
   python scripts/stress_launch.py --case exit --runs 200
   python scripts/stress_launch.py --case restart --runs 20 --launcher torchrun-baseline
+  python scripts/stress_launch.py --case early-exit --runs 100
 """
 
 from __future__ import annotations
@@ -35,12 +38,22 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from rankwise.testing import child_env, free_port, run_isolated  # noqa: E402
 
+WORKER_ARGS = {
+    "restart": ["--fail-attempts", "1"],
+    "exit": ["--no-finalize"],
+    "early-exit": ["--rank0-exits-after-init"],
+}
+NPROC = {"restart": 2, "exit": 2, "early-exit": 3}
+
 
 def command(case: str, launcher: str) -> list[str]:
-    worker_args = ["--fail-attempts", "1"] if case == "restart" else ["--no-finalize"]
+    worker_args = list(WORKER_ARGS[case])
     if launcher == "torchrun-baseline":
         worker_args.append("--init=torch")
-    launch = ["--nproc-per-node=2", "--max-restarts=1" if case == "restart" else "--max-restarts=0"]
+    launch = [
+        f"--nproc-per-node={NPROC[case]}",
+        "--max-restarts=1" if case == "restart" else "--max-restarts=0",
+    ]
     if launcher == "rankwise":
         head = [sys.executable, "-m", "rankwise.cli", "launch"]
     else:
@@ -53,12 +66,14 @@ def classify(proc: subprocess.CompletedProcess[str] | None, case: str) -> str:
         return "hang (timeout)"
     out = proc.stdout + proc.stderr
     if proc.returncode == 0:
-        want = "attempt 1: ok" if case == "restart" else "attempt 0: ok"
+        want = {"restart": "attempt 1: ok", "exit": "attempt 0: ok", "early-exit": ": ok"}[case]
         return "ok" if out.count(want) == 2 else "exit 0 but a rank did not finish"
     if "terminate called" in out or "SIGABRT" in out or "Signals.SIGABRT" in out:
         return "SIGABRT at exit"
     if "connectFullMesh" in out or "Connection refused" in out:
         return "gloo connectFullMesh failed"
+    if "Connection reset by peer" in out:
+        return "connection reset by peer"
     return f"exit {proc.returncode}"
 
 
@@ -66,7 +81,7 @@ def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--case", choices=["restart", "exit"], required=True)
+    p.add_argument("--case", choices=sorted(WORKER_ARGS), required=True)
     p.add_argument("--runs", type=int, default=50)
     p.add_argument(
         "--launcher",
