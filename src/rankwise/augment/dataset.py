@@ -19,7 +19,7 @@ import torch
 from rankwise.augment.apply import apply_augmentation
 from rankwise.augment.params import AugmentationConfig, generate_params, resolve_config
 from rankwise.augment.seeds import MAX_U64, check_int
-from rankwise.data.permutation import MAX_EPOCH
+from rankwise.data.permutation import check_epoch
 
 
 def augment_batch(
@@ -96,9 +96,7 @@ class AugmentedDataset(torch.utils.data.Dataset):
         self.base_seed = check_int("base_seed", base_seed, maximum=MAX_U64)
         self.epoch_source = epoch_source
         # Shared memory, like the sampler's: persistent DataLoader workers see set_epoch().
-        self._epoch = torch.tensor(
-            check_int("epoch", epoch, maximum=MAX_EPOCH), dtype=torch.int64
-        ).share_memory_()
+        self._epoch = torch.tensor(check_epoch(epoch), dtype=torch.int64).share_memory_()
         # A source that offers a shared-memory view of its epoch (rankwise's sampler) is read
         # through it, so set_epoch in the main process reaches persistent DataLoader workers,
         # whose copy of the source is otherwise frozen at the first epoch.
@@ -117,7 +115,7 @@ class AugmentedDataset(torch.utils.data.Dataset):
     def set_epoch(self, epoch: int) -> None:
         """Augment for ``epoch`` from now on (forwarded to ``epoch_source`` when there is one,
         so the sampler and the augmentation never disagree)."""
-        epoch = check_int("epoch", epoch, maximum=MAX_EPOCH)
+        epoch = check_epoch(epoch)
         if self.epoch_source is None:
             self._epoch.fill_(epoch)
         elif hasattr(self.epoch_source, "set_epoch"):

@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from rankwise.data.partition import resolve_world
-from rankwise.data.permutation import MAX_EPOCH, check_int
+from rankwise.data.permutation import check_epoch, check_int
 from rankwise.data.strategies import Strategy
 
 __all__ = ["Fetch", "FetchDataset", "default_fetch", "rank_fetches", "rows_per_rank"]
@@ -213,7 +213,7 @@ class FetchDataset(IterableDataset[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         """Shuffle differently for ``epoch`` (the same on every rank and worker)."""
-        self._epoch.fill_(check_int("epoch", epoch, maximum=MAX_EPOCH))
+        self._epoch.fill_(check_epoch(epoch))
 
     def _length(self) -> int:
         return self.strategy.epoch_length(self._n)

@@ -32,7 +32,7 @@ __all__ = ["DEFAULT_CHUNK", "SMALL_N", "Permutation", "permutation_keys"]
 #: Positions computed per numpy call when iterating: big enough to amortise Python overhead,
 #: small enough (a few MiB of temporaries) that memory stays flat whatever N is.
 DEFAULT_CHUNK = 1 << 16
-# Epochs are shared with DataLoader workers through int64 tensors (see shared_epoch()).
+# Epochs are shared with DataLoader workers through int64 tensors (see check_epoch).
 MAX_EPOCH = 2**63 - 1
 
 #: Up to this n the permutation is a stored table (exactly uniform; 32 KiB at most).
@@ -68,6 +68,12 @@ def check_int(name: str, value: object, *, minimum: int = 0, maximum: int | None
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} ({value}) must be <= {maximum}; reduce it modulo 2**64.")
     return value
+
+
+def check_epoch(value: object, name: str = "epoch") -> int:
+    """An epoch that fits the int64 tensors through which samplers and datasets share it
+    with their DataLoader workers (``check_int`` with the bound ``MAX_EPOCH``)."""
+    return check_int(name, value, maximum=MAX_EPOCH)
 
 
 def permutation_keys(seed: int, epoch: int, rounds: int = _ROUNDS) -> tuple[int, ...]:

@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import Sampler
 
 from rankwise.data.partition import resolve_world
-from rankwise.data.permutation import DEFAULT_CHUNK, MAX_EPOCH, Permutation, check_int
+from rankwise.data.permutation import DEFAULT_CHUNK, Permutation, check_epoch, check_int
 
 __all__ = ["DistributedSampler"]
 
@@ -165,7 +165,7 @@ class DistributedSampler(Sampler[int]):
         """Select the epoch's order. A new epoch number rewinds the cursor to 0; the current
         one keeps it, so calling ``set_epoch(e)`` right after loading a state of epoch e resumes
         mid-epoch instead of restarting it."""
-        epoch = check_int("epoch", epoch, maximum=MAX_EPOCH)
+        epoch = check_epoch(epoch)
         if epoch != self.epoch:
             self.epoch, self._start, self._cursor, self._pass_start = epoch, 0, 0, None
 
@@ -234,7 +234,7 @@ class DistributedSampler(Sampler[int]):
                 f"state['consumed'] ({consumed}) must be <= num_samples ({n}); "
                 "the state is corrupt or from another sampler."
             )
-        self.epoch = check_int("state['epoch']", state["epoch"], maximum=MAX_EPOCH)
+        self.epoch = check_epoch(state["epoch"], "state['epoch']")
         self.seed = check_int("state['seed']", state["seed"])
         self.shuffle = bool(state.get("shuffle", self.shuffle))
         self.drop_last = bool(state.get("drop_last", self.drop_last))
