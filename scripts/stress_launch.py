@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "scripts" / "launch_worker.py"
@@ -38,22 +39,28 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from rankwise.testing import child_env, free_port, run_isolated  # noqa: E402
 
-WORKER_ARGS = {
-    "restart": ["--fail-attempts", "1"],
-    "exit": ["--no-finalize"],
-    "early-exit": ["--rank0-exits-after-init"],
+
+class Case(NamedTuple):
+    worker_args: list[str]
+    nproc: int
+    max_restarts: int
+    ok_line: str  # printed by each rank that finishes; a run is ok when exactly 2 ranks print it
+
+
+CASES = {
+    "restart": Case(["--fail-attempts", "1"], 2, 1, "attempt 1: ok"),
+    "exit": Case(["--no-finalize"], 2, 0, "attempt 0: ok"),
+    "early-exit": Case(["--rank0-exits-after-init"], 3, 0, ": ok"),
 }
-NPROC = {"restart": 2, "exit": 2, "early-exit": 3}
 
 
 def command(case: str, launcher: str) -> list[str]:
-    worker_args = list(WORKER_ARGS[case])
-    if launcher == "torchrun-baseline":
-        worker_args.append("--init=torch")
-    launch = [
-        f"--nproc-per-node={NPROC[case]}",
-        "--max-restarts=1" if case == "restart" else "--max-restarts=0",
+    spec = CASES[case]
+    worker_args = [
+        *spec.worker_args,
+        *(["--init=torch"] if launcher == "torchrun-baseline" else []),
     ]
+    launch = [f"--nproc-per-node={spec.nproc}", f"--max-restarts={spec.max_restarts}"]
     if launcher == "rankwise":
         head = [sys.executable, "-m", "rankwise.cli", "launch"]
     else:
@@ -66,8 +73,8 @@ def classify(proc: subprocess.CompletedProcess[str] | None, case: str) -> str:
         return "hang (timeout)"
     out = proc.stdout + proc.stderr
     if proc.returncode == 0:
-        want = {"restart": "attempt 1: ok", "exit": "attempt 0: ok", "early-exit": ": ok"}[case]
-        return "ok" if out.count(want) == 2 else "exit 0 but a rank did not finish"
+        finished = out.count(CASES[case].ok_line)
+        return "ok" if finished == 2 else "exit 0 but a rank did not finish"
     if "terminate called" in out or "SIGABRT" in out or "Signals.SIGABRT" in out:
         return "SIGABRT at exit"
     if "connectFullMesh" in out or "Connection refused" in out:
@@ -81,7 +88,7 @@ def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--case", choices=sorted(WORKER_ARGS), required=True)
+    p.add_argument("--case", choices=sorted(CASES), required=True)
     p.add_argument("--runs", type=int, default=50)
     p.add_argument(
         "--launcher",
