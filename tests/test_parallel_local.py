@@ -1,8 +1,10 @@
-"""rankwise.parallel in one process: configs, the world-of-one path, precision, checkpointing."""
+"""rankwise.parallel in one process: configs, the world-of-one path, precision, activation
+checkpointing."""
 
 from __future__ import annotations
 
 import copy
+import importlib
 import math
 
 import pytest
@@ -206,6 +208,15 @@ def test_precision_errors() -> None:
 
 
 # -- gradient checkpointing --------------------------------------------------------------------
+
+
+def test_activation_checkpointing_lives_apart_from_training_checkpoints() -> None:
+    # "checkpointing" is the trainer's word for saved state; this module recomputes activations.
+    activation = importlib.import_module("rankwise.parallel.activation")
+    assert rp.enable_gradient_checkpointing is activation.enable_gradient_checkpointing
+    assert rp.find_blocks is activation.find_blocks
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("rankwise.parallel.checkpointing")
 
 
 def test_gradient_checkpointing_leaves_results_unchanged() -> None:

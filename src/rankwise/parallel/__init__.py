@@ -24,7 +24,7 @@ context for every strategy, and a divergence check. A training step::
 See ``docs/parallel.md`` for each piece.
 """
 
-from rankwise.parallel.checkpointing import enable_gradient_checkpointing, find_blocks
+from rankwise.parallel.activation import enable_gradient_checkpointing, find_blocks
 from rankwise.parallel.common import unwrap_model
 from rankwise.parallel.ddp import (
     COMPRESSIONS,

@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 import rankwise.distributed as rd
-from rankwise.parallel.checkpointing import find_blocks
+from rankwise.parallel.activation import find_blocks
 from rankwise.parallel.common import DTYPES
 
 if TYPE_CHECKING:
