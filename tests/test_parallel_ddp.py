@@ -255,7 +255,7 @@ def _divergence() -> dict[str, Any]:
             model[2].weight[0, 1] += 1e-3
         if rank == 1:
             model[1].running_mean += 1.0
-    report = rp.check_parameters_in_sync(model)
+    report = rp.check_parameters_in_sync(model, buffers=True)  # buffers are opt-in
     out["report"] = str(report)
     out["names"] = report.names
     out["tolerant"] = bool(rp.check_parameters_in_sync(model, atol=1e-2, buffers=False))

@@ -82,7 +82,7 @@ def _fsdp_against_ddp() -> dict[str, Any]:
         "diff": diff,
         "ckpt_diff": ckpt_diff,
         "mixed_diff": mixed_diff,
-        "report": (bool(report), len(report.skipped)),
+        "report": (bool(report), report.checked, len(report.unreplicated)),
     }
 
 
@@ -97,4 +97,5 @@ def test_fsdp_trains_like_ddp_and_clips_on_the_unsharded_norm() -> None:
         assert out["diff"] < 1e-5 and out["ckpt_diff"] < 1e-5, out
         # bf16 parameters in compute: close to DDP's fp32 result, not equal.
         assert 1e-6 < out["mixed_diff"] < 5e-2, out
-        assert out["report"] == (True, 6)  # sharded parameters are skipped, not compared
+        # Every parameter is a shard with no replica: layouts compared, none skipped.
+        assert out["report"] == (True, 6, 6)
