@@ -2,7 +2,8 @@
 
 Gradient synchronisation is torch's (DDP, comm hooks, FSDP2, autocast, GradScaler); rankwise
 adds validated configuration, a gloo-capable bf16 hook, byte counting, one accumulation
-context for every strategy, and a divergence check. A training step::
+context for every strategy, a divergence check, and start-up consistency checks. A training
+step::
 
     import rankwise.parallel as rp
 
@@ -26,6 +27,11 @@ See ``docs/parallel.md`` for each piece.
 
 from rankwise.parallel.activation import enable_gradient_checkpointing, find_blocks
 from rankwise.parallel.common import unwrap_model
+from rankwise.parallel.consistency import (
+    InconsistentRanksError,
+    check_consistent,
+    model_signature,
+)
 from rankwise.parallel.ddp import (
     COMPRESSIONS,
     STRATEGIES,
@@ -48,12 +54,14 @@ __all__ = [
     "CommStats",
     "DDPConfig",
     "FSDPConfig",
+    "InconsistentRanksError",
     "Mismatch",
     "Precision",
     "SyncReport",
     "accumulate",
     "allreduce_hook",
     "bf16_hook",
+    "check_consistent",
     "check_parameters_in_sync",
     "clip_grad_norm",
     "comm_state_dict",
@@ -63,6 +71,7 @@ __all__ = [
     "fp16_hook",
     "is_sync_step",
     "load_comm_state_dict",
+    "model_signature",
     "powersgd_hook",
     "shard_model",
     "unwrap_model",
