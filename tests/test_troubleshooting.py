@@ -1,0 +1,188 @@
+"""docs/troubleshooting.md tells the truth: every row's error is raised with its exact message.
+
+The table is parsed; each row's ``id`` names a trigger here that provokes the error (in this
+process, or on real gloo ranks where the error needs peers). A row without a trigger, or a
+trigger without a row, fails the test, so the table and the code cannot drift apart. In a
+documented message ``<NAME>`` stands for a part that changes from run to run (a port).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import rankwise.augment as ra
+import rankwise.data as rdata
+import rankwise.distributed as rd
+import rankwise.parallel as rp
+from rankwise.distributed import DistributedConfig
+from rankwise.testing import free_port, run_distributed
+
+TABLE = Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md"
+
+
+# -- triggers: each returns the exception its row documents -------------------------------------
+
+
+def _raised(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BaseException:
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:  # the row says which type
+        return exc
+    raise AssertionError(f"{getattr(fn, '__name__', fn)} raised nothing")
+
+
+def _from_environment(**variables: str) -> BaseException:
+    return _raised(DistributedConfig.from_environment, variables)
+
+
+def _port_in_use() -> BaseException:
+    with socket.socket() as holder:
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        return _raised(rd.init, DistributedConfig(rank=0, world_size=2, master_port=port))
+
+
+def _peer_never_arrives() -> BaseException:
+    cfg = DistributedConfig(rank=0, world_size=2, master_port=free_port(), timeout_ms=1000)
+    return _raised(rd.init, cfg)
+
+
+def _master_unreachable() -> BaseException:
+    cfg = DistributedConfig(rank=1, world_size=2, master_port=free_port(), timeout_ms=1000)
+    return _raised(rd.init, cfg)
+
+
+def _reinit() -> BaseException:
+    rd.init()
+    return _raised(rd.init, DistributedConfig(rank=0, world_size=2))
+
+
+def _sampler_state_other_dataset() -> BaseException:
+    state = rdata.DistributedSampler(100, num_replicas=2, rank=0).state_dict()
+    return _raised(rdata.DistributedSampler(90, num_replicas=2, rank=0).load_state_dict, state)
+
+
+def _drop_last_empty() -> BaseException:
+    return _raised(
+        rdata.FetchDataset,
+        np.zeros((6, 2)),
+        rdata.Streaming(),
+        batch_size=4,
+        drop_last=True,
+        rank=0,
+        world_size=2,
+    )
+
+
+def _already_wrapped() -> BaseException:
+    return _raised(rp.wrap_model, nn.DataParallel(nn.Linear(2, 2)))
+
+
+def _on_ranks(case: str) -> BaseException:
+    """Errors that need peers, from rank 1 (every rank raises); one 2-rank run for all."""
+    kind, message = _rank_errors()[case]
+    return type(kind, (Exception,), {})(message)  # a stand-in with the same type name
+
+
+@functools.cache
+def _rank_errors() -> dict[str, tuple[str, str]]:
+    return dict(run_distributed(_rank_cases, 2, timeout=90)[1])
+
+
+def _rank_cases() -> dict[str, tuple[str, str]]:
+    rank = rd.get_rank()
+    cases: dict[str, Callable[[], object]] = {
+        "metric_names": lambda: rd.reduce_metrics(
+            {"loss": 1.0} if rank == 0 else {"loss": 1.0, "acc": 0.5}
+        ),
+        "dataset_length": lambda: rp.check_consistent(
+            {"dataset_length": 1797 if rank == 0 else 1796}
+        ),
+        "model_shapes": lambda: rp.wrap_model(
+            nn.Linear(4, 4 if rank == 0 else 3), rp.DDPConfig(broadcast_parameters=False)
+        ),
+    }
+    out = {}
+    for name, call in cases.items():
+        try:
+            call()
+            out[name] = ("NoError", "no error")
+        except Exception as exc:
+            out[name] = (type(exc).__name__, str(exc))
+    return out
+
+
+TRIGGERS: dict[str, Callable[[], BaseException]] = {
+    "env-not-integer": lambda: _from_environment(RANK="one", WORLD_SIZE="2"),
+    "env-rank-without-world": lambda: _from_environment(RANK="1"),
+    "env-world-without-rank": lambda: _from_environment(WORLD_SIZE="2"),
+    "rank-beyond-world": lambda: _raised(DistributedConfig, rank=4, world_size=4),
+    "port-range": lambda: _raised(DistributedConfig, master_port=70000),
+    "backend-unknown": lambda: _raised(DistributedConfig, backend="mpi"),
+    "port-in-use": _port_in_use,
+    "peer-timeout": _peer_never_arrives,
+    "master-unreachable": _master_unreachable,
+    "reinit-other-world": _reinit,
+    "metric-names-differ": lambda: _on_ranks("metric_names"),
+    "allreduce-mean-int": lambda: _raised(rd.all_reduce, torch.ones(1, dtype=torch.int64), "mean"),
+    "sampler-state-other-dataset": _sampler_state_other_dataset,
+    "fetch-drop-last-empty": _drop_last_empty,
+    "block-size": lambda: _raised(rdata.BlockShuffling, block_size=0),
+    "augment-range": lambda: _raised(ra.AugmentationConfig, scale_range=(1.2, 0.8)),
+    "augment-preset": lambda: _raised(ra.get_preset, "heavy"),
+    "ddp-compression": lambda: _raised(rp.DDPConfig, compression="int8"),
+    "ddp-shapes-differ": lambda: _on_ranks("model_shapes"),
+    "already-wrapped": _already_wrapped,
+    "precision-mode": lambda: _raised(rp.Precision, "fp8"),
+    "accumulation-steps": lambda: _raised(rp.is_sync_step, 0, accumulation_steps=0),
+    "sync-check-empty": lambda: _raised(rp.check_parameters_in_sync, nn.ReLU()),
+    "consistency-dataset-length": lambda: _on_ranks("dataset_length"),
+}
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+
+def _rows() -> dict[str, tuple[str, str]]:
+    """``id -> (error type, message)`` from the table's rows."""
+    rows: dict[str, tuple[str, str]] = {}
+    for line in TABLE.read_text().splitlines():
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if len(cells) < 5 or not cells[0].startswith("`"):
+            continue  # not a table row, or the header or separator
+        # | id | where | you did | error | message | fix | also tested in |
+        row_id, error, message = cells[0].strip("`"), cells[3].strip("`"), cells[4]
+        assert message.startswith("`` ") and message.endswith(" ``"), line
+        assert row_id not in rows, f"duplicate row id {row_id}"
+        rows[row_id] = (error, message[3:-3])
+    return rows
+
+
+def _pattern(documented: str) -> re.Pattern[str]:
+    parts = re.split(r"<[A-Z_]+>", documented)
+    return re.compile(".+?".join(re.escape(p) for p in parts), re.DOTALL)
+
+
+def test_every_row_has_a_trigger_and_every_trigger_a_row() -> None:
+    rows = _rows()
+    assert len(rows) >= 20
+    assert sorted(rows) == sorted(TRIGGERS)
+
+
+@pytest.mark.parametrize("row_id", sorted(TRIGGERS))
+def test_documented_message_is_the_one_raised(row_id: str) -> None:
+    error, message = _rows()[row_id]
+    exc = TRIGGERS[row_id]()
+    assert type(exc).__name__ == error, (row_id, type(exc).__name__, str(exc))
+    assert _pattern(message).fullmatch(str(exc)), f"{row_id}:\n  doc: {message}\n  got: {exc}"
