@@ -222,9 +222,10 @@ def _collect(
     world: int,
 ) -> list[_Entry]:
     entries: list[_Entry] = []
+    sets: dict[tuple[int, str], tuple[tuple[int, ...], ...]] = {}  # one walk of each mesh
 
     def add(name: str, tensor: torch.Tensor) -> None:
-        entries.append(_entry(name, tensor.detach(), world))
+        entries.append(_entry(name, tensor.detach(), world, sets))
 
     params = list(model.named_parameters())
     for name, param in params:
@@ -253,12 +254,21 @@ def _optimizer_tensors(
                     yield names.get(id(p), f"<param {id(p):#x}>"), key, value
 
 
-def _entry(name: str, tensor: torch.Tensor, world: int) -> _Entry:
+def _entry(
+    name: str,
+    tensor: torch.Tensor,
+    world: int,
+    sets: dict[tuple[int, str], tuple[tuple[int, ...], ...]],
+) -> _Entry:
     dtensor = as_dtensor(tensor)
     if dtensor is None:
         return _Entry(name, tensor, tensor, f"{tensor.dtype}", None)
     layout = f"{dtensor.dtype} {tuple(dtensor.placements)} mesh {tuple(dtensor.device_mesh.shape)}"
-    replicas = _replica_sets(dtensor.device_mesh.mesh, dtensor.placements) if world > 1 else ()
+    mesh, placements = dtensor.device_mesh, dtensor.placements
+    key = (id(mesh), str(placements))
+    if key not in sets:
+        sets[key] = _replica_sets(mesh.mesh, placements) if world > 1 else ()
+    replicas = sets[key]
     return _Entry(name, tensor, dtensor.to_local(), layout, replicas)
 
 
