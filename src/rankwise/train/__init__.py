@@ -5,8 +5,10 @@ it did, ``TrainingLogger`` prints and logs it on rank 0. See ``docs/train.md``.
 """
 
 from rankwise.train.config import DistributedTrainingConfig, parse_overrides
+from rankwise.train.history import DistributedTrainingHistory
 
 __all__ = [
     "DistributedTrainingConfig",
+    "DistributedTrainingHistory",
     "parse_overrides",
 ]
