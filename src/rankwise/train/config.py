@@ -1,0 +1,368 @@
+"""What a training run does: :class:`DistributedTrainingConfig`, with YAML in and out.
+
+The CyxWiz guide builds the config with no arguments and sets fields one by one::
+
+    config = DistributedTrainingConfig()
+    config.epochs = 10
+    config.batch_size = 64          # per rank
+
+so the config checks itself on construction and again when ``fit`` starts (the trainer calls
+:meth:`DistributedTrainingConfig.validate`). A run can also be described in a YAML file and
+adjusted from the command line::
+
+    config = DistributedTrainingConfig.from_yaml("run.yaml", overrides=["epochs=5"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+# The choices of each string field. Precision names are rankwise.parallel.Precision's modes,
+# compression names DDPConfig's; they are repeated here so that a config can be read and checked
+# without importing the engine.
+CHOICES: dict[str, tuple[str | None, ...]] = {
+    "precision": ("fp32", "bf16", "fp16"),
+    "lr_scaling": ("none", "linear"),
+    "scheduler_interval": ("step", "epoch"),
+    "strategy": ("ddp", "fsdp", "none"),
+    "compression": (None, "fp16", "bf16", "powersgd"),
+}
+
+# Integer fields: (smallest allowed value, what the value means / how to turn it off).
+_INTS: dict[str, tuple[int, str]] = {
+    "epochs": (1, "the number of passes over the data, e.g. 10"),
+    "batch_size": (1, "samples per rank per micro-batch, e.g. 32"),
+    "seed": (0, "any non-negative integer, e.g. 42"),
+    "log_every_n_batches": (0, "0 turns step lines off"),
+    "checkpoint_every_n_epochs": (0, "0 turns epoch checkpoints off"),
+    "checkpoint_every_n_steps": (0, "counted in optimizer steps; 0 turns them off"),
+    "grad_accum_steps": (1, "1 means no accumulation"),
+    "num_workers": (0, "DataLoader worker processes per rank; 0 loads in the main process"),
+}
+_OPTIONAL_INTS: dict[str, tuple[int, str]] = {
+    "keep_last_checkpoints": (1, "e.g. 3, or None to keep every checkpoint"),
+    "base_batch_size": (1, "the global batch size the learning rate was tuned for, e.g. 64"),
+}
+_BOOLS = ("shuffle", "verbose", "save_on_master_only", "gradient_checkpointing")
+_OPTIONAL_PATHS: dict[str, str] = {
+    "checkpoint_dir": "None turns checkpoints off",
+    "resume": "None starts fresh, 'auto' resumes from the newest checkpoint in checkpoint_dir",
+    "log_dir": "None turns the CSV and TensorBoard logs off",
+}
+_MAX_SEED = 2**64 - 1  # torch.manual_seed's range
+
+
+@dataclasses.dataclass
+class DistributedTrainingConfig:
+    """Every setting of :class:`~rankwise.train.DistributedTrainer`'s ``fit``.
+
+    Mutable on purpose (the CyxWiz guide assigns fields after construction); checked on
+    construction and again by :meth:`validate`. ``batch_size`` is per rank; one optimizer step
+    sees ``effective_batch_size(world_size)`` samples. See ``docs/train.md`` ("Configuration")
+    for the rule of every field.
+
+    >>> config = DistributedTrainingConfig(batch_size=32, grad_accum_steps=2)
+    >>> config.effective_batch_size(world_size=4)
+    256
+    >>> DistributedTrainingConfig(precision="fp64")
+    Traceback (most recent call last):
+    ...
+    ValueError: DistributedTrainingConfig.precision ('fp64') must be one of 'fp32', 'bf16', 'fp16'...
+    """
+
+    epochs: int = 10
+    batch_size: int = 32  # per rank
+    shuffle: bool = True
+    seed: int = 42
+    verbose: bool = True
+    log_every_n_batches: int = 10  # 0 = off
+    checkpoint_every_n_epochs: int = 1  # 0 = off
+    checkpoint_every_n_steps: int = 0  # optimizer steps; 0 = off
+    checkpoint_dir: str | None = "./checkpoints"  # None = no checkpoints
+    save_on_master_only: bool = True
+    keep_last_checkpoints: int | None = 3  # None = keep all
+    resume: str | None = None  # None | "auto" | a checkpoint path
+    validation_split: float = 0.0  # [0, 1): deterministic hold-out (seeded)
+    precision: str = "fp32"  # "fp32" | "bf16" | "fp16"
+    grad_accum_steps: int = 1
+    grad_clip_norm: float | None = None
+    lr_scaling: str = "none"  # "none" | "linear"
+    base_batch_size: int | None = None  # required for lr_scaling="linear"
+    scheduler_interval: str = "epoch"  # "step" | "epoch"
+    num_workers: int = 0
+    strategy: str = "ddp"  # "ddp" | "fsdp" | "none"
+    compression: str | None = None  # None | "fp16" | "bf16" | "powersgd"
+    gradient_checkpointing: bool = False
+    log_dir: str | None = None  # CSV (+ TensorBoard if installed); None = off
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> DistributedTrainingConfig:
+        """Check every field; raise ``ValueError`` naming the field, the value and the fix.
+
+        Normalises as it goes: paths become ``str``, choice names lower case, whole-number
+        floats stay floats (``validation_split=0`` becomes ``0.0``). Returns ``self``.
+        """
+        for name, (low, hint) in _INTS.items():
+            _check_int(name, getattr(self, name), low, hint)
+        if self.seed > _MAX_SEED:
+            _fail("seed", self.seed, "must be <= 2**64 - 1 (torch's seed range); use seed % 2**64")
+        for name, (low, hint) in _OPTIONAL_INTS.items():
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), low, hint)
+        for name in _BOOLS:
+            if not isinstance(getattr(self, name), bool):
+                _fail(name, getattr(self, name), "must be True or False")
+        for name, hint in _OPTIONAL_PATHS.items():
+            setattr(self, name, _check_path(name, getattr(self, name), hint))
+        self.validation_split = _check_split(self.validation_split)
+        self.grad_clip_norm = _check_clip(self.grad_clip_norm)
+        for name, choices in CHOICES.items():
+            setattr(self, name, _check_choice(name, getattr(self, name), choices))
+        self._check_combinations()
+        return self
+
+    def _check_combinations(self) -> None:
+        if self.lr_scaling == "linear" and self.base_batch_size is None:
+            _fail(
+                "lr_scaling",
+                self.lr_scaling,
+                "needs base_batch_size (the global batch size the learning rate was tuned "
+                "for, e.g. base_batch_size=64), or set lr_scaling='none'",
+            )
+        if self.compression is not None and self.strategy != "ddp":
+            _fail(
+                "compression",
+                self.compression,
+                f"compresses DDP's gradient all-reduce, but strategy is {self.strategy!r}; "
+                "set compression=None or strategy='ddp'",
+            )
+        if self.resume == "auto" and self.checkpoint_dir is None:
+            _fail(
+                "resume",
+                self.resume,
+                "looks for the newest checkpoint in checkpoint_dir, which is None; "
+                "set checkpoint_dir or pass a checkpoint path",
+            )
+
+    def effective_batch_size(self, world_size: int) -> int:
+        """Samples per optimizer step over all ranks: ``batch_size * world_size * grad_accum_steps``.
+
+        >>> DistributedTrainingConfig(batch_size=64).effective_batch_size(2)
+        128
+        """
+        rule = _int_rule(world_size, 1, "pass the number of ranks, e.g. rd.get_world_size()")
+        if rule is not None:
+            raise ValueError(f"world_size ({world_size!r}) {rule}.")
+        return self.batch_size * world_size * self.grad_accum_steps
+
+    def lr_scale(self, world_size: int) -> float:
+        """The factor the learning rate is multiplied by: ``effective / base_batch_size`` under
+        ``lr_scaling="linear"`` (the linear scaling rule), else 1.0.
+
+        >>> DistributedTrainingConfig(batch_size=64, lr_scaling="linear",
+        ...                           base_batch_size=64).lr_scale(world_size=4)
+        4.0
+        """
+        effective = self.effective_batch_size(world_size)
+        if self.lr_scaling == "linear" and self.base_batch_size is not None:
+            return effective / self.base_batch_size
+        return 1.0
+
+    # -- dicts and YAML ---------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values by field name (what ``to_yaml`` writes and checkpoints keep)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> DistributedTrainingConfig:
+        """A config from ``{field: value}``; missing fields keep their defaults.
+
+        >>> DistributedTrainingConfig.from_dict({"epochs": 3}).epochs
+        3
+        >>> DistributedTrainingConfig.from_dict({"epoch": 3})
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown DistributedTrainingConfig field 'epoch'; did you mean 'epochs'? ...
+        """
+        if not isinstance(values, Mapping):
+            raise ValueError(
+                f"DistributedTrainingConfig.from_dict needs a mapping of field names to values, "
+                f"got {type(values).__name__}; pass e.g. {{'epochs': 5}}."
+            )
+        for key in values:
+            _check_field_name(key)
+        return cls(**dict(values))
+
+    def with_overrides(self, overrides: Iterable[str] | str) -> DistributedTrainingConfig:
+        """A copy with ``"field=value"`` strings applied, values parsed as YAML scalars.
+
+        >>> c = DistributedTrainingConfig().with_overrides(["epochs=5", "grad_clip_norm=1"])
+        >>> c.epochs, c.grad_clip_norm
+        (5, 1.0)
+        """
+        return self.from_dict({**self.to_dict(), **parse_overrides(overrides)})
+
+    def to_yaml(self, path: str | os.PathLike[str]) -> Path:
+        """Write every field to a YAML file (``from_yaml`` reads it back); returns the path."""
+        path = Path(path)
+        header = "# rankwise DistributedTrainingConfig (docs/train.md, 'Configuration')\n"
+        path.write_text(header + yaml.safe_dump(self.to_dict(), sort_keys=False))
+        return path
+
+    @classmethod
+    def from_yaml(
+        cls, path: str | os.PathLike[str], overrides: Iterable[str] | str = ()
+    ) -> DistributedTrainingConfig:
+        """Read a YAML mapping of fields, then apply ``"field=value"`` overrides.
+
+        ``overrides`` are parsed as YAML scalars: ``"epochs=5"`` is the int 5,
+        ``"precision=bf16"`` the string, ``"grad_clip_norm=null"`` None.
+        """
+        path = Path(path)
+        try:
+            values = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path} is not valid YAML: {exc}") from exc
+        if values is None:  # an empty file: all defaults
+            values = {}
+        if not isinstance(values, dict):
+            raise ValueError(
+                f"{path} must hold a YAML mapping of config fields (e.g. 'epochs: 5'), "
+                f"but its top level is a {type(values).__name__}."
+            )
+        try:
+            return cls.from_dict({**values, **parse_overrides(overrides)})
+        except ValueError as exc:
+            raise ValueError(f"{exc} (config file {path})") from None
+
+
+def parse_overrides(overrides: Iterable[str] | str) -> dict[str, Any]:
+    """``["epochs=5", "resume=auto"]`` -> ``{"epochs": 5, "resume": "auto"}`` (YAML scalars).
+
+    >>> parse_overrides(["epochs=5", "precision=bf16", "grad_clip_norm=null"])
+    {'epochs': 5, 'precision': 'bf16', 'grad_clip_norm': None}
+    """
+    if isinstance(overrides, str):  # one override, not a sequence of characters
+        overrides = [overrides]
+    parsed: dict[str, Any] = {}
+    for item in overrides:
+        if not isinstance(item, str) or "=" not in item:
+            raise ValueError(f"override {item!r} must be a 'field=value' string, e.g. 'epochs=5'.")
+        name, _, text = item.partition("=")
+        name = name.strip()
+        _check_field_name(name)
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"override {item!r}: {text!r} is not a YAML scalar ({exc}).") from exc
+        if isinstance(value, dict | list):
+            raise ValueError(
+                f"override {item!r} must set a single value, got a {type(value).__name__}; "
+                "quote the value if it is a string."
+            )
+        parsed[name] = value
+    return parsed
+
+
+FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DistributedTrainingConfig))
+
+
+# -- checks -----------------------------------------------------------------------------------
+
+
+def _fail(name: str, value: Any, rule: str) -> NoReturn:
+    raise ValueError(f"DistributedTrainingConfig.{name} ({value!r}) {rule}.")
+
+
+def _check_field_name(name: object) -> None:
+    if name in FIELDS:
+        return
+    close = difflib.get_close_matches(str(name), FIELDS, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ValueError(
+        f"unknown DistributedTrainingConfig field {name!r}; {hint}"
+        f"the fields are: {', '.join(FIELDS)}."
+    )
+
+
+def _check_int(name: str, value: Any, low: int, hint: str) -> None:
+    rule = _int_rule(value, low, hint)
+    if rule is not None:
+        _fail(name, value, rule)
+
+
+def _int_rule(value: Any, low: int, hint: str) -> str | None:
+    """What is wrong with ``value`` as an integer >= ``low`` (None: nothing)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        whole = isinstance(value, float) and value.is_integer()
+        fix = f"pass {int(value)}" if whole else hint
+        return f"must be an integer >= {low}, got {type(value).__name__}; {fix}"
+    if value < low:
+        return f"must be >= {low}; {hint}"
+    return None
+
+
+def _check_path(name: str, value: Any, hint: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        _fail(name, value, f"must be a non-empty path string or None; {hint}")
+    return str(value)
+
+
+def _check_split(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        _fail(
+            "validation_split",
+            value,
+            "must be a fraction in [0, 1): the share of the training data held out for "
+            "validation, e.g. 0.1; 0 holds out nothing",
+        )
+    return float(value)
+
+
+def _check_clip(value: Any) -> float | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        _fail(
+            "grad_clip_norm",
+            value,
+            "must be a finite number > 0 (the largest total gradient norm, e.g. 1.0) "
+            "or None for no clipping",
+        )
+    return float(value)
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str | None, ...]) -> str | None:
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        # "none" written in YAML or on a command line means None where None is a choice.
+        if lowered == "none" and None in choices and "none" not in choices:
+            return None
+        if lowered in choices:
+            return lowered
+    elif value is None and None in choices:
+        return None
+    names = ", ".join(repr(c) for c in choices)
+    close = difflib.get_close_matches(str(value).lower(), [str(c) for c in choices], n=1)
+    guess = f" (did you mean {close[0]!r}?)" if close else ""
+    _fail(name, value, f"must be one of {names}{guess}")

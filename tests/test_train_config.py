@@ -1,0 +1,268 @@
+"""DistributedTrainingConfig: validation messages, dicts, YAML and overrides. Pure, no processes."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rankwise.train.config import FIELDS, DistributedTrainingConfig, parse_overrides
+
+# (field values, fragments the message must contain: the field, the value, the rule / fix)
+BAD_VALUES: list[tuple[dict[str, Any], list[str]]] = [
+    ({"epochs": 0}, ["epochs (0)", ">= 1"]),
+    ({"epochs": 2.0}, ["epochs (2.0)", "integer", "pass 2"]),
+    ({"epochs": True}, ["epochs (True)", "integer"]),
+    ({"batch_size": -4}, ["batch_size (-4)", ">= 1", "per rank"]),
+    ({"seed": -1}, ["seed (-1)", ">= 0"]),
+    ({"seed": 2**64}, ["seed (18446744073709551616)", "2**64"]),
+    ({"shuffle": "yes"}, ["shuffle ('yes')", "True or False"]),
+    ({"verbose": 1}, ["verbose (1)", "True or False"]),
+    ({"log_every_n_batches": -1}, ["log_every_n_batches (-1)", ">= 0", "0 turns"]),
+    ({"checkpoint_every_n_epochs": -2}, ["checkpoint_every_n_epochs (-2)", ">= 0"]),
+    ({"checkpoint_every_n_steps": "5"}, ["checkpoint_every_n_steps ('5')", "integer"]),
+    ({"checkpoint_dir": ""}, ["checkpoint_dir ('')", "non-empty", "None turns"]),
+    ({"checkpoint_dir": 3}, ["checkpoint_dir (3)", "path"]),
+    ({"save_on_master_only": None}, ["save_on_master_only (None)", "True or False"]),
+    ({"keep_last_checkpoints": 0}, ["keep_last_checkpoints (0)", ">= 1", "None to keep"]),
+    ({"resume": 7}, ["resume (7)", "path", "'auto'"]),
+    ({"resume": "auto", "checkpoint_dir": None}, ["resume ('auto')", "checkpoint_dir"]),
+    ({"validation_split": 1.0}, ["validation_split (1.0)", "[0, 1)", "e.g. 0.1"]),
+    ({"validation_split": -0.1}, ["validation_split (-0.1)", "[0, 1)"]),
+    ({"validation_split": "0.1"}, ["validation_split ('0.1')", "[0, 1)"]),
+    ({"precision": "fp64"}, ["precision ('fp64') must be one of 'fp32', 'bf16', 'fp16'"]),
+    ({"precision": None}, ["precision (None)", "'fp32'"]),
+    ({"grad_accum_steps": 0}, ["grad_accum_steps (0)", ">= 1", "no accumulation"]),
+    ({"grad_clip_norm": 0.0}, ["grad_clip_norm (0.0)", "> 0", "None for no clipping"]),
+    ({"grad_clip_norm": float("inf")}, ["grad_clip_norm (inf)", "finite"]),
+    ({"lr_scaling": "sqrt"}, ["lr_scaling ('sqrt')", "'none', 'linear'"]),
+    ({"lr_scaling": "linear"}, ["lr_scaling ('linear')", "base_batch_size", "e.g."]),
+    ({"base_batch_size": 0}, ["base_batch_size (0)", ">= 1"]),
+    ({"scheduler_interval": "batch"}, ["scheduler_interval ('batch')", "'step', 'epoch'"]),
+    ({"num_workers": -1}, ["num_workers (-1)", ">= 0"]),
+    ({"strategy": "dpp"}, ["strategy ('dpp')", "'ddp', 'fsdp', 'none'", "did you mean 'ddp'"]),
+    ({"compression": "int8"}, ["compression ('int8')", "'powersgd'"]),
+    ({"compression": "bf16", "strategy": "fsdp"}, ["compression ('bf16')", "strategy='ddp'"]),
+    ({"gradient_checkpointing": "on"}, ["gradient_checkpointing ('on')", "True or False"]),
+    ({"log_dir": b"logs"}, ["log_dir (b'logs')", "path"]),
+]
+
+
+@pytest.mark.parametrize(("values", "fragments"), BAD_VALUES, ids=lambda v: str(v)[:40])
+def test_bad_value_on_construction_names_field_value_and_fix(
+    values: dict[str, Any], fragments: list[str]
+) -> None:
+    with pytest.raises(ValueError) as info:
+        DistributedTrainingConfig(**values)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(("values", "fragments"), BAD_VALUES, ids=lambda v: str(v)[:40])
+def test_bad_value_set_by_assignment_is_caught_by_validate(
+    values: dict[str, Any], fragments: list[str]
+) -> None:
+    config = DistributedTrainingConfig()  # the CyxWiz guide's style: construct, then assign
+    for name, value in values.items():
+        setattr(config, name, value)
+    with pytest.raises(ValueError) as info:
+        config.validate()
+    assert fragments[0] in str(info.value)
+
+
+def test_every_field_is_covered_by_the_bad_value_table() -> None:
+    covered = {name for values, _ in BAD_VALUES for name in values}
+    assert covered == set(FIELDS)
+
+
+def test_defaults_are_the_agreed_ones() -> None:
+    config = DistributedTrainingConfig()
+    assert config.to_dict() == {
+        "epochs": 10,
+        "batch_size": 32,
+        "shuffle": True,
+        "seed": 42,
+        "verbose": True,
+        "log_every_n_batches": 10,
+        "checkpoint_every_n_epochs": 1,
+        "checkpoint_every_n_steps": 0,
+        "checkpoint_dir": "./checkpoints",
+        "save_on_master_only": True,
+        "keep_last_checkpoints": 3,
+        "resume": None,
+        "validation_split": 0.0,
+        "precision": "fp32",
+        "grad_accum_steps": 1,
+        "grad_clip_norm": None,
+        "lr_scaling": "none",
+        "base_batch_size": None,
+        "scheduler_interval": "epoch",
+        "num_workers": 0,
+        "strategy": "ddp",
+        "compression": None,
+        "gradient_checkpointing": False,
+        "log_dir": None,
+    }
+
+
+def test_validate_normalises_paths_case_and_numbers(tmp_path: Path) -> None:
+    config = DistributedTrainingConfig(
+        checkpoint_dir=tmp_path,  # type: ignore[arg-type]
+        precision="BF16",
+        compression="none",
+        validation_split=0,
+        grad_clip_norm=1,
+    )
+    assert config.checkpoint_dir == str(tmp_path)
+    assert (config.precision, config.compression) == ("bf16", None)
+    assert isinstance(config.validation_split, float) and isinstance(config.grad_clip_norm, float)
+    assert config.validate() is config
+
+
+@pytest.mark.parametrize(
+    ("batch", "world", "accum", "expected"), [(32, 1, 1, 32), (64, 2, 1, 128), (16, 4, 3, 192)]
+)
+def test_effective_batch_size(batch: int, world: int, accum: int, expected: int) -> None:
+    config = DistributedTrainingConfig(batch_size=batch, grad_accum_steps=accum)
+    assert config.effective_batch_size(world) == expected
+
+
+def test_effective_batch_size_refuses_a_bad_world_size() -> None:
+    with pytest.raises(ValueError, match=r"world_size \(0\) must be >= 1"):
+        DistributedTrainingConfig().effective_batch_size(0)
+
+
+def test_lr_scale_follows_the_linear_rule_only_when_asked() -> None:
+    assert DistributedTrainingConfig(batch_size=64).lr_scale(4) == 1.0
+    linear = DistributedTrainingConfig(batch_size=32, lr_scaling="linear", base_batch_size=64)
+    assert linear.lr_scale(1) == 0.5
+    assert linear.lr_scale(4) == 2.0
+
+
+def test_dict_round_trip_and_unknown_key_names_the_closest_field() -> None:
+    config = DistributedTrainingConfig(epochs=3, precision="bf16", resume="auto")
+    assert DistributedTrainingConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="'batchsize'; did you mean 'batch_size'"):
+        DistributedTrainingConfig.from_dict({"batchsize": 8})
+    with pytest.raises(ValueError, match="mapping"):
+        DistributedTrainingConfig.from_dict([("epochs", 3)])  # type: ignore[arg-type]
+
+
+def test_yaml_round_trip_keeps_every_field(tmp_path: Path) -> None:
+    config = DistributedTrainingConfig(
+        epochs=3,
+        batch_size=17,
+        shuffle=False,
+        seed=7,
+        checkpoint_dir=None,
+        keep_last_checkpoints=None,
+        validation_split=0.25,
+        precision="fp16",
+        grad_accum_steps=2,
+        grad_clip_norm=0.5,
+        lr_scaling="linear",
+        base_batch_size=128,
+        scheduler_interval="step",
+        compression="powersgd",
+        log_dir=str(tmp_path / "logs"),
+    )
+    path = config.to_yaml(tmp_path / "run.yaml")
+    assert DistributedTrainingConfig.from_yaml(path) == config
+    assert dataclasses.asdict(DistributedTrainingConfig.from_yaml(path)) == config.to_dict()
+
+
+def test_yaml_overrides_are_yaml_scalars(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("epochs: 20\nprecision: bf16\ngrad_clip_norm: 1.0\n")
+    config = DistributedTrainingConfig.from_yaml(
+        path, overrides=("epochs=5", "grad_clip_norm=null", "resume=auto", "shuffle=false")
+    )
+    assert (config.epochs, config.precision, config.grad_clip_norm) == (5, "bf16", None)
+    assert (config.resume, config.shuffle) == ("auto", False)
+    assert config.batch_size == 32  # not in the file: the default
+
+
+def test_empty_yaml_file_gives_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("# nothing set\n")
+    assert DistributedTrainingConfig.from_yaml(path) == DistributedTrainingConfig()
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("- epochs\n- 5\n", "must hold a YAML mapping"),
+        ("epochs: [5\n", "is not valid YAML"),
+        ("epochz: 5\n", "did you mean 'epochs'"),
+        ("epochs: five\n", "epochs ('five')"),
+    ],
+)
+def test_bad_yaml_file_is_named(tmp_path: Path, text: str, fragment: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        DistributedTrainingConfig.from_yaml(path)
+    assert fragment in str(info.value)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("epoch=5", "did you mean 'epochs'"),
+        ("epochs", "'field=value'"),
+        ("epochs=[1, 2]", "single value"),
+        ("precision=fp64", "precision ('fp64')"),
+    ],
+)
+def test_bad_override_is_named(override: str, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        DistributedTrainingConfig().with_overrides([override])
+
+
+def test_with_overrides_returns_a_checked_copy() -> None:
+    base = DistributedTrainingConfig(epochs=4)
+    changed = base.with_overrides("batch_size=8")  # one string is one override
+    assert (base.batch_size, changed.batch_size, changed.epochs) == (32, 8, 4)
+    assert parse_overrides(["log_dir=", "seed=0x10"]) == {"log_dir": None, "seed": 16}
+
+
+paths = st.one_of(
+    st.none(),
+    st.sampled_from(["null", "yes", "1e3", "~", "auto: x", "./ckpt # not a comment"]),
+    st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=1).filter(
+        str.strip
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    checkpoint_dir=paths,
+    log_dir=paths,
+    seed=st.integers(0, 2**64 - 1),
+    split=st.floats(0, 1, exclude_max=True),
+    clip=st.one_of(st.none(), st.floats(1e-6, 1e6)),
+)
+def test_yaml_round_trip_of_awkward_values(
+    tmp_path_factory: pytest.TempPathFactory,
+    checkpoint_dir: str | None,
+    log_dir: str | None,
+    seed: int,
+    split: float,
+    clip: float | None,
+) -> None:
+    # Strings YAML would read as other types ("null", "yes", "1e3") must come back as strings.
+    config = DistributedTrainingConfig(
+        checkpoint_dir=checkpoint_dir,
+        log_dir=log_dir,
+        seed=seed,
+        validation_split=split,
+        grad_clip_norm=clip,
+    )
+    path = config.to_yaml(tmp_path_factory.mktemp("yaml") / "run.yaml")
+    assert DistributedTrainingConfig.from_yaml(path) == config
