@@ -261,24 +261,19 @@ def read_ids(adata: Any, rows: np.ndarray) -> np.ndarray:
     return np.asarray(adata.X[rows])[:, 0].astype(np.int64)
 
 
-def _stop_or_resume(
-    path: str, workers: int, take: int | None, state: dict[str, Any] | None
+def _pass(
+    adata: Any, workers: int, take: int | None, state: dict[str, Any] | None
 ) -> tuple[list[int], dict[str, Any], int, int]:
-    import anndata as ad
-
-    adata = ad.read_h5ad(path, backed="r")
+    """One pass of a DataLoader over a fresh dataset (after loading `state`): rows read, state
+    after them, batches the loader yields on this rank, batches taken."""
     ds = FetchDataset(
         adata, BlockShuffling(4), batch_size=5, fetch_factor=2, fetch_callback=read_ids
     )
     if state is not None:
         ds.load_state_dict(state)
     ds.set_epoch(2)  # a new epoch the first time; after load_state_dict, a mid-epoch resume
-    loader = DataLoader(
-        ds,
-        batch_size=None,
-        num_workers=workers,
-        multiprocessing_context="fork" if workers else None,
-    )
+    context = "fork" if workers else None  # fork: no second forkserver inside a rank
+    loader = DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context=context)
     length, taken = len(loader), 0
     rows: list[int] = []
     for batch in loader:
@@ -288,8 +283,20 @@ def _stop_or_resume(
         ds.advance(1)
         taken += 1
     del loader  # stops the workers
-    adata.file.close()
     return rows, ds.state_dict(), length, taken
+
+
+def _world(path: str, phases: list[tuple[int, int | None, Any]]) -> list[Any]:
+    """Run passes one after the other on this rank; a phase's state is a state, or the index
+    of an earlier phase whose state it resumes."""
+    import anndata as ad
+
+    adata = ad.read_h5ad(path, backed="r")
+    out: list[Any] = []
+    for workers, take, state in phases:
+        out.append(_pass(adata, workers, take, out[state][1] if isinstance(state, int) else state))
+    adata.file.close()
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -301,30 +308,36 @@ def h5ad_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def check_resumed(stopped: list[Any], resumed: list[Any]) -> None:
+    """`stopped`/`resumed`: each rank's pass results. Every rank yields the same number of
+    batches; 157 rows, 45 before the stop: each row once plus the final split's padding."""
+    assert len({(n, taken) for _, _, n, taken in resumed}) == 1
+    assert all(n == taken for _, _, n, taken in resumed)  # the loop took the whole pass
+    seen = Counter(v for r, _, _, _ in stopped + resumed for v in r)
+    world = len(resumed)
+    padding = -(-112 // world) * world - 112  # 112 rows left: 2 x 56, or 3 x 38 with 2 padded
+    assert set(seen) == set(range(157)) and sum(seen.values()) == 157 + padding
+    assert all(st["consumed"] == 157 for _, st, _, _ in resumed)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("stop_workers", "resume"), [(0, [(2, 2), (3, 0)]), (2, [(2, 0), (3, 1)])])
-def test_gloo_ranks_stop_and_resume_on_a_backed_h5ad(
-    h5ad_file: Path, stop_workers: int, resume: list[tuple[int, int]]
-) -> None:
-    """3 ranks stop after 3 batches; the rest is read by 2 ranks, then by 3 ranks with another
-    worker count: every row once, equal batch counts on every rank of every world."""
-    stopped = run_distributed(
-        _stop_or_resume, 3, args=(str(h5ad_file), stop_workers, 3, None), timeout=120
+def test_gloo_ranks_stop_and_resume_on_a_backed_h5ad(h5ad_file: Path) -> None:
+    """3 ranks stop after 3 batches (DataLoader workers 0, and 2); the rest is read by the same
+    3 ranks with the other worker count, and by 2 ranks with the other worker count."""
+    path = str(h5ad_file)
+    phases = [(0, 3, None), (2, None, 0), (2, 3, None), (0, None, 2)]
+    three = run_distributed(_world, 3, args=(path, phases), timeout=150)
+    for stop in (0, 2):
+        stopped = [rank[stop] for rank in three]
+        assert all(len(r) == 15 and taken == 3 for r, _, _, taken in stopped)
+        assert len({n for _, _, n, _ in stopped}) == 1
+        state = stopped[0][1]
+        assert all(s == state for _, s, _, _ in stopped) and state["consumed"] == 45
+        assert state["num_workers"] == max(1, phases[stop][0]) and state["world_size"] == 3
+        check_resumed(stopped, [rank[stop + 1] for rank in three])
+    states = [three[0][0][1], three[0][2][1]]  # stopped with 0 workers, with 2 workers
+    two = run_distributed(
+        _world, 2, args=(path, [(2, None, states[0]), (0, None, states[1])]), timeout=150
     )
-    assert all(len(r) == 15 and taken == 3 for r, _, _, taken in stopped)
-    assert len({n for _, _, n, _ in stopped}) == 1
-    state = stopped[0][1]
-    assert all(s == state for _, s, _, _ in stopped) and state["consumed"] == 45
-    for world, workers in resume:
-        resumed = run_distributed(
-            _stop_or_resume, world, args=(str(h5ad_file), workers, None, state), timeout=120
-        )
-        # every rank yields the same number of batches, and the loop took all of them
-        assert len({(n, taken) for _, _, n, taken in resumed}) == 1
-        assert all(n == taken for _, _, n, taken in resumed)
-        seen = Counter(v for r, _, _, _ in stopped + resumed for v in r)
-        # 157 rows: 3 * 3 * 5 = 45 before the stop, 112 after: 2 ranks x 56, or 3 ranks x 38
-        # (2 padding rows), so every row once and exactly the final split's padding twice
-        padding = -(-112 // world) * world - 112
-        assert set(seen) == set(range(157)) and sum(seen.values()) == 157 + padding
-        assert all(st["consumed"] == 157 for _, st, _, _ in resumed)
+    for i, stop in enumerate((0, 2)):
+        check_resumed([rank[stop] for rank in three], [rank[i] for rank in two])
