@@ -28,20 +28,16 @@ def rows_of(batches: list[Any]) -> list[int]:
 
 def loader_order(ds: FetchDataset, workers: int, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """What ``DataLoader(ds, batch_size=None, num_workers=workers)`` yields on this rank,
-    modelled directly: one iterator per worker, asked in turn, skipped once exhausted."""
-    its = []
+    modelled directly: the workers asked in turn, each skipped once it has run out."""
+    per_worker = []
     for w in range(workers):
         info = SimpleNamespace(id=w, num_workers=workers)
         monkeypatch.setattr(blocks, "get_worker_info", lambda info=info: info)
-        its.append(iter(ds))
+        per_worker.append(list(ds))
     monkeypatch.setattr(blocks, "get_worker_info", lambda: None)
     out: list[Any] = []
-    while its:
-        for it in list(its):
-            try:
-                out.append(next(it))
-            except StopIteration:
-                its.remove(it)
+    for t in range(max(map(len, per_worker))):
+        out += [batches[t] for batches in per_worker if t < len(batches)]
     return out
 
 
@@ -341,3 +337,33 @@ def test_gloo_ranks_stop_and_resume_on_a_backed_h5ad(h5ad_file: Path) -> None:
     )
     for i, stop in enumerate((0, 2)):
         check_resumed([rank[stop] for rank in three], [rank[i] for rank in two])
+
+
+def test_persistent_workers_resume_and_refuse_a_stale_start() -> None:
+    """Persistent workers copy the dataset once: a state loaded before they start is resumed;
+    one loaded after is refused with the fix, never silently ignored."""
+
+    def make() -> FetchDataset:
+        return FetchDataset(np.arange(60), BlockShuffling(4), batch_size=3, rank=0, world_size=1)
+
+    ds = make()
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    first = [b.tolist() for _, b in zip(range(5), loader, strict=False)]
+    ds.advance(5)
+    state = ds.state_dict()
+    assert state["num_workers"] == 2 and state["consumed"] == 15
+    ds.set_epoch(1)  # a new epoch reaches the persistent workers
+    assert sorted(rows_of(list(loader))) == list(range(60))
+    resumed = make()
+    resumed.load_state_dict(state)
+    loader = DataLoader(resumed, batch_size=None, num_workers=2, persistent_workers=True)
+    rest = rows_of(list(loader))
+    assert sorted(rows_of(first) + rest) == list(range(60))
+    resumed.load_state_dict(state)  # the same start again: the workers' copy still holds
+    assert sorted(rows_of(first) + rows_of(list(loader))) == list(range(60))
+    other = make()
+    list(other)
+    other.advance(2)
+    resumed.load_state_dict(other.state_dict())  # another start, after the workers copied it
+    with pytest.raises(RuntimeError, match="build the DataLoader after load_state_dict"):
+        list(loader)

@@ -322,7 +322,8 @@ class FetchDataset(IterableDataset[Any]):
         return worker_fetches(plan, worker, num_workers)
 
     def __iter__(self) -> Iterator[Any]:
-        # Not a generator: the pass is fixed when the DataLoader (or worker) calls iter().
+        # Read when the first batch is asked for: inside a DataLoader worker an error here
+        # reaches the main process with its message (one raised by iter() kills the worker).
         info = get_worker_info()
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
         work, epoch = self._pass_work(), self.epoch
@@ -334,7 +335,7 @@ class FetchDataset(IterableDataset[Any]):
                 stacklevel=2,
             )
         self._shared[_WORKERS] = num_workers
-        return self._batches(work, epoch, worker, num_workers)
+        yield from self._batches(work, epoch, worker, num_workers)
 
     def _batches(self, work: Work, epoch: int, worker: int, num_workers: int) -> Iterator[Any]:
         plan = rank_fetches(
