@@ -367,3 +367,19 @@ def test_persistent_workers_resume_and_refuse_a_stale_start() -> None:
     resumed.load_state_dict(other.state_dict())  # another start, after the workers copied it
     with pytest.raises(RuntimeError, match="build the DataLoader after load_state_dict"):
         list(loader)
+
+
+def test_stateful_dataloader_worker_state_is_refused_not_misread() -> None:
+    """torchdata's StatefulDataLoader saves and restores a dataset per worker, where the
+    consumed count is unknown: restoring that must fail with the fix, never replay rows."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    ds = FetchDataset(np.arange(40), Streaming(), batch_size=4, rank=0, world_size=1)
+    loader = stateful.StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    it = iter(loader)
+    next(it)
+    saved = loader.state_dict()
+    del it
+    again = stateful.StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    again.load_state_dict(saved)
+    with pytest.raises(ValueError, match=r"call ds.load_state_dict\(state\) before building"):
+        list(again)

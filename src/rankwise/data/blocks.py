@@ -280,7 +280,11 @@ class FetchDataset(IterableDataset[Any]):
 
         ``consumed`` rows of the epoch's ``length`` are done; ``next`` and ``pieces`` say which
         (fresh positions ``[next, length)`` and the unread rest of begun fetches remain).
+        Inside a DataLoader worker (torchdata's StatefulDataLoader asks there) the consumed
+        count is unknown, so the state is only a marker that :meth:`load_state_dict` refuses.
         """
+        if get_worker_info() is not None:
+            return {"in_worker": True}
         return work_to_state(
             self._position(),
             epoch=self.epoch,
@@ -296,6 +300,13 @@ class FetchDataset(IterableDataset[Any]):
         The state's seed and epoch replace the constructor's: the interrupted order is the one
         that continues. Raises ValueError for a state that does not fit this dataset.
         """
+        if get_worker_info() is not None or state.get("in_worker"):
+            raise ValueError(
+                "FetchDataset resumes from the whole world's state, not a DataLoader worker's: "
+                "save ds.state_dict() in the training loop (after ds.advance()) and call "
+                "ds.load_state_dict(state) before building the DataLoader, instead of restoring "
+                "it through StatefulDataLoader.load_state_dict()."
+            )
         work, epoch, seed = state_to_work(state, num_rows=self._n, length=self._fresh.length)
         self.seed = seed
         self._shared[_EPOCH] = epoch
