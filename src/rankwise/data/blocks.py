@@ -19,6 +19,12 @@ fetch i goes to DataLoader worker ``i % num_workers``::
 
 The epoch lives in shared memory created by the main process, so ``set_epoch`` reaches
 DataLoader workers — persistent or not — on their next ``iter``.
+
+Resuming (maths in :mod:`rankwise.data.fetch_plan`): the loop calls :meth:`FetchDataset.advance`
+after each batch; the count, with the ranks and workers of the pass, fixes which rows were
+read, and :meth:`~FetchDataset.state_dict` describes the rest as the unread rest of begun
+fetches plus the untouched positions. A pass over a loaded rest splits it like a fresh epoch,
+over any ranks and workers.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from rankwise.data.fetch_io import default_fetch, probe_default_fetch, source_len
 from rankwise.data.fetch_plan import (
     Fetch,
     Piece,
@@ -53,58 +60,6 @@ __all__ = ["Fetch", "FetchDataset", "default_fetch", "rank_fetches", "rows_per_r
 _EPOCH, _GENERATION, _FRESH, _WORKERS, _CONSUMED = range(5)
 
 IntArray = npt.NDArray[np.int64]
-
-
-def default_fetch(source: Any, indices: IntArray) -> Any:
-    """Read rows ``indices`` (sorted, unique) of ``source`` in one go.
-
-    h5py datasets are read one slice per run of consecutive rows (far faster than h5py's
-    point selection); a backed AnnData view is loaded with ``to_memory()``; anything else is
-    ``source[indices]``.
-    """
-    if type(source).__module__.startswith("h5py"):
-        return _read_runs(source, indices)
-    data = source[indices]
-    if getattr(data, "is_view", False) and callable(getattr(data, "to_memory", None)):
-        data = data.to_memory()  # AnnData: one read now, not one per batch later
-    return data
-
-
-def _probe_default_fetch(source: Any) -> None:
-    """Fail at construction, not later inside a DataLoader worker, when ``source`` cannot be
-    indexed by an array of rows (a Python list, say)."""
-    try:
-        default_fetch(source, np.zeros(1, dtype=np.int64))
-    except (TypeError, IndexError, KeyError) as exc:
-        raise ValueError(
-            f"source ({type(source).__name__}) cannot be read by an array of row indices "
-            f"({type(exc).__name__}: {exc}); wrap it with numpy.asarray(source), or pass "
-            "fetch_callback=lambda source, rows: ... to read rows yourself."
-        ) from None
-
-
-def _read_runs(dataset: Any, indices: IntArray) -> Any:
-    if indices.size == 0:
-        return dataset[0:0]
-    breaks = np.flatnonzero(np.diff(indices) != 1) + 1
-    if len(breaks) > indices.size // 4:  # mostly scattered rows: one point selection is better
-        return dataset[indices]
-    starts = indices[np.r_[0, breaks]]
-    stops = indices[np.r_[breaks - 1, indices.size - 1]] + 1
-    return np.concatenate([dataset[int(a) : int(b)] for a, b in zip(starts, stops, strict=True)])
-
-
-def _source_len(source: Any) -> int:
-    shape = getattr(source, "shape", None)
-    if shape is not None and len(shape) > 0:
-        return int(shape[0])
-    try:
-        return len(source)
-    except TypeError:
-        raise ValueError(
-            f"source ({type(source).__name__}) must have a len() or a shape; FetchDataset "
-            "needs to know how many rows it has."
-        ) from None
 
 
 class FetchDataset(IterableDataset[Any]):
@@ -162,7 +117,7 @@ class FetchDataset(IterableDataset[Any]):
         self.batch_transform = batch_transform
         self.rank, self.world_size = resolve_world(rank, world_size)
         self.seed = 0 if seed is None else check_int("seed", seed)
-        self._n = _source_len(source)
+        self._n = source_len(source)
         length = self.strategy.epoch_length(self._n)  # validates the strategy's indices now
         if (
             self.drop_last
@@ -175,7 +130,7 @@ class FetchDataset(IterableDataset[Any]):
                 "use fewer ranks, or set drop_last=False."
             )
         if fetch_callback is None and self._n:
-            _probe_default_fetch(source)
+            probe_default_fetch(source)
         self._fresh = Work(length, 0)
         # Where the current pass starts (a fresh epoch, or a loaded / folded rest of one).
         # DataLoader workers hold copies made when they started; `_generation` tells a copy
