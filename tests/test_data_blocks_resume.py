@@ -367,6 +367,11 @@ def test_persistent_workers_resume_and_refuse_a_stale_start() -> None:
     resumed.load_state_dict(other.state_dict())  # another start, after the workers copied it
     with pytest.raises(RuntimeError, match="build the DataLoader after load_state_dict"):
         list(loader)
+    loader = DataLoader(resumed, batch_size=None, num_workers=2, persistent_workers=True)
+    list(loader)
+    resumed.load_state_dict({**make().state_dict(), "seed": 5})  # a fresh epoch, reseeded
+    with pytest.raises(RuntimeError, match="build the DataLoader after load_state_dict"):
+        list(loader)
 
 
 def test_stateful_dataloader_worker_state_is_refused_not_misread() -> None:

@@ -185,12 +185,14 @@ class FetchDataset(IterableDataset[Any]):
             done = 0  # a finished pass iterated again without set_epoch: torch repeats it
         self._shared[_CONSUMED] = done + num_batches
 
-    def _set_base(self, work: Work) -> None:
-        if work != self._base:
+    def _set_base(self, work: Work, reseeded: bool = False) -> None:
+        # A worker's copy whose generation is behind may still start a fresh epoch (the seed
+        # and the epoch are all it needs) unless the seed itself changed.
+        if reseeded or work != self._base:
             self._base = work
             self._generation += 1
             self._shared[_GENERATION] = self._generation
-            self._shared[_FRESH] = int(work == self._fresh or work.done)
+            self._shared[_FRESH] = int(not reseeded and (work == self._fresh or work.done))
         self._shared[_CONSUMED] = 0
 
     def _pass_work(self) -> Work:
@@ -263,9 +265,9 @@ class FetchDataset(IterableDataset[Any]):
                 "it through StatefulDataLoader.load_state_dict()."
             )
         work, epoch, seed = state_to_work(state, num_rows=self._n, length=self._fresh.length)
-        self.seed = seed
+        reseeded, self.seed = seed != self.seed, seed
         self._shared[_EPOCH] = epoch
-        self._set_base(work)
+        self._set_base(work, reseeded)
 
     # -- the plan ------------------------------------------------------------------------------
 
