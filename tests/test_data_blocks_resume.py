@@ -317,6 +317,7 @@ def check_resumed(stopped: list[Any], resumed: list[Any]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(330)  # two runs of up to 150 s each on a loaded machine (~35 s idle)
 def test_gloo_ranks_stop_and_resume_on_a_backed_h5ad(h5ad_file: Path) -> None:
     """3 ranks stop after 3 batches (DataLoader workers 0, and 2); the rest is read by the same
     3 ranks with the other worker count, and by 2 ranks with the other worker count."""
