@@ -31,8 +31,9 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from rankwise.data.partition import resolve_world
-from rankwise.data.permutation import DEFAULT_CHUNK, Permutation, check_epoch, check_int
+from rankwise._checks import check_epoch, check_int
+from rankwise.data.partition import position_chunks, resolve_world, strided_positions
+from rankwise.data.permutation import DEFAULT_CHUNK, Permutation
 
 __all__ = ["DistributedSampler"]
 
@@ -116,9 +117,8 @@ class DistributedSampler(Sampler[int]):
 
     def _positions_from(self, cursor: int) -> Iterator[int]:
         # One chunk of positions at a time: memory stays flat for any N.
-        step, end = self.num_replicas, self._end()
-        for lo in range(cursor + self.rank, end, step * DEFAULT_CHUNK):
-            positions = np.arange(lo, min(lo + step * DEFAULT_CHUNK, end), step, dtype=np.int64)
+        mine = strided_positions(self._end(), self.num_replicas, self.rank, start=cursor)
+        for positions in position_chunks(mine, DEFAULT_CHUNK):
             yield from self._indices(positions).tolist()
 
     def __len__(self) -> int:
