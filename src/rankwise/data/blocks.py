@@ -38,6 +38,7 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from rankwise._checks import check_epoch, check_int
 from rankwise.data.fetch_io import default_fetch, probe_default_fetch, source_len
 from rankwise.data.fetch_plan import (
     Fetch,
@@ -51,7 +52,7 @@ from rankwise.data.fetch_plan import (
 )
 from rankwise.data.fetch_state import state_to_work, work_to_state
 from rankwise.data.partition import resolve_world
-from rankwise.data.permutation import Permutation, check_epoch, check_int
+from rankwise.data.permutation import Permutation
 from rankwise.data.strategies import Strategy
 
 __all__ = ["Fetch", "FetchDataset", "default_fetch", "rank_fetches", "rows_per_rank"]
@@ -351,5 +352,14 @@ class FetchDataset(IterableDataset[Any]):
 
 def fetch_permutation(size: int, seed: int, epoch: int, start: int) -> Permutation:
     """The in-memory order of the fetch over epoch positions ``[start, start + size)``: keyed
-    by (seed, epoch, start), so it is the same whichever rank or worker reads the fetch."""
-    return Permutation(size, seed=seed * 2**64 + start, epoch=epoch)
+    by (seed, epoch, start), so it is the same whichever rank or worker reads the fetch.
+
+    rankwise's counter-based :class:`Permutation`, never a numpy / torch RNG stream, so a
+    saved state resumes the same rows after an upgrade. ``start + 1`` goes in the seed's
+    second 64-bit word: Permutation hashes a seed with its length in words, so these keys
+    never meet those of a block order ``Permutation(n, seed, epoch)`` with ``seed < 2**64``.
+
+    >>> fetch_permutation(4, seed=0, epoch=0, start=8).take(0, 4).tolist()
+    [2, 0, 1, 3]
+    """
+    return Permutation(size, seed=((start + 1) << 64) + seed, epoch=epoch)

@@ -14,13 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rankwise._checks import check_epoch, check_int
 from rankwise.data.fetch_plan import Piece, Work
-from rankwise.data.permutation import check_epoch, check_int
-
-try:  # TEMPORARY until the sampler branch lands ORDER_VERSION
-    from rankwise.data.permutation import ORDER_VERSION  # type: ignore[attr-defined]
-except ImportError:
-    ORDER_VERSION = 1
+from rankwise.data.permutation import ORDER_VERSION
 
 __all__ = ["state_to_work", "work_to_state"]
 
