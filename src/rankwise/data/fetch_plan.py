@@ -230,7 +230,8 @@ def fold(
     if batches >= per_rank:  # the pass is over: what drop_last left out is dropped for good
         return Work(work.length, work.length)
     fetches = sorted(
-        _consumed_rows(work, world_size, num_workers, batches, batch_size, fetch_factor, drop_last)
+        _consumed_rows(work, world_size, num_workers, batches, batch_size, fetch_factor, drop_last),
+        key=lambda fc: fc[0].start,  # all ranks' fetches, back in virtual order
     )
     real = [(f, c) for f, c in fetches if f.start < total]
     cut = held  # virtual end of what is carried as pieces
