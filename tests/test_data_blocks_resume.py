@@ -389,3 +389,14 @@ def test_stateful_dataloader_worker_state_is_refused_not_misread() -> None:
     again.load_state_dict(saved)
     with pytest.raises(ValueError, match=r"call ds.load_state_dict\(state\) before building"):
         list(again)
+
+
+def test_a_drop_last_rest_too_small_for_a_batch_is_an_empty_pass_with_a_warning() -> None:
+    one = FetchDataset(np.arange(20), Streaming(), 4, drop_last=True, rank=0, world_size=1)
+    list(one)
+    one.advance(4)  # 16 rows read, 4 left
+    two = FetchDataset(np.arange(20), Streaming(), 4, drop_last=True, rank=1, world_size=2)
+    two.load_state_dict(one.state_dict())
+    assert len(two) == 0
+    with pytest.warns(UserWarning, match=r"4 rows left of epoch 0 make no full batch of 4"):
+        assert list(two) == []

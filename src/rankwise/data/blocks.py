@@ -303,6 +303,13 @@ class FetchDataset(IterableDataset[Any]):
                 f"set_epoch({epoch + 1}) before each epoch.",
                 stacklevel=2,
             )
+        elif work.total and not len(self):
+            warnings.warn(
+                f"FetchDataset: drop_last=True and the {work.total} rows left of epoch {epoch} "
+                f"make no full batch of {self.batch_size} on each of {self.world_size} ranks, so "
+                f"this pass is empty; call set_epoch({epoch + 1}) to start the next epoch.",
+                stacklevel=2,
+            )
         self._shared[_WORKERS] = num_workers
         yield from self._batches(work, epoch, worker, num_workers)
 
