@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import DataLoader
 
 import rankwise.data.blocks as blocks
-from rankwise.data import BlockShuffling, FetchDataset, Streaming, rank_fetches
+from rankwise.data import BlockShuffling, FetchDataset, Permutation, Streaming, rank_fetches
+from rankwise.data.blocks import fetch_permutation
 from rankwise.testing import run_distributed
 
 
@@ -292,3 +293,29 @@ def test_a_source_numpy_cannot_index_fails_at_construction() -> None:
         fetch_callback=lambda src, rows: np.array([src[i] for i in rows]),
     )
     assert [b.tolist() for b in ds] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+
+
+# First 8 rows (rank 0 of 1, batch_size 4) for (N, block_size, fetch_factor, seed, epoch). They
+# come from rankwise's own counter-based permutations only (block order and in-fetch shuffle),
+# so a numpy or torch upgrade must not move them; a change here is a new ORDER_VERSION.
+GOLDEN = {
+    (100, 4, 2, 0, 0): [79, 78, 71, 69, 76, 70, 68, 77],
+    (100, 4, 2, 0, 1): [1, 3, 37, 39, 36, 38, 2, 0],
+    (1000, 16, 4, 7, 3): [517, 526, 527, 518, 512, 522, 525, 513],
+    (10007, 1, 8, 123, 0): [2918, 5655, 1353, 2986, 6055, 9385, 1104, 9681],
+    (5000, 64, 2, 2**40, 9): [641, 647, 643, 645, 646, 640, 644, 642],
+}
+
+
+@pytest.mark.parametrize(("case", "rows"), list(GOLDEN.items()))
+def test_golden_orders(case: tuple[int, int, int, int, int], rows: list[int]) -> None:
+    n, block_size, fetch_factor, seed, epoch = case
+    ds = FetchDataset(
+        np.arange(n), BlockShuffling(block_size), 4, fetch_factor, rank=0, world_size=1, seed=seed
+    )
+    ds.set_epoch(epoch)
+    assert rows_of(list(ds))[:8] == rows
+    if case == (100, 4, 2, 0, 0):  # spelled out: the fetch's shuffle of positions 0-7, then
+        # each position's block (shuffled block order) and its row within the block
+        positions = fetch_permutation(8, seed=0, epoch=0, start=0).take(0, 8)
+        assert (Permutation(25, 0, 0)[positions // 4] * 4 + positions % 4).tolist() == rows

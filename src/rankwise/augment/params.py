@@ -19,11 +19,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rankwise._checks import check_int, check_rank
 from rankwise.augment.seeds import (
     RankAwareSeedGenerator,
     as_sample_ids,
-    check_int,
-    check_rank,
     mix64,
     sample_keys,
     stream_offsets,

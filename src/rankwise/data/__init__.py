@@ -5,7 +5,9 @@
 - :mod:`~rankwise.data.sampler`: :class:`DistributedSampler` with an elastic resume cursor.
 - :mod:`~rankwise.data.batches`: :class:`DistributedBatchIterator`.
 - :mod:`~rankwise.data.blocks` / :mod:`~rankwise.data.strategies`: :class:`FetchDataset`,
-  block-shuffled batches from on-disk sources (:class:`Streaming`, :class:`BlockShuffling`).
+  block-shuffled batches from on-disk sources (:class:`Streaming`, :class:`BlockShuffling`);
+  :mod:`~rankwise.data.fetch_plan` / :mod:`~rankwise.data.fetch_state`: who reads which fetch,
+  and the rest of an epoch after a stop (its resumable state).
 """
 
 from rankwise.data.batches import DistributedBatchIterator

@@ -19,127 +19,48 @@ fetch i goes to DataLoader worker ``i % num_workers``::
 
 The epoch lives in shared memory created by the main process, so ``set_epoch`` reaches
 DataLoader workers — persistent or not — on their next ``iter``.
+
+Resuming (maths in :mod:`rankwise.data.fetch_plan`): the loop calls :meth:`FetchDataset.advance`
+after each batch; the count, with the ranks and workers of the pass, fixes which rows were
+read, and :meth:`~FetchDataset.state_dict` describes the rest as the unread rest of begun
+fetches plus the untouched positions. A pass over a loaded rest splits it like a fresh epoch,
+over any ranks and workers.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from rankwise._checks import check_epoch, check_int
+from rankwise.data.fetch_io import default_fetch, probe_default_fetch, source_len
+from rankwise.data.fetch_plan import (
+    Fetch,
+    Piece,
+    Work,
+    fetch_pieces,
+    fold,
+    rank_fetches,
+    rows_per_rank,
+    worker_fetches,
+)
+from rankwise.data.fetch_state import state_to_work, work_to_state
 from rankwise.data.partition import resolve_world
-from rankwise.data.permutation import check_epoch, check_int
+from rankwise.data.permutation import Permutation
 from rankwise.data.strategies import Strategy
 
 __all__ = ["Fetch", "FetchDataset", "default_fetch", "rank_fetches", "rows_per_rank"]
 
+# Slots of the dataset's shared int64 tensor (see FetchDataset.__init__).
+_EPOCH, _GENERATION, _FRESH, _WORKERS, _CONSUMED = range(5)
+
 IntArray = npt.NDArray[np.int64]
-
-
-class Fetch(NamedTuple):
-    """One sorted read: positions ``[start, stop)`` of the (padded) epoch order."""
-
-    fetch_id: int  # global id, the same whatever worker reads it (seeds the in-memory shuffle)
-    start: int
-    stop: int
-
-
-def rows_per_rank(length: int, world_size: int, batch_size: int, drop_last: bool) -> int:
-    """Rows each rank reads in an epoch of ``length`` positions.
-
-    >>> rows_per_rank(10, 4, 2, False), rows_per_rank(10, 4, 2, True)
-    (3, 2)
-    """
-    if drop_last:
-        return (length // world_size) // batch_size * batch_size
-    return -(-length // world_size)
-
-
-def rank_fetches(
-    length: int,
-    world_size: int,
-    rank: int,
-    batch_size: int,
-    fetch_factor: int,
-    drop_last: bool = False,
-) -> list[Fetch]:
-    """The fetches ``rank`` reads, in order: full fetches round-robin, then an equal piece of
-    the last round. Positions >= ``length`` wrap (padding).
-
-    >>> rank_fetches(10, 2, 1, batch_size=2, fetch_factor=2)
-    [Fetch(fetch_id=1, start=4, stop=8), Fetch(fetch_id=3, start=9, stop=10)]
-    """
-    size = batch_size * fetch_factor
-    m = rows_per_rank(length, world_size, batch_size, drop_last)
-    rounds, rest = divmod(m, size)
-    out = [
-        Fetch(
-            j * world_size + rank,
-            (j * world_size + rank) * size,
-            (j * world_size + rank + 1) * size,
-        )
-        for j in range(rounds)
-    ]
-    if rest:
-        base = rounds * world_size * size
-        out.append(Fetch(rounds * world_size + rank, base + rank * rest, base + (rank + 1) * rest))
-    return out
-
-
-def default_fetch(source: Any, indices: IntArray) -> Any:
-    """Read rows ``indices`` (sorted, unique) of ``source`` in one go.
-
-    h5py datasets are read one slice per run of consecutive rows (far faster than h5py's
-    point selection); a backed AnnData view is loaded with ``to_memory()``; anything else is
-    ``source[indices]``.
-    """
-    if type(source).__module__.startswith("h5py"):
-        return _read_runs(source, indices)
-    data = source[indices]
-    if getattr(data, "is_view", False) and callable(getattr(data, "to_memory", None)):
-        data = data.to_memory()  # AnnData: one read now, not one per batch later
-    return data
-
-
-def _probe_default_fetch(source: Any) -> None:
-    """Fail at construction, not later inside a DataLoader worker, when ``source`` cannot be
-    indexed by an array of rows (a Python list, say)."""
-    try:
-        default_fetch(source, np.zeros(1, dtype=np.int64))
-    except (TypeError, IndexError, KeyError) as exc:
-        raise ValueError(
-            f"source ({type(source).__name__}) cannot be read by an array of row indices "
-            f"({type(exc).__name__}: {exc}); wrap it with numpy.asarray(source), or pass "
-            "fetch_callback=lambda source, rows: ... to read rows yourself."
-        ) from None
-
-
-def _read_runs(dataset: Any, indices: IntArray) -> Any:
-    if indices.size == 0:
-        return dataset[0:0]
-    breaks = np.flatnonzero(np.diff(indices) != 1) + 1
-    if len(breaks) > indices.size // 4:  # mostly scattered rows: one point selection is better
-        return dataset[indices]
-    starts = indices[np.r_[0, breaks]]
-    stops = indices[np.r_[breaks - 1, indices.size - 1]] + 1
-    return np.concatenate([dataset[int(a) : int(b)] for a, b in zip(starts, stops, strict=True)])
-
-
-def _source_len(source: Any) -> int:
-    shape = getattr(source, "shape", None)
-    if shape is not None and len(shape) > 0:
-        return int(shape[0])
-    try:
-        return len(source)
-    except TypeError:
-        raise ValueError(
-            f"source ({type(source).__name__}) must have a len() or a shape; FetchDataset "
-            "needs to know how many rows it has."
-        ) from None
 
 
 class FetchDataset(IterableDataset[Any]):
@@ -152,10 +73,18 @@ class FetchDataset(IterableDataset[Any]):
     ``world_size`` default to the process group, else the torchrun variables. Use with
     ``DataLoader(dataset, batch_size=None, num_workers=...)`` and call :meth:`set_epoch`.
 
+    Resuming: call :meth:`advance` in the training loop after each batch (every rank the same
+    number of times), save :meth:`state_dict`, and :meth:`load_state_dict` it into a dataset
+    built for any number of ranks before building the DataLoader (any ``num_workers``).
+
     >>> from rankwise.data import Streaming
     >>> ds = FetchDataset(np.arange(8), Streaming(), batch_size=2, rank=1, world_size=2)
     >>> [b.tolist() for b in ds], len(ds)
     ([[4, 5], [6, 7]], 2)
+    >>> ds.advance(1)                          # every rank consumed one batch: rows 0-1, 4-5
+    >>> one = FetchDataset(np.arange(8), Streaming(), batch_size=2, rank=0, world_size=1)
+    >>> one.load_state_dict(ds.state_dict()); [b.tolist() for b in one]
+    [[2, 3], [6, 7]]
     """
 
     def __init__(
@@ -189,7 +118,7 @@ class FetchDataset(IterableDataset[Any]):
         self.batch_transform = batch_transform
         self.rank, self.world_size = resolve_world(rank, world_size)
         self.seed = 0 if seed is None else check_int("seed", seed)
-        self._n = _source_len(source)
+        self._n = source_len(source)
         length = self.strategy.epoch_length(self._n)  # validates the strategy's indices now
         if (
             self.drop_last
@@ -202,60 +131,217 @@ class FetchDataset(IterableDataset[Any]):
                 "use fewer ranks, or set drop_last=False."
             )
         if fetch_callback is None and self._n:
-            _probe_default_fetch(source)
+            probe_default_fetch(source)
+        self._fresh = Work(length, 0)
+        # Where the current pass starts (a fresh epoch, or a loaded / folded rest of one).
+        # DataLoader workers hold copies made when they started; `_generation` tells a copy
+        # whether its `_base` is still the main process's.
+        self._base = self._fresh
+        self._generation = 0
         # Shared memory made here, in the main process: DataLoader workers (forked, spawned,
-        # persistent) hold the same storage, so set_epoch reaches their next __iter__.
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        # persistent) hold the same storage. Slots: the epoch (set_epoch reaches workers'
+        # next __iter__), the base's generation, whether that base is a fresh epoch, the
+        # workers per rank of the last pass (written by the workers, read by state_dict), and
+        # the batches this rank consumed in the current pass (advance).
+        self._shared = torch.zeros(5, dtype=torch.int64).share_memory_()
+        self._shared[_FRESH] = 1
+
+    # -- epoch, pass and cursor ----------------------------------------------------------------
 
     @property
     def epoch(self) -> int:
-        return int(self._epoch.item())
+        return int(self._shared[_EPOCH].item())
 
     def set_epoch(self, epoch: int) -> None:
-        """Shuffle differently for ``epoch`` (the same on every rank and worker)."""
-        self._epoch.fill_(check_epoch(epoch))
+        """Shuffle differently for ``epoch`` (the same on every rank and worker).
 
-    def _length(self) -> int:
-        return self.strategy.epoch_length(self._n)
+        A new epoch number starts that epoch from its beginning; the current one continues it
+        after what :meth:`advance` recorded, so ``set_epoch(e)`` right after loading a state of
+        epoch e resumes mid-epoch instead of restarting it.
+        """
+        epoch = check_epoch(epoch)
+        if epoch == self.epoch:
+            self._set_base(self._position())
+        else:
+            self._shared[_EPOCH] = epoch
+            self._set_base(self._fresh)
+
+    def advance(self, num_batches: int = 1) -> None:
+        """Record that this rank — and, in lockstep, every rank — consumed ``num_batches`` more
+        batches of the current pass. Call it in the main process after each step.
+
+        Iterating never moves the cursor: DataLoader workers read ahead of what the model has
+        consumed. Which rows those batches were follows from the count, since every rank's
+        DataLoader hands out its workers' batches in turn (``in_order=True``, the default).
+        """
+        num_batches = check_int("num_batches", num_batches)
+        done, length = int(self._shared[_CONSUMED].item()), len(self)
+        if done + num_batches > length:
+            if done != length or num_batches > length:
+                raise ValueError(
+                    f"advance({num_batches}) passes the end of the pass: {length - done} of "
+                    f"{length} batches are left on each rank; call set_epoch(next_epoch) to "
+                    "start the next epoch."
+                )
+            done = 0  # a finished pass iterated again without set_epoch: torch repeats it
+        self._shared[_CONSUMED] = done + num_batches
+
+    def _set_base(self, work: Work, reseeded: bool = False) -> None:
+        # A worker's copy whose generation is behind may still start a fresh epoch (the seed
+        # and the epoch are all it needs) unless the seed itself changed.
+        if reseeded or work != self._base:
+            self._base = work
+            self._generation += 1
+            self._shared[_GENERATION] = self._generation
+            self._shared[_FRESH] = int(not reseeded and (work == self._fresh or work.done))
+        self._shared[_CONSUMED] = 0
+
+    def _pass_work(self) -> Work:
+        """The work of the current pass, in the main process or a worker's copy."""
+        if int(self._shared[_GENERATION].item()) == self._generation:
+            work = self._base
+        elif self._shared[_FRESH].item():
+            work = self._fresh
+        else:
+            raise RuntimeError(
+                "FetchDataset.load_state_dict() (or set_epoch() after a partial pass) moved the "
+                "epoch's start after persistent DataLoader workers copied the dataset; build the "
+                "DataLoader after load_state_dict(), or use persistent_workers=False."
+            )
+        return self._fresh if work.done else work  # a finished epoch repeats, as in torch
+
+    def _position(self) -> Work:
+        """The rest of the epoch after the batches :meth:`advance` recorded in this pass."""
+        work, batches = self._pass_work(), int(self._shared[_CONSUMED].item())
+        if not batches:
+            return self._base  # a finished epoch stays finished in state_dict()
+        workers = int(self._shared[_WORKERS].item())
+        if workers < 1:
+            raise RuntimeError(
+                "advance() was called but this dataset was never iterated; advance only by "
+                "the batches the loop took from a DataLoader over this dataset."
+            )
+        return fold(
+            work,
+            self.world_size,
+            workers,
+            batches,
+            self.batch_size,
+            self.fetch_factor,
+            self.drop_last,
+        )
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small dict of plain values: the rest of the epoch for the whole world.
+
+        ``consumed`` rows of the epoch's ``length`` are done; ``next`` and ``pieces`` say which
+        (fresh positions ``[next, length)`` and the unread rest of begun fetches remain).
+        Inside a DataLoader worker (torchdata's StatefulDataLoader asks there) the consumed
+        count is unknown, so the state is only a marker that :meth:`load_state_dict` refuses.
+        """
+        if get_worker_info() is not None:
+            return {"in_worker": True}
+        return work_to_state(
+            self._position(),
+            epoch=self.epoch,
+            seed=self.seed,
+            num_rows=self._n,
+            world_size=self.world_size,
+            num_workers=max(1, int(self._shared[_WORKERS].item())),
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved epoch under this dataset's ranks and (any) DataLoader workers.
+
+        The state's seed and epoch replace the constructor's: the interrupted order is the one
+        that continues. Raises ValueError for a state that does not fit this dataset.
+        """
+        if get_worker_info() is not None or state.get("in_worker"):
+            raise ValueError(
+                "FetchDataset resumes from the whole world's state, not a DataLoader worker's: "
+                "save ds.state_dict() in the training loop (after ds.advance()) and call "
+                "ds.load_state_dict(state) before building the DataLoader, instead of restoring "
+                "it through StatefulDataLoader.load_state_dict()."
+            )
+        work, epoch, seed = state_to_work(state, num_rows=self._n, length=self._fresh.length)
+        reseeded, self.seed = seed != self.seed, seed
+        self._shared[_EPOCH] = epoch
+        self._set_base(work, reseeded)
+
+    # -- the plan ------------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank (all its DataLoader workers together)."""
-        rows = rows_per_rank(self._length(), self.world_size, self.batch_size, self.drop_last)
+        """Batches this rank yields in the current pass (all its DataLoader workers together)."""
+        total = self._pass_work().total
+        rows = rows_per_rank(total, self.world_size, self.batch_size, self.drop_last)
         return -(-rows // self.batch_size)
 
     def fetches(self, worker: int = 0, num_workers: int = 1) -> list[Fetch]:
-        """The fetches ``worker`` of this rank reads this epoch."""
+        """The fetches ``worker`` of this rank reads in the current pass."""
         plan = rank_fetches(
-            self._length(),
+            self._pass_work().total,
             self.world_size,
             self.rank,
             self.batch_size,
             self.fetch_factor,
             self.drop_last,
         )
-        return plan[worker::num_workers]
+        return worker_fetches(plan, worker, num_workers)
 
     def __iter__(self) -> Iterator[Any]:
+        # Read when the first batch is asked for: inside a DataLoader worker an error here
+        # reaches the main process with its message (one raised by iter() kills the worker).
         info = get_worker_info()
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
-        epoch = self.epoch  # read once per pass: this is where set_epoch reaches a worker
-        length = self._length()
-        for fetch in self.fetches(worker, num_workers):
-            positions = np.arange(fetch.start, fetch.stop, dtype=np.int64) % max(length, 1)
-            yield from self._read(fetch.fetch_id, positions, epoch)
+        work, epoch = self._pass_work(), self.epoch
+        finished = self._base.done and self._base.length > 0
+        if finished or int(self._shared[_CONSUMED].item()) >= len(self) > 0:
+            warnings.warn(
+                f"FetchDataset: epoch {epoch} was already consumed and is repeated; call "
+                f"set_epoch({epoch + 1}) before each epoch.",
+                stacklevel=2,
+            )
+        elif work.total and not len(self):
+            warnings.warn(
+                f"FetchDataset: drop_last=True and the {work.total} rows left of epoch {epoch} "
+                f"make no full batch of {self.batch_size} on each of {self.world_size} ranks, so "
+                f"this pass is empty; call set_epoch({epoch + 1}) to start the next epoch.",
+                stacklevel=2,
+            )
+        self._shared[_WORKERS] = num_workers
+        yield from self._batches(work, epoch, worker, num_workers)
 
-    def _read(self, fetch_id: int, positions: IntArray, epoch: int) -> Iterator[Any]:
+    def _batches(self, work: Work, epoch: int, worker: int, num_workers: int) -> Iterator[Any]:
+        plan = rank_fetches(
+            work.total,
+            self.world_size,
+            self.rank,
+            self.batch_size,
+            self.fetch_factor,
+            self.drop_last,
+        )
+        for fetch in worker_fetches(plan, worker, num_workers):
+            real, padding = fetch_pieces(work, fetch)
+            positions = [self._positions(p, epoch) for p in real + padding]
+            yield from self._read(np.concatenate(positions), epoch)
+
+    def _positions(self, piece: Piece, epoch: int) -> IntArray:
+        start, stop, lo, hi = piece
+        if not self.strategy.shuffle_fetch:
+            return np.arange(start + lo, start + hi, dtype=np.int64)
+        return start + fetch_permutation(stop - start, self.seed, epoch, start).take(lo, hi)
+
+    def _read(self, positions: IntArray, epoch: int) -> Iterator[Any]:
         rows = self.strategy.order(self._n, positions, seed=self.seed, epoch=epoch)
         # One sorted, duplicate-free read (h5py demands both); `where` maps each position of
-        # the fetch to its row in the data read.
+        # the fetch to its row in the data read. The positions are already in shuffled order.
         unique, where = np.unique(rows, return_inverse=True)
         fetch = self.fetch_callback or default_fetch
         data = fetch(self.source, unique)
         if self.fetch_transform is not None:
             data = self.fetch_transform(data)
-        if self.strategy.shuffle_fetch:
-            seq = np.random.SeedSequence(self.seed, spawn_key=(epoch, fetch_id))
-            where = where[np.random.default_rng(seq).permutation(where.size)]
         for lo in range(0, where.size, self.batch_size):
             picked = where[lo : lo + self.batch_size]
             batch = self.batch_callback(data, picked) if self.batch_callback else data[picked]
@@ -269,3 +355,18 @@ class FetchDataset(IterableDataset[Any]):
             f"{self.batch_size}, fetch_factor={self.fetch_factor}, rank={self.rank}, "
             f"world_size={self.world_size})"
         )
+
+
+def fetch_permutation(size: int, seed: int, epoch: int, start: int) -> Permutation:
+    """The in-memory order of the fetch over epoch positions ``[start, start + size)``: keyed
+    by (seed, epoch, start), so it is the same whichever rank or worker reads the fetch.
+
+    rankwise's counter-based :class:`Permutation`, never a numpy / torch RNG stream, so a
+    saved state resumes the same rows after an upgrade. ``start + 1`` goes in the seed's
+    second 64-bit word: Permutation hashes a seed with its length in words, so these keys
+    never meet those of a block order ``Permutation(n, seed, epoch)`` with ``seed < 2**64``.
+
+    >>> fetch_permutation(4, seed=0, epoch=0, start=8).take(0, 4).tolist()
+    [2, 0, 1, 3]
+    """
+    return Permutation(size, seed=((start + 1) << 64) + seed, epoch=epoch)
