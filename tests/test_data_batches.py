@@ -85,7 +85,9 @@ def test_num_batches_after_reset_counts_the_next_pass() -> None:
     assert it.next() == [0, 1, 2, 3]
     it.reset()  # same epoch: the next pass continues after the consumed batch
     assert it.num_batches() == 2 and list(it) == [[4, 5, 6, 7], [8, 9]]
-    it.reset()
-    assert it.num_batches() == 0 and list(it) == []  # the epoch is done
+    it.reset()  # the epoch is done: like torch, the next pass repeats it, with a warning
+    assert it.num_batches() == 3
+    with pytest.warns(UserWarning, match=r"epoch 0 is finished .*set_epoch\(epoch \+ 1\)"):
+        assert [i for b in it for i in b] == list(range(10))
     it.reset(epoch=1)
     assert it.num_batches() == 3 and sorted(i for b in it for i in b) == list(range(10))

@@ -13,6 +13,7 @@ from rankwise.data import (
     strided_count,
     strided_positions,
 )
+from rankwise.data.partition import position_chunks
 
 
 def test_guide_examples() -> None:
@@ -51,6 +52,8 @@ def test_strided_example() -> None:
         (lambda: DistributedRangeSplitter(-1, 2), r"total_samples \(-1\)"),
         (lambda: DistributedRangeSplitter(10, 2).get_rank_for_sample(10), r"sample_id \(10\)"),
         (lambda: strided_positions(10, 2, 2), r"rank \(2\)"),
+        (lambda: strided_positions(10, 2, 0, start=-1), r"start \(-1\)"),
+        (lambda: list(position_chunks(range(3), 0)), r"chunk \(0\)"),
         (lambda: contiguous_range(10, True, 0), r"world_size \(True\)"),
     ],
 )
@@ -77,6 +80,21 @@ def test_strided_covers_once(total: int, world: int) -> None:
     seen = sorted(p for r in range(world) for p in strided_positions(total, world, r))
     assert seen == list(range(total))
     assert sum(strided_count(total, world, r) for r in range(world)) == total
+
+
+@given(st.integers(0, 2000), st.integers(0, 2100), st.integers(1, 16), st.integers(1, 50))
+def test_strided_from_a_cursor_covers_the_rest_once(
+    total: int, start: int, world: int, chunk: int
+) -> None:
+    # A resume: the rest of the sequence after `start` re-splits over any world size, and the
+    # chunks of a rank's positions join up to exactly its positions.
+    parts = [strided_positions(total, world, r, start=start) for r in range(world)]
+    assert sorted(p for part in parts for p in part) == list(range(start, total))
+    for part in parts:
+        chunks = list(position_chunks(part, chunk))
+        assert all(c.size <= chunk for c in chunks)
+        joined = [int(p) for c in chunks for p in c]
+        assert joined == list(part)
 
 
 def test_owner_every_index_small_worlds() -> None:

@@ -41,9 +41,10 @@ def test_shuffled_padding_rule(n: int, r: int) -> None:
     for rank in range(r):
         s = DistributedSampler(n, r, rank, seed=5)
         s.set_epoch(2)
-        assert list(s) == order[rank::r] and len(s) == padded // r == s.local_size()
-        got += list(s)
-    assert set(got) == set(range(n)) and len(got) == padded == sampler.padded_size()
+        part = list(s)
+        assert part == order[rank::r] and len(s) == padded // r == s.num_samples
+        got += part
+    assert set(got) == set(range(n)) and len(got) == padded == sampler.total_size
     trimmed = world(n, r, seed=5, drop_last=True)
     flat = [i for part in trimmed for i in part]
     assert len(flat) == len(set(flat)) == n // r * r
@@ -53,7 +54,8 @@ def test_shuffled_padding_rule(n: int, r: int) -> None:
 def test_epochs_reshuffle_and_are_reproducible() -> None:
     s = DistributedSampler(1000, 2, 0, seed=3)
     first = list(s)
-    assert list(s) == first  # iterating twice in an epoch gives the same order
+    with pytest.warns(UserWarning, match=r"set_epoch\(epoch \+ 1\)"):
+        assert list(s) == first  # iterating twice in an epoch gives the same order (torch's)
     s.set_epoch(1)
     assert list(s) != first and sorted(list(s)) != sorted(first)  # a different half, too
     s.set_epoch(0)
@@ -65,13 +67,41 @@ def test_epochs_reshuffle_and_are_reproducible() -> None:
     assert list(a) != list(b)
 
 
-def test_cyxwiz_methods_and_aliases() -> None:
-    s = DistributedSampler(dataset_size=10, num_replicas=4, rank=3, shuffle=True, seed=42)
+def test_torch_attributes_with_torch_meaning() -> None:
+    # Whatever the input (an int, a dataset), the attributes are torch's, with torch's values.
+    for data in (10, range(10), torch.arange(10)):
+        for drop_last in (False, True):
+            ours = DistributedSampler(data, 4, 3, seed=42, drop_last=drop_last)  # type: ignore[arg-type]
+            theirs = tud.DistributedSampler(range(10), 4, 3, seed=42, drop_last=drop_last)
+            assert isinstance(ours, tud.DistributedSampler)
+            for name in ("num_replicas", "rank", "epoch", "seed", "shuffle", "drop_last"):
+                assert getattr(ours, name) == getattr(theirs, name), name
+            for name in ("num_samples", "total_size"):
+                assert type(getattr(ours, name)) is int, name
+                assert getattr(ours, name) == getattr(theirs, name), name
+            assert len(ours) == len(theirs) and len(ours.dataset) == 10
+    assert DistributedSampler(10, 4, 3).dataset == range(10)  # an int N stands for range(N)
+    data = tud.TensorDataset(torch.arange(7))
+    assert DistributedSampler(dataset=data, num_replicas=2, rank=1).dataset is data
+
+
+def test_torch_sizes_follow_a_loaded_drop_last() -> None:
+    s = DistributedSampler(10, 4, 0, drop_last=True)
+    t = DistributedSampler(10, 4, 0)
+    t.load_state_dict(s.state_dict())
+    assert (t.drop_last, t.num_samples, t.total_size) == (True, 2, 8)
+
+
+def test_cyxwiz_methods_live_in_compat() -> None:
+    from rankwise.compat import cyxwiz as cx
+
+    s = cx.DistributedSampler(dataset_size=10, num_replicas=4, rank=3, shuffle=True, seed=42)
     assert (s.total_size(), s.padded_size(), s.local_size()) == (10, 12, 3)
     assert s.get_indices() == list(s) and len(s.get_indices()) == 3
-    assert DistributedSampler(10, 4, 3, drop_last=True).padded_size() == 8
-    t = DistributedSampler(dataset=torch.arange(7), num_replicas=2, rank=1)
-    assert t.total_size() == 7 and t.num_samples == 4
+    assert cx.DistributedSampler(10, 4, 3, drop_last=True).padded_size() == 8
+    t = cx.DistributedSampler(dataset=torch.arange(7), num_replicas=2, rank=1)
+    assert t.total_size() == 7 and t.num_samples == 4 and isinstance(t, DistributedSampler)
+    assert not callable(DistributedSampler(7, 2, 1).total_size)  # the core stays torch-shaped
 
 
 def test_defaults_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,7 +120,7 @@ def test_in_a_dataloader() -> None:
     sampler = DistributedSampler(data, num_replicas=2, rank=1, seed=9)
     loader = tud.DataLoader(data, batch_size=4, sampler=sampler)
     seen = torch.cat([b[0] for b in loader]).tolist()
-    assert seen == list(sampler) and len(seen) == 10
+    assert seen == sampler._rest() and len(seen) == 10
 
 
 def test_billion_samples_start_at_once_in_small_memory() -> None:

@@ -18,10 +18,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rankwise._checks import check_int, check_rank
 from rankwise.augment.seeds import (
     as_sample_ids,
-    check_int,
-    check_rank,
     dpa_digest,
     mix64,
     sample_keys,

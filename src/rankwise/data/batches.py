@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
-from rankwise.data.permutation import check_int
+from rankwise._checks import check_int
 
 __all__ = ["DistributedBatchIterator"]
 
@@ -45,9 +45,12 @@ class DistributedBatchIterator:
         self._pass_size = 0  # indices in this pass when it started
 
     def _next_pass_size(self) -> int:
-        # rankwise's sampler says what its next pass yields; any other sampler restarts.
+        # rankwise's sampler says what is left of the epoch; a finished epoch repeats whole
+        # (torch's behaviour without set_epoch); any other sampler restarts.
         remaining = getattr(self.sampler, "remaining", None)
-        return int(remaining()) if callable(remaining) else len(self.sampler)
+        if not callable(remaining):
+            return len(self.sampler)
+        return int(remaining()) or int(getattr(self.sampler, "num_samples", 0))
 
     def _prime(self) -> None:
         if self._it is None:
@@ -60,7 +63,12 @@ class DistributedBatchIterator:
             advance(count)
 
     def reset(self, epoch: int | None = None) -> None:
-        """Start a new pass; with ``epoch``, call ``sampler.set_epoch(epoch)`` first."""
+        """Start a new pass; with ``epoch``, call ``sampler.set_epoch(epoch)`` first.
+
+        Without an epoch the pass continues the sampler's epoch from its cursor; once that
+        epoch is finished, the pass repeats it (as torch does when ``set_epoch`` is not
+        called) and the sampler warns: call ``reset(epoch + 1)`` for a new epoch.
+        """
         if epoch is not None:
             self.sampler.set_epoch(epoch)
         self._it = None

@@ -11,26 +11,23 @@ Two splits, as the guides use them:
 
 from __future__ import annotations
 
-from rankwise.data.permutation import check_int
+from collections.abc import Iterator
+
+import numpy as np
+import numpy.typing as npt
+
+from rankwise._checks import check_int, check_rank
 from rankwise.distributed import detect_world
 
-
-def check_rank(rank: object, world_size: object, world_name: str = "world_size") -> tuple[int, int]:
-    """``(rank, world_size)`` as ints, or a ValueError in the DPA guide's words.
-
-    >>> check_rank(4, 4)
-    Traceback (most recent call last):
-    ...
-    ValueError: rank (4) must be < world_size (4); ranks are 0-based, so use 0..3.
-    """
-    world = check_int(world_name, world_size, minimum=1)
-    rank = check_int("rank", rank)
-    if rank >= world:
-        raise ValueError(
-            f"rank ({rank}) must be < {world_name} ({world}); ranks are 0-based, so use "
-            f"0..{world - 1}."
-        )
-    return rank, world
+__all__ = [
+    "DistributedRangeSplitter",
+    "contiguous_owner",
+    "contiguous_range",
+    "position_chunks",
+    "resolve_world",
+    "strided_count",
+    "strided_positions",
+]
 
 
 def _check(total: int, world_size: int, rank: int | None = None) -> None:
@@ -71,24 +68,43 @@ def contiguous_owner(total: int, world_size: int, index: int) -> int:
     return int(extra + (index - boundary) // base)
 
 
+def strided_positions(total: int, world_size: int, rank: int, start: int = 0) -> range:
+    """The strided split: positions ``start + rank, start + rank + R, ...`` below ``total``.
+
+    The one place rankwise splits a sequence round-robin (the sampler over its global order,
+    FetchDataset over its fetches). ``start`` is where the split begins -- a resume cursor --
+    so the rest of an epoch re-splits over any world size. A lazy ``range``: O(1) memory,
+    ``len()`` is the rank's count, slicing gives a chunk (see :func:`position_chunks`).
+
+    >>> list(strided_positions(10, 4, 1))
+    [1, 5, 9]
+    >>> list(strided_positions(10, 3, 0, start=4))   # resumed after 4 positions
+    [4, 7]
+    """
+    _check(total, world_size, rank)
+    start = check_int("start", start)
+    return range(start + rank, max(int(total), start), int(world_size))
+
+
 def strided_count(total: int, world_size: int, rank: int) -> int:
     """How many of ``range(total)`` a strided split gives ``rank``.
 
     >>> [strided_count(10, 4, r) for r in range(4)]
     [3, 3, 2, 2]
     """
-    _check(total, world_size, rank)
-    return max(0, (int(total) - rank + world_size - 1) // world_size)
+    return len(strided_positions(total, world_size, rank))
 
 
-def strided_positions(total: int, world_size: int, rank: int) -> range:
-    """Positions ``rank, rank + R, ...`` below ``total`` (a lazy ``range``: O(1) memory).
+def position_chunks(positions: range, chunk: int) -> Iterator[npt.NDArray[np.int64]]:
+    """``positions`` as int64 arrays of at most ``chunk`` values: flat memory for any length.
 
-    >>> list(strided_positions(10, 4, 1))
-    [1, 5, 9]
+    >>> [c.tolist() for c in position_chunks(range(1, 10, 2), 2)]
+    [[1, 3], [5, 7], [9]]
     """
-    _check(total, world_size, rank)
-    return range(rank, int(total), int(world_size))
+    chunk = check_int("chunk", chunk, minimum=1)
+    for lo in range(0, len(positions), chunk):
+        part = positions[lo : lo + chunk]
+        yield np.arange(part.start, part.stop, part.step, dtype=np.int64)
 
 
 def resolve_world(

@@ -20,35 +20,48 @@ epoch across the stop (plus the usual < R' padding duplicates)::
 
 Global batches: with a global batch of B (B/R per rank), the k-th batches of all ranks together
 are exactly positions ``[kB, (k+1)B)`` of the global order — the same samples whatever R is.
+
+It *is* a ``torch.utils.data.distributed.DistributedSampler`` (a subclass with torch's
+attributes), so Lightning Fabric, Accelerate and anything that checks ``isinstance`` leave it
+alone instead of sharding a second time. Inside torchdata's ``StatefulDataLoader`` the pass
+iterator is ``Stateful``: ``loader.state_dict()`` records the position, and a fresh loader
+resumes there in O(1) instead of replaying the indices already yielded.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sized
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
+import torch.utils.data.distributed as tud_distributed
 
-from rankwise.data.partition import resolve_world
-from rankwise.data.permutation import DEFAULT_CHUNK, Permutation, check_epoch, check_int
+from rankwise._checks import check_epoch, check_int
+from rankwise.data.partition import position_chunks, resolve_world, strided_positions
+from rankwise.data.passes import SamplerPass
+from rankwise.data.permutation import DEFAULT_CHUNK, ORDER_VERSION, Permutation
 
 __all__ = ["DistributedSampler"]
 
-_STATE_KEYS = ("epoch", "seed", "num_samples", "consumed")
+_STATE_KEYS = ("version", "epoch", "seed", "num_samples", "consumed")
 
 
-class DistributedSampler(Sampler[int]):
-    """Shards (and shuffles) ``range(N)`` over ranks; a drop-in for torch's DistributedSampler.
+class DistributedSampler(tud_distributed.DistributedSampler[int]):
+    """Shards (and shuffles) ``range(N)`` over ranks; a torch ``DistributedSampler`` subclass.
 
     ``dataset_or_size`` is a sized dataset or the int N (``dataset=`` / ``dataset_size=`` are
-    accepted as keywords, as torch and the CyxWiz guide spell it). ``num_replicas`` / ``rank``
-    default to the process group, else the torchrun variables, else a world of one.
+    accepted as keywords). ``num_replicas`` / ``rank`` default to the process group, else the
+    torchrun variables, else a world of one -- torch's constructor is only called once they are
+    known, so no process group is needed. torch's attributes keep torch's meaning: ``dataset``
+    (``range(N)`` when given an int), ``num_replicas``, ``rank``, ``epoch``, ``seed``,
+    ``shuffle``, ``drop_last``, ``num_samples`` (indices per rank in a whole epoch) and
+    ``total_size`` (the padded length, ``num_samples * num_replicas``).
 
     >>> s = DistributedSampler(10, num_replicas=4, rank=2, shuffle=False)
-    >>> list(s), len(s), s.padded_size()
-    ([2, 6, 0], 3, 12)
+    >>> list(s), len(s), s.num_samples, s.total_size
+    ([2, 6, 0], 3, 3, 12)
     >>> s.advance(1)                   # every rank used one sample: 4 positions consumed
     >>> s.state_dict()["consumed"]
     4
@@ -76,18 +89,34 @@ class DistributedSampler(Sampler[int]):
                 f"dataset or an int (got {len(given)} of dataset_or_size / dataset / dataset_size)."
             )
         self._n = _num_samples(given[0])
-        self.rank, self.num_replicas = resolve_world(rank, num_replicas, "num_replicas")
-        self.shuffle = bool(shuffle)
-        self.seed = check_int("seed", seed)
-        self.drop_last = bool(drop_last)
+        rank, num_replicas = resolve_world(rank, num_replicas, "num_replicas")
         self._epoch = 0
         self._shared: torch.Tensor | None = None  # see shared_epoch()
+        data = range(self._n) if isinstance(given[0], int | np.integer) else given[0]
+        # torch's own constructor, with the world already resolved: it never asks for a process
+        # group, and sets torch's attributes (num_samples, total_size, ...) its own way.
+        super().__init__(
+            data,  # type: ignore[arg-type]
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=bool(shuffle),
+            seed=check_int("seed", seed),
+            drop_last=bool(drop_last),
+        )
         self._start = 0  # position where the current split began (0, or a resume point)
         self._cursor = 0  # positions of the global order consumed by all ranks together
         self._pass_start: int | None = None  # cursor at the last iter() (see __len__)
         self._perm: Permutation | None = None
+        self._drained = False  # a pass of this epoch ran to its end (see __iter__)
+        self._warned = False
 
     # -- the global order ----------------------------------------------------------------------
+
+    def _torch_sizes(self) -> None:
+        # torch's rule for a whole epoch: drop_last trims to a multiple of R, else pad up.
+        r = self.num_replicas
+        self.num_samples = self._n // r if self.drop_last else -(-self._n // r)
+        self.total_size = self.num_samples * r
 
     def _end(self) -> int:
         """One past the last position of the global order under the current world size."""
@@ -106,20 +135,37 @@ class DistributedSampler(Sampler[int]):
         return self._permutation()[positions] if self.shuffle else positions
 
     def __iter__(self) -> Iterator[int]:
-        # Not a generator itself: the pass's start is recorded now, when DataLoader calls
-        # iter(), so len() stays put while the loop advances the cursor. The pass lasts until
-        # the next iter(), set_epoch() or load_state_dict() -- not until the generator runs
-        # out: a DataLoader drains it while assembling the last batch, before the loop body
-        # that reads len(loader) has run.
-        self._pass_start = self._cursor
-        return self._positions_from(self._cursor)
+        """This rank's indices from the cursor to the end of the epoch.
 
-    def _positions_from(self, cursor: int) -> Iterator[int]:
-        # One chunk of positions at a time: memory stays flat for any N.
-        step, end = self.num_replicas, self._end()
-        for lo in range(cursor + self.rank, end, step * DEFAULT_CHUNK):
-            positions = np.arange(lo, min(lo + step * DEFAULT_CHUNK, end), step, dtype=np.int64)
-            yield from self._indices(positions).tolist()
+        A finished epoch is never an empty pass: like torch's sampler, iterating again without
+        ``set_epoch`` repeats the epoch's order, with a ``UserWarning`` (once per sampler) that
+        names the fix, ``set_epoch(epoch + 1)``.
+        """
+        finished = self.num_samples > 0 and self._cursor >= self._end()
+        if finished or (self._drained and self.shuffle and self._cursor == self._start):
+            self._warn_repeat(finished)
+            if finished:
+                self._start = self._cursor = 0
+        self._drained = False
+        # The pass's start is recorded now, when DataLoader calls iter(), so len() stays put
+        # while the loop advances the cursor. The pass lasts until the next iter(),
+        # set_epoch() or load_state_dict() -- not until the iterator runs out: a DataLoader
+        # drains it while assembling the last batch, before the loop body has run.
+        self._pass_start = self._cursor
+        return SamplerPass.start(self, self._cursor)
+
+    def _warn_repeat(self, finished: bool) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        why = "is finished" if finished else "was already iterated to its end"
+        warnings.warn(
+            f"DistributedSampler: epoch {self.epoch} {why} and set_epoch was not called, so "
+            f"this pass repeats epoch {self.epoch}'s order (as torch's DistributedSampler "
+            "does). Call sampler.set_epoch(epoch + 1) before each new epoch.",
+            UserWarning,
+            stacklevel=3,
+        )
 
     def __len__(self) -> int:
         """Indices this rank yields in the current pass (from the last ``iter()``), or, before
@@ -127,13 +173,20 @@ class DistributedSampler(Sampler[int]):
 
         Constant during a pass, although :meth:`advance` moves the cursor: a loop that reads
         ``len(loader)`` at every step sees the same number throughout. :meth:`remaining` is
-        what the *next* pass would yield.
+        what is left of the epoch. ``num_samples`` is torch's whole-epoch count.
         """
         start = self._cursor if self._pass_start is None else self._pass_start
         return (self._end() - start) // self.num_replicas
 
+    def _rest(self) -> list[int]:
+        """This rank's indices from the cursor to the end of the epoch (not a pass)."""
+        mine = strided_positions(self._end(), self.num_replicas, self.rank, start=self._cursor)
+        return [
+            i for part in position_chunks(mine, DEFAULT_CHUNK) for i in self._indices(part).tolist()
+        ]
+
     def remaining(self) -> int:
-        """Indices left for this rank from the cursor: what the next ``iter()`` yields."""
+        """Indices left for this rank in the epoch, from the cursor (0 once it is finished)."""
         return (self._end() - self._cursor) // self.num_replicas
 
     # -- epoch and cursor ----------------------------------------------------------------------
@@ -168,6 +221,7 @@ class DistributedSampler(Sampler[int]):
         epoch = check_epoch(epoch)
         if epoch != self.epoch:
             self.epoch, self._start, self._cursor, self._pass_start = epoch, 0, 0, None
+            self._drained = False
 
     def advance(self, num_samples: int) -> None:
         """Record that this rank — and so, in lockstep, every rank — consumed ``num_samples``
@@ -198,9 +252,14 @@ class DistributedSampler(Sampler[int]):
 
         ``consumed`` counts samples of the permutation (0..N) already used; it is N once the
         epoch is done (padding duplicates and a ``drop_last`` tail are not counted).
+        ``version`` is the order algorithm (:data:`~rankwise.data.permutation.ORDER_VERSION`).
         """
-        consumed = self._n if self._cursor >= self._end() else min(self._cursor, self._n)
+        return self._state_at(self._cursor)
+
+    def _state_at(self, position: int) -> dict[str, Any]:
+        consumed = self._n if position >= self._end() else min(position, self._n)
         return {
+            "version": ORDER_VERSION,
             "epoch": self.epoch,
             "seed": self.seed,
             "num_samples": self._n,
@@ -214,13 +273,22 @@ class DistributedSampler(Sampler[int]):
         """Continue the saved epoch under this sampler's world size (which may differ).
 
         The state's seed, shuffle and drop_last replace the constructor's: the interrupted
-        order must be the one that continues. Raises ValueError for a state that does not fit.
+        order must be the one that continues. Raises ValueError for a state that does not fit,
+        including one whose order ``version`` this code cannot reproduce.
         """
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
+            version = "" if "version" not in missing else _NO_VERSION
             raise ValueError(
-                f"sampler state is missing {missing}; pass a dict from DistributedSampler."
-                f"state_dict() (keys {list(_STATE_KEYS)})."
+                f"sampler state is missing {missing}{version}; pass a dict from "
+                f"DistributedSampler.state_dict() (keys {list(_STATE_KEYS)})."
+            )
+        if state["version"] != ORDER_VERSION:
+            raise ValueError(
+                f"sampler state has order version {state['version']!r}, but this rankwise "
+                f"reproduces version {ORDER_VERSION} only: resuming would continue a different "
+                "order. Resume with the rankwise release that saved it, or start the epoch "
+                "afresh (set_epoch) without loading the state."
             )
         n = check_int("state['num_samples']", state["num_samples"])
         if n != self._n:
@@ -238,32 +306,10 @@ class DistributedSampler(Sampler[int]):
         self.seed = check_int("state['seed']", state["seed"])
         self.shuffle = bool(state.get("shuffle", self.shuffle))
         self.drop_last = bool(state.get("drop_last", self.drop_last))
+        self._torch_sizes()
         self._start = self._cursor = consumed
         self._pass_start = None
-
-    # -- the CyxWiz guide's methods ------------------------------------------------------------
-
-    def get_indices(self) -> list[int]:
-        """This rank's indices for the rest of the epoch, as a list (O(N/R) memory)."""
-        return list(self._positions_from(self._cursor))  # not a pass: len() is unaffected
-
-    def local_size(self) -> int:
-        """How many indices this rank gets (the rest of the epoch); same on every rank."""
-        return len(self)
-
-    def total_size(self) -> int:
-        """N, the number of samples in the data set."""
-        return self._n
-
-    def padded_size(self) -> int:
-        """Length of the epoch's global order: N padded up (or, with drop_last, trimmed down)
-        to a multiple of the world size. 10 samples over 4 ranks -> 12 (8 with drop_last)."""
-        return self._end()
-
-    @property
-    def num_samples(self) -> int:
-        """torch's attribute: indices per rank (same as ``len(self)``)."""
-        return len(self)
+        self._drained = False
 
     def __repr__(self) -> str:
         return (
@@ -271,6 +317,12 @@ class DistributedSampler(Sampler[int]):
             f"shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, "
             f"epoch={self.epoch}, consumed={self._cursor})"
         )
+
+
+_NO_VERSION = (
+    " (a state without 'version' was saved before orders were versioned and its order cannot "
+    f"be reproduced; this rankwise reproduces order version {ORDER_VERSION})"
+)
 
 
 def _num_samples(data: Sized | int) -> int:

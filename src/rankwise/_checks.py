@@ -1,0 +1,70 @@
+"""The shared validators: one home for the checks every layer applies to user input.
+
+Each returns the value as a plain Python int or raises a ValueError that names the argument,
+repeats its value, states the rule and says how to fix it. ``distributed/`` may import this
+module (it imports nothing else of rankwise), so the data and augmentation layers and the
+process group all word their errors the same way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["MAX_EPOCH", "check_epoch", "check_int", "check_rank"]
+
+# Epochs are shared with DataLoader workers through int64 tensors (see check_epoch).
+MAX_EPOCH = 2**63 - 1
+
+
+def check_int(name: str, value: object, *, minimum: int = 0, maximum: int | None = None) -> int:
+    """``value`` as a Python int, or a ValueError naming it, the rule and the fix.
+
+    >>> check_int("sample_id", 3)
+    3
+    >>> check_int("sample_id", -1)
+    Traceback (most recent call last):
+    ...
+    ValueError: sample_id (-1) must be >= 0; pass a non-negative integer.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ValueError(
+            f"{name} ({value!r}) must be an integer, got {type(value).__name__}; "
+            f"pass int({name}) if it holds a whole number."
+        )
+    value = int(value)
+    if value < minimum:
+        fix = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} ({value}) must be >= {minimum}; pass {fix}.")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} ({value}) must be <= {maximum}; reduce it modulo 2**64.")
+    return value
+
+
+def check_epoch(value: object, name: str = "epoch") -> int:
+    """An epoch that fits the int64 tensors through which samplers and datasets share it
+    with their DataLoader workers (``check_int`` with the bound ``MAX_EPOCH``).
+
+    >>> check_epoch(3)
+    3
+    """
+    return check_int(name, value, maximum=MAX_EPOCH)
+
+
+def check_rank(rank: object, world_size: object, world_name: str = "world_size") -> tuple[int, int]:
+    """``(rank, world_size)`` as ints, or a ValueError in the DPA guide's words.
+
+    >>> check_rank(1, 4)
+    (1, 4)
+    >>> check_rank(4, 4)
+    Traceback (most recent call last):
+    ...
+    ValueError: rank (4) must be < world_size (4); ranks are 0-based, so use 0..3.
+    """
+    world = check_int(world_name, world_size, minimum=1)
+    rank = check_int("rank", rank)
+    if rank >= world:
+        raise ValueError(
+            f"rank ({rank}) must be < {world_name} ({world}); ranks are 0-based, so use "
+            f"0..{world - 1}."
+        )
+    return rank, world
