@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import random
 import re
 import runpy
 import sys
@@ -28,8 +29,12 @@ DPA = Path(__file__).parent.parent / "examples" / "seeds" / "dpa"
 def run_plain(name: str) -> str:
     """Run a one-process example as ``python name`` would, here; return what it printed."""
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        runpy.run_path(str(DPA / name), run_name="__main__")
+    state = random.getstate()  # advanced_topics.py seeds the global generator, as the guide does
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(DPA / name), run_name="__main__")
+    finally:
+        random.setstate(state)
     return out.getvalue()
 
 

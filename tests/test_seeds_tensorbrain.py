@@ -116,7 +116,8 @@ def test_resnet_errors(kwargs: dict, message: str) -> None:
 @pytest.mark.timeout(200)
 def test_data_parallel_example_trains_resnet50() -> None:
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):  # plain python, as the guide runs it
+    # Plain python, as the guide runs it; fork_rng: the script seeds torch's global generator.
+    with contextlib.redirect_stdout(out), torch.random.fork_rng():
         runpy.run_path(str(TB / "data_parallel.py"), run_name="__main__")
     lines = out.getvalue().splitlines()
     losses = [
