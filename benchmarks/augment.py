@@ -2,8 +2,9 @@
 
 1. Parameter generation: ``generate_params`` (vectorised counter hash) vs a per-sample
    reference that does what DPA does — SHA-256 of the key, then Python ``random`` draws — and
-   vs rankwise's own DPA-compatible ``gen_distributed_augmentation_params`` (10 SHA rounds).
-   Goal: >= 50x parameter sets per second over the reference.
+   vs rankwise's own DPA-compatible ``gen_distributed_augmentation_params`` (10 SHA rounds, the
+   DPA default depth; its stream too). Goals: >= 50x parameter sets per second over the
+   reference for ``generate_params``; >= 1x for the per-sample DPA call at depth 10.
 2. Applying them to 256 x 3 x 64 x 64 images: ``apply_augmentation`` (one batched call) vs a
    per-image Python loop of the same operations (affine_grid + grid_sample, brightness,
    contrast, noise from a torch.Generator seeded per image). Goal: >= 5x.
@@ -18,6 +19,7 @@ thread), which other jobs on a shared machine disturb far less than the wall clo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -40,9 +42,10 @@ from rankwise.augment import (
     gen_distributed_augmentation_params,
     generate_params,
     get_preset,
+    stream_distributed_augmentation_chain,
 )
 
-PARAM_GOAL, APPLY_GOAL = 50.0, 5.0
+PARAM_GOAL, DPA_GOAL, APPLY_GOAL = 50.0, 1.0, 5.0
 
 
 def best_time(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
@@ -78,6 +81,7 @@ def reference_params(ids: range, cfg: AugmentationConfig, base_seed: int, epoch:
 
 def bench_params(samples: int, repeats: int) -> list[dict[str, Any]]:
     cfg = get_preset("moderate")
+    shallow = dataclasses.replace(cfg, augmentation_depth=1)
     ids = np.arange(samples)
     per_sample = max(samples // 10, 1)  # the slow paths on a tenth, reported as a rate
     rows = [
@@ -87,9 +91,19 @@ def bench_params(samples: int, repeats: int) -> list[dict[str, Any]]:
             lambda: reference_params(range(per_sample), cfg, 0, 1),
         ),
         (
-            "gen_distributed_augmentation_params (DPA API, depth 10)",
+            "gen_distributed_augmentation_params (DPA API, depth 10), per sample",
             per_sample,
             lambda: [gen_distributed_augmentation_params(i, 0, cfg) for i in range(per_sample)],
+        ),
+        (
+            "gen_distributed_augmentation_params, depth 1, per sample",
+            per_sample,
+            lambda: [gen_distributed_augmentation_params(i, 0, shallow) for i in range(per_sample)],
+        ),
+        (
+            "stream_distributed_augmentation_chain (depth 10)",
+            per_sample,
+            lambda: sum(1 for _ in stream_distributed_augmentation_chain(per_sample, 0, 1, cfg)),
         ),
         (
             f"generate_params, one call of {samples}",
@@ -105,7 +119,7 @@ def bench_params(samples: int, repeats: int) -> list[dict[str, Any]]:
             ],
         ),
     ]
-    results = []
+    results: list[dict[str, Any]] = []
     for name, count, fn in rows:
         wall, cpu = best_time(fn, repeats)
         results.append(
@@ -155,7 +169,7 @@ def bench_apply(batch: int, size: int, repeats: int) -> list[dict[str, Any]]:
         ("per-image loop, no noise", lambda: per_image_loop(images, quiet)),
         ("apply_augmentation, no noise", lambda: apply_augmentation(images, quiet)),
     ]
-    results = []
+    results: list[dict[str, Any]] = []
     for name, fn in rows:
         wall, cpu = best_time(fn, repeats)
         results.append(
@@ -179,7 +193,7 @@ def table(title: str, rows: list[dict[str, Any]], unit: str) -> str:
     for r in rows:
         lines.append(
             f"| {r['name']} | {r['count']} | {r['cpu_s'] * 1e3:.2f} | "
-            f"{r['wall_s'] * 1e3:.2f} | {r['per_second']:,.0f} | {r['speedup']:.1f}x |"
+            f"{r['wall_s'] * 1e3:.2f} | {r['per_second']:,.0f} | {r['speedup']:.{2 if r['speedup'] < 10 else 1}f}x |"
         )
     return "\n".join(lines)
 
@@ -205,7 +219,8 @@ def main() -> None:
     params = bench_params(args.samples, args.repeats)
     apply = bench_apply(args.batch, args.size, args.repeats)
     extra = {size: bench_apply(args.batch, size, args.repeats) for size in args.extra_sizes}
-    param_speedup = params[2]["speedup"]
+    dpa_speedup = params[1]["speedup"]
+    param_speedup = params[4]["speedup"]
     apply_speedup = apply[1]["speedup"]
     print(table("Parameter generation", params, "parameter sets"))
     print()
@@ -217,6 +232,10 @@ def main() -> None:
     print(
         f"generate_params vs reference: {param_speedup:.0f}x (goal >= {PARAM_GOAL:g}x: "
         f"{'met' if param_speedup >= PARAM_GOAL else 'MISSED'})"
+    )
+    print(
+        f"gen_distributed_augmentation_params (depth 10) vs reference: {dpa_speedup:.2f}x "
+        f"(goal >= {DPA_GOAL:g}x: {'met' if dpa_speedup >= DPA_GOAL else 'MISSED'})"
     )
     print(
         f"apply_augmentation vs per-image loop: {apply_speedup:.1f}x (goal >= {APPLY_GOAL:g}x: "
@@ -241,6 +260,7 @@ def main() -> None:
                 "apply_extra_sizes": {str(size): rows for size, rows in extra.items()},
                 "goals": {
                     "params": {"goal": PARAM_GOAL, "speedup": param_speedup},
+                    "dpa_per_sample": {"goal": DPA_GOAL, "speedup": dpa_speedup},
                     "apply": {"goal": APPLY_GOAL, "speedup": apply_speedup},
                 },
             },

@@ -45,7 +45,9 @@ def augment_my_shard(epoch: int) -> dict[str, Any]:
         "rank": rank,
         "ids": ids,
         "params": params,
-        "images": torch.cat([g[:n] for g, n in zip(gathered, sizes, strict=True)]),
+        # As numpy: a tensor crosses the result pipe as a shared-memory fd that the parent can
+        # only open while this rank is alive (FileNotFoundError under load once it has exited).
+        "images": torch.cat([g[:n] for g, n in zip(gathered, sizes, strict=True)]).numpy(),
         "dpa": list(stream_distributed_augmentation_chain(TOTAL, rank, world, chunk_size=10)),
     }
 
@@ -64,7 +66,7 @@ def test_ranks_together_equal_a_single_process(world_size: int) -> None:
         np.testing.assert_array_equal(got, want, err_msg=name)
     single = apply_augmentation(images(), reference)
     for r in results:  # every rank holds the full gathered batch
-        torch.testing.assert_close(r["images"], single, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(torch.from_numpy(r["images"]), single, atol=1e-6, rtol=1e-6)
     # The DPA stream, by contrast, is rank-aware: each rank's dicts are its own.
     for r in results:
         assert [d["sample_id"] for d in r["dpa"]] == r["ids"].tolist()

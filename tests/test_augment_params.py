@@ -267,8 +267,12 @@ def test_global_rng_state_is_untouched() -> None:
     assert torch.equal(torch.get_rng_state(), states[2])
 
 
-def test_a_bad_range_assigned_later_is_caught_where_the_config_is_used() -> None:
+def test_a_bad_range_assigned_later_is_refused_at_the_assignment() -> None:
     config = get_preset("mild")
-    config.noise_range = (-1.0, 0.0)
     with pytest.raises(ValueError, match=r"noise_range \(\(-1.0, 0.0\)\) must have low >= 0"):
-        generate_params(np.arange(3), config=config)
+        config.noise_range = (-1.0, 0.0)
+    with pytest.raises(ValueError, match=r"augmentation_depth \(0\) must be >= 1"):
+        config.augmentation_depth = 0
+    assert config == get_preset("mild")  # a refused value is not stored
+    config.rotation_range = [1, 2]  # type: ignore[assignment]
+    assert config.rotation_range == (1.0, 2.0)

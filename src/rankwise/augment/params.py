@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,8 +20,8 @@ import numpy.typing as npt
 
 from rankwise._checks import check_int, check_rank
 from rankwise.augment.seeds import (
-    RankAwareSeedGenerator,
     as_sample_ids,
+    dpa_digest,
     mix64,
     sample_keys,
     stream_offsets,
@@ -30,7 +29,7 @@ from rankwise.augment.seeds import (
 )
 from rankwise.data.partition import contiguous_range
 
-# The order of the parameters: the DPA path draws them from its Random in this order, the
+# The order of the parameters: the DPA path cuts them from its digest in this order, the
 # vectorised path uses the index as the counter-hash stream. Changing it changes every value.
 PARAM_NAMES = ("rotation", "brightness", "noise", "scale", "contrast")
 # Stream of the per-sample noise seed that apply_augmentation uses (after the five above).
@@ -47,7 +46,8 @@ class AugmentationConfig:
     standard deviation of additive Gaussian noise, scale a zoom factor (> 1 zooms in),
     contrast a factor around each image's mean. ``augmentation_depth`` is the number of SHA-256
     rounds of the DPA seeds (the vectorised path ignores it). Defaults equal the "moderate"
-    preset, as in DPA.
+    preset, as in DPA. Every field is checked when it is set, on construction and after, so a
+    config is always valid wherever it is used (and the per-sample DPA call need not re-check).
 
     >>> AugmentationConfig(rotation_range=(-10, 10)).rotation_range
     (-10.0, 10.0)
@@ -64,34 +64,18 @@ class AugmentationConfig:
     contrast_range: Range = (0.7, 1.3)
     augmentation_depth: int = 10
 
-    def __post_init__(self) -> None:
-        self.validate()
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LOW_RULES:
+            value = _check_range(name, value)
+        elif name == "augmentation_depth":
+            value = check_int("augmentation_depth", value, minimum=1)
+        super().__setattr__(name, value)
 
     def validate(self) -> AugmentationConfig:
-        """Check every field (run on construction, and again wherever a config is used, so a
-        bad value assigned later is caught too); raise ValueError naming value and fix."""
-        for name in PARAM_NAMES:
-            field = f"{name}_range"
-            setattr(self, field, _check_range(field, getattr(self, field)))
-        # Ranges that would make an operation undefined or meaningless, with the reason.
-        if self.noise_range[0] < 0:
-            raise ValueError(
-                f"noise_range ({self.noise_range}) must have low >= 0: it is a standard "
-                "deviation; use e.g. (0.0, 0.1)."
-            )
-        if self.scale_range[0] <= 0:
-            raise ValueError(
-                f"scale_range ({self.scale_range}) must have low > 0: a scale of 0 collapses "
-                "the image; use e.g. (0.8, 1.2)."
-            )
-        if self.contrast_range[0] <= 0:
-            raise ValueError(
-                f"contrast_range ({self.contrast_range}) must have low > 0: a contrast of 0 "
-                "flattens the image to its mean; use e.g. (0.7, 1.3)."
-            )
-        self.augmentation_depth = check_int(
-            "augmentation_depth", self.augmentation_depth, minimum=1
-        )
+        """Check every field again (each was checked when set); raise ValueError naming the
+        value and the fix. Returns the config."""
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(self, field.name))
         return self
 
 
@@ -108,7 +92,20 @@ def _check_range(field: str, value: Any) -> Range:
         raise ValueError(
             f"{field} ({value!r}) must have low <= high; swap them: ({high:g}, {low:g})."
         )
+    rule = _LOW_RULES[field]
+    if rule is not None and (low < 0 if rule[0] == ">=" else low <= 0):
+        raise ValueError(f"{field} ({(low, high)}) must have low {rule[0]} 0: {rule[1]}.")
     return (low, high)
+
+
+# Ranges that would make an operation undefined or meaningless, with the reason and a fix.
+_LOW_RULES: dict[str, tuple[str, str] | None] = {
+    "rotation_range": None,
+    "brightness_range": None,
+    "noise_range": (">=", "it is a standard deviation; use e.g. (0.0, 0.1)"),
+    "scale_range": (">", "a scale of 0 collapses the image; use e.g. (0.8, 1.2)"),
+    "contrast_range": (">", "a contrast of 0 flattens the image to its mean; use e.g. (0.7, 1.3)"),
+}
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
@@ -162,7 +159,7 @@ def resolve_config(config: AugmentationConfig | None) -> AugmentationConfig:
             f"config must be an AugmentationConfig or None, got {type(config).__name__}; "
             "build one with AugmentationConfig(...) or get_preset(name)."
         )
-    return config.validate()
+    return config  # valid: every field is checked when it is set
 
 
 # ------------------------------------------------------------------------- DPA: per sample
@@ -177,10 +174,10 @@ def gen_distributed_augmentation_params(
 ) -> dict[str, Any]:
     """DPA's rank-aware parameters for one sample: deterministic, and different on every rank.
 
-    The values come from a private ``random.Random`` seeded with the sample's
-    :class:`RankAwareSeedGenerator` digest, drawn in the order rotation, brightness, noise,
-    scale, contrast; the global ``random`` state is never touched. The dict also carries the
-    digest (``hash``) and the ``rank``.
+    The values come from the sample's :class:`RankAwareSeedGenerator` digest (see
+    :func:`values_from_digest`), in the order rotation, brightness, noise, scale, contrast; no
+    random generator is involved, so the global ``random`` state is never touched. The dict
+    also carries the digest (``hash``, 64 hex characters) and the ``rank``.
 
     >>> p = gen_distributed_augmentation_params(42, rank=0, world_size=4)
     >>> sorted(p)
@@ -190,25 +187,70 @@ def gen_distributed_augmentation_params(
     >>> p["rotation"] == gen_distributed_augmentation_params(42, rank=1, world_size=4)["rotation"]
     False
     """
-    sample_id = check_int("sample_id", sample_id)
-    rank, world_size = check_rank(rank, world_size)
-    cfg = resolve_config(config)
-    digest = RankAwareSeedGenerator(base_seed, world_size).generate_seed(
-        sample_id, rank, cfg.augmentation_depth
-    )
+    # The common case (plain non-negative ints) skips the full checks: this call runs once per
+    # sample, and the checks cost as much as a third of it. Anything else gets the full checks,
+    # which raise the guide's messages.
+    if not (
+        type(sample_id) is int
+        and type(rank) is int
+        and type(world_size) is int
+        and type(base_seed) is int
+        and sample_id >= 0
+        and base_seed >= 0
+        and 0 <= rank < world_size
+    ):
+        sample_id = check_int("sample_id", sample_id)
+        rank, world_size = check_rank(rank, world_size)
+        base_seed = check_int("base_seed", base_seed)
+    cfg = _DEFAULT if config is None else resolve_config(config)
+    digest = dpa_digest(base_seed, rank, sample_id, cfg.augmentation_depth)
     return _params_from_digest(digest, rank, cfg)
 
 
-def _params_from_digest(digest: str, rank: int, cfg: AugmentationConfig) -> dict[str, Any]:
-    rng = random.Random(int(digest, 16))
-    params: dict[str, Any] = {}
-    for name in PARAM_NAMES:
-        low, high = getattr(cfg, f"{name}_range")
-        # uniform() may round a hair past ``high``; the range is a promise, so clamp.
-        params[name] = min(max(rng.uniform(low, high), low), high)
-    params["hash"] = digest
-    params["rank"] = rank
-    return params
+def values_from_digest(digest: bytes, cfg: AugmentationConfig) -> list[float]:
+    """The five parameter values a 32-byte DPA digest stands for, each inside its range.
+
+    The digest, read as a big-endian integer, is cut into five 51-bit fields, lowest first;
+    field ``k`` is the unit value ``u = field / 2**51`` of parameter ``PARAM_NAMES[k]``, which
+    becomes ``low + (high - low) * u``. Five fields of 51 bits fit in 256, so one digest gives
+    every value without seeding a random generator (seeding Python's ``random`` with a 256-bit
+    integer costs more than several SHA-256 rounds).
+
+    >>> cfg = AugmentationConfig(rotation_range=(0.0, 2.0))
+    >>> values_from_digest(bytes(31) + bytes([1]), cfg)[0] == 2.0 * 2**-51
+    True
+    """
+    bits = int.from_bytes(digest, "big")
+    values = []
+    for low, high in (
+        cfg.rotation_range,
+        cfg.brightness_range,
+        cfg.noise_range,
+        cfg.scale_range,
+        cfg.contrast_range,
+    ):
+        # u < 1, but low + (high - low) * u may round up to high; high is a promise, so clamp.
+        value = low + (high - low) * ((bits & _MASK51) * _UNIT51)
+        values.append(value if value < high else high)
+        bits >>= 51
+    return values
+
+
+_MASK51 = (1 << 51) - 1
+_UNIT51 = 2.0**-51
+
+
+def _params_from_digest(digest: bytes, rank: int, cfg: AugmentationConfig) -> dict[str, Any]:
+    rotation, brightness, noise, scale, contrast = values_from_digest(digest, cfg)
+    return {
+        "rotation": rotation,
+        "brightness": brightness,
+        "noise": noise,
+        "scale": scale,
+        "contrast": contrast,
+        "hash": digest.hex(),
+        "rank": rank,
+    }
 
 
 def stream_distributed_augmentation_chain(
@@ -235,25 +277,29 @@ def stream_distributed_augmentation_chain(
     num_samples = check_int("num_samples", num_samples)
     rank, world_size = check_rank(rank, world_size)
     chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+    base_seed = check_int("base_seed", base_seed)
     cfg = resolve_config(config)
-    seeds = RankAwareSeedGenerator(base_seed, world_size)
     start, end = contiguous_range(num_samples, world_size, rank)
-    return _stream(seeds, cfg, rank, start, end, chunk_size)
+    return _stream(base_seed, cfg, rank, start, end, chunk_size)
 
 
 def _stream(
-    seeds: RankAwareSeedGenerator,
+    base_seed: int,
     cfg: AugmentationConfig,
     rank: int,
     start: int,
     end: int,
     chunk_size: int,
 ) -> Iterator[dict[str, Any]]:
+    depth = cfg.augmentation_depth
     for chunk_start in range(start, end, chunk_size):
-        chunk = []
-        for sample_id in range(chunk_start, min(chunk_start + chunk_size, end)):
-            digest = seeds.generate_seed(sample_id, rank, cfg.augmentation_depth)
-            chunk.append({**_params_from_digest(digest, rank, cfg), "sample_id": sample_id})
+        chunk = [
+            {
+                **_params_from_digest(dpa_digest(base_seed, rank, sample_id, depth), rank, cfg),
+                "sample_id": sample_id,
+            }
+            for sample_id in range(chunk_start, min(chunk_start + chunk_size, end))
+        ]
         yield from chunk
 
 

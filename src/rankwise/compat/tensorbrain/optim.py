@@ -1,0 +1,17 @@
+"""``torch.optim`` under TensorBrain's name: ``tb.optim.Adam`` is ``torch.optim.Adam``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.optim as _torch_module
+
+from rankwise.compat.tensorbrain._alias import forward, names
+
+
+def __getattr__(name: str) -> Any:
+    return forward(_torch_module, __name__, name)
+
+
+def __dir__() -> list[str]:
+    return names(_torch_module, globals())

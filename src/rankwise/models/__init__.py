@@ -1,0 +1,12 @@
+"""Reference models (``rankwise.models``): standard architectures built from ``torch.nn`` only.
+
+torchvision would pull in a torch of its own; these let benchmarks, examples and the
+TensorBrain guide's ``tb.nn.ResNet50()`` use a real ResNet-50 without it.
+
+>>> sum(p.numel() for p in ResNet50().parameters())
+25557032
+"""
+
+from rankwise.models.resnet import Bottleneck, ResNet, ResNet50, resnet50
+
+__all__ = ["Bottleneck", "ResNet", "ResNet50", "resnet50"]
