@@ -24,6 +24,7 @@ import contextlib
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -92,9 +93,12 @@ def _rank_main(
         if init_group:
             rd.init()
         result = fn(*args, **kwargs)
-        conn.send(("ok", result))
+        # Plain pickle, not the connection's: torch registers multiprocessing reductions that
+        # send a tensor as a shared-memory handle, which the parent can open only while this
+        # process is alive (a rank that exits first left the parent a FileNotFoundError).
+        conn.send_bytes(pickle.dumps(("ok", result)))
     except BaseException:
-        conn.send(("error", traceback.format_exc()))
+        conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
     finally:
         rd.finalize()
         conn.close()
@@ -186,7 +190,7 @@ def _collect(
             assert isinstance(conn, mpc.Connection)
             rank = pending.pop(conn)
             try:
-                status, payload = conn.recv()
+                status, payload = pickle.loads(conn.recv_bytes())
             except EOFError:
                 code = procs[rank].exitcode
                 status, payload = "error", f"rank {rank} exited (code {code}) without a result"
