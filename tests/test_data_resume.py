@@ -188,3 +188,17 @@ def test_stop_on_three_ranks_resume_on_two_gloo() -> None:
     seen = [i for part, _ in first + second for i in part]
     check_once(n, seen, 2, drop_last=False)
     assert second[0][1]["consumed"] == n and len(second[0][0]) == len(second[1][0])
+
+
+def test_state_of_another_order_version_is_refused() -> None:
+    state = DistributedSampler(100, 2, 0).state_dict()
+    assert state["version"] == 1
+    old = {k: v for k, v in state.items() if k != "version"}  # saved before versions existed
+    with pytest.raises(ValueError, match=r"missing \['version'\].*reproduces order version 1"):
+        DistributedSampler(100, 2, 0).load_state_dict(old)
+    with pytest.raises(
+        ValueError, match=r"order version 2, but this rankwise reproduces version 1"
+    ):
+        DistributedSampler(100, 2, 0).load_state_dict({**state, "version": 2})
+    with pytest.raises(ValueError, match=r"order version '1'"):
+        DistributedSampler(100, 2, 0).load_state_dict({**state, "version": "1"})
