@@ -188,3 +188,44 @@ def test_stop_on_three_ranks_resume_on_two_gloo() -> None:
     seen = [i for part, _ in first + second for i in part]
     check_once(n, seen, 2, drop_last=False)
     assert second[0][1]["consumed"] == n and len(second[0][0]) == len(second[1][0])
+
+
+def test_state_of_another_order_version_is_refused() -> None:
+    state = DistributedSampler(100, 2, 0).state_dict()
+    assert state["version"] == 1
+    old = {k: v for k, v in state.items() if k != "version"}  # saved before versions existed
+    with pytest.raises(ValueError, match=r"missing \['version'\].*reproduces order version 1"):
+        DistributedSampler(100, 2, 0).load_state_dict(old)
+    with pytest.raises(
+        ValueError, match=r"order version 2, but this rankwise reproduces version 1"
+    ):
+        DistributedSampler(100, 2, 0).load_state_dict({**state, "version": 2})
+    with pytest.raises(ValueError, match=r"order version '1'"):
+        DistributedSampler(100, 2, 0).load_state_dict({**state, "version": "1"})
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(0, 400),
+    old=st.integers(1, 16),
+    new=st.integers(1, 16),
+    taken=st.integers(0, 60),
+    drop_last=st.booleans(),
+)
+def test_a_pass_state_resumes_the_rest_under_any_world(
+    n: int, old: int, new: int, taken: int, drop_last: bool
+) -> None:
+    # What torchdata saves: each rank's pass iterator after `taken` indices. Loaded into fresh
+    # passes under another world size, the rest of the epoch follows, each sample once.
+    seen: list[int] = []
+    states = []
+    for rank in range(old):
+        it = iter(DistributedSampler(n, old, rank, seed=9, drop_last=drop_last))
+        seen += [i for _, i in zip(range(taken), it, strict=False)]
+        states.append(it.state_dict())
+    assert all(s == states[0] for s in states)
+    for rank in range(new):
+        fresh = iter(DistributedSampler(n, new, rank, drop_last=drop_last))
+        fresh.load_state_dict(states[0])
+        seen += list(fresh)
+    check_once(n, seen, max(old, new), drop_last)

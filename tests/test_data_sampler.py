@@ -4,6 +4,7 @@ test_data_resume.py."""
 from __future__ import annotations
 
 import tracemalloc
+import warnings
 
 import pytest
 import torch
@@ -208,3 +209,38 @@ def test_epochs_beyond_int64_are_refused_by_name() -> None:
     assert int(sampler.shared_epoch()) == 2**63 - 1
     with pytest.raises(ValueError, match=r"epoch \(9223372036854775808\) must be <="):
         sampler.set_epoch(2**63)
+
+
+def test_a_finished_epoch_repeats_with_one_warning_instead_of_an_empty_pass() -> None:
+    # Before: after advance() reached the end, iter() yielded nothing -- a loop that forgot
+    # set_epoch "trained" on zero samples without a word.
+    s = DistributedSampler(10, 2, 1, seed=4)
+    s.set_epoch(3)
+    whole = list(s)
+    s.advance(len(whole))
+    with pytest.warns(UserWarning, match=r"epoch 3 is finished.*set_epoch\(epoch \+ 1\)"):
+        again = list(s)
+    assert again == whole and s.consumed == 0  # torch's behaviour: the same epoch, whole
+    s.advance(len(again))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per sampler
+        assert list(s) == whole
+    s.set_epoch(4)
+    assert len(list(s)) == 5 and list(s) != whole
+
+
+def test_a_dataloader_loop_without_set_epoch_warns_once() -> None:
+    s = DistributedSampler(40, 2, 0, seed=1)
+    loader = tud.DataLoader(tud.TensorDataset(torch.arange(40)), batch_size=8, sampler=s)
+    first = [x.tolist() for (x,) in loader]
+    with pytest.warns(UserWarning, match=r"epoch 0 was already iterated.*set_epoch"):
+        second = [x.tolist() for (x,) in loader]
+    assert first == second  # torch repeats the order when set_epoch is not called
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.set_epoch(1)  # a loop that calls set_epoch never warns
+        for _ in range(2):
+            list(loader)
+            s.set_epoch(s.epoch + 1)
+        unshuffled = DistributedSampler(40, 2, 0, shuffle=False)
+        assert list(unshuffled) == list(unshuffled)  # evaluation passes: nothing to reshuffle

@@ -1,8 +1,11 @@
 """Who sees which sample, in which order (``rankwise.data``).
 
 - :mod:`~rankwise.data.partition`: contiguous and strided splits of ``range(N)`` over ranks.
-- :mod:`~rankwise.data.permutation`: a seeded permutation of ``[0, N)`` in O(1) memory.
-- :mod:`~rankwise.data.sampler`: :class:`DistributedSampler` with an elastic resume cursor.
+- :mod:`~rankwise.data.permutation`: a seeded permutation of ``[0, N)`` in O(1) memory, from
+  rankwise's own hashing (``ORDER_VERSION`` names the algorithm).
+- :mod:`~rankwise.data.sampler`: :class:`DistributedSampler`, a torch ``DistributedSampler``
+  subclass with an elastic resume cursor; :mod:`~rankwise.data.passes`: its pass iterator,
+  ``Stateful`` for torchdata's ``StatefulDataLoader``.
 - :mod:`~rankwise.data.batches`: :class:`DistributedBatchIterator`.
 - :mod:`~rankwise.data.blocks` / :mod:`~rankwise.data.strategies`: :class:`FetchDataset`,
   block-shuffled batches from on-disk sources (:class:`Streaming`, :class:`BlockShuffling`);
@@ -19,11 +22,12 @@ from rankwise.data.partition import (
     strided_count,
     strided_positions,
 )
-from rankwise.data.permutation import Permutation, permutation_keys
+from rankwise.data.permutation import ORDER_VERSION, Permutation, permutation_keys
 from rankwise.data.sampler import DistributedSampler
 from rankwise.data.strategies import BlockShuffling, Strategy, Streaming
 
 __all__ = [
+    "ORDER_VERSION",
     "BlockShuffling",
     "DistributedBatchIterator",
     "DistributedRangeSplitter",
