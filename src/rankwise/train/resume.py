@@ -38,6 +38,7 @@ class Position:
     carried: list[float] | None = None
     history: DistributedTrainingHistory | None = None
     sampler: dict[str, Any] | None = None
+    precision: dict[str, Any] | None = None  # applied once fit() has built the Precision
 
 
 def build_state(trainer: DistributedTrainer, epoch: int, sums: EpochSums | None) -> dict[str, Any]:
@@ -112,10 +113,14 @@ def apply_state(trainer: DistributedTrainer, state: dict[str, Any], path: Path |
             int(state["global_batch_size"]), cfg.batch_size, world, cfg.grad_accum_steps
         )
     ck.load_model_state_dict(trainer.model, state["model"])
-    ck.load_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
+    # Before the first fit() an optimizer given as a factory does not exist yet: the next
+    # fit builds it fresh (the model weights are what a loaded checkpoint is mostly for).
+    if trainer.optimizer is not None:
+        ck.load_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
     if trainer.scheduler is not None and state.get("scheduler") is not None:
         trainer.scheduler.load_state_dict(state["scheduler"])
-    trainer.precision.load_state_dict(state["precision"])
+    if trainer.prepared is not None:
+        trainer.precision.load_state_dict(state["precision"])
     extra = state.get("trainer", {})
     if extra.get("comm"):
         load_comm_state_dict(trainer.model, extra["comm"])
@@ -131,6 +136,7 @@ def apply_state(trainer: DistributedTrainer, state: dict[str, Any], path: Path |
         carried=carried if rd.is_master() else None,
         history=DistributedTrainingHistory.from_dict(state["history"]),
         sampler=state.get("sampler"),
+        precision=None if trainer.prepared is not None else state["precision"],
     )
 
 

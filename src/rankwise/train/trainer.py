@@ -218,6 +218,8 @@ class DistributedTrainer:
             position = st.apply_state(self, ck.load_file(path), path)
         elif self._pending is not None:
             position = self._pending
+            if position.precision is not None:
+                self.precision.load_state_dict(position.precision)
         else:
             _seed_everything(cfg.seed, rd.get_rank())
             return st.Position()
@@ -336,12 +338,11 @@ class DistributedTrainer:
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Load model, optimizer, scheduler and precision state from ``path`` (collective);
-        the next ``fit`` continues from the checkpoint's epoch, step and data position."""
-        if self.prepared is None:
-            raise ValueError(
-                "load_checkpoint needs the trainer set up by fit() first; to resume a run, pass "
-                "config.resume=path (or 'auto') to fit()."
-            )
+        the next ``fit`` continues from the checkpoint's epoch, step and data position.
+
+        Works before the first ``fit`` too (e.g. to evaluate a saved model); an optimizer or
+        scheduler given as a factory is then built fresh by ``fit``.
+        """
         self._pending = st.apply_state(self, ck.load_file(path), path)
         self.global_step = self._pending.step
 
