@@ -69,7 +69,7 @@ def test_file_without_manifest_is_not_valid(tmp_path: Path) -> None:
     ck.manifest_path(path).unlink()
     with pytest.raises(CheckpointError, match="no manifest"):
         load_file(path)
-    with pytest.raises(FileNotFoundError, match="nothere.pt"):
+    with pytest.raises(FileNotFoundError, match=r"nothere\.pt"):
         load_file(tmp_path / "nothere.pt")
 
 

@@ -285,7 +285,9 @@ def kill_at_checkpoint(point: str, after: int = 0) -> None:
     from rankwise.train.files import FAULT_POINTS, set_fault_hook
 
     if point not in FAULT_POINTS:
-        raise ValueError(f"point ({point!r}) is not a checkpoint fault point; use one of {FAULT_POINTS}.")
+        raise ValueError(
+            f"point ({point!r}) is not a checkpoint fault point; use one of {FAULT_POINTS}."
+        )
     if isinstance(after, bool) or not isinstance(after, int) or after < 0:
         raise ValueError(f"after ({after!r}) must be an integer >= 0.")
     remaining = [after]

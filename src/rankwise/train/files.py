@@ -26,9 +26,7 @@ import datetime
 import hashlib
 import json
 import os
-import re
 import uuid
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -217,7 +215,9 @@ def verify_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             "it was copied without it; it cannot be verified, so it is not used."
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"checkpoint {path}: its manifest {mpath.name} is unreadable ({e}).")
+        raise CheckpointError(
+            f"checkpoint {path}: its manifest {mpath.name} is unreadable ({e})."
+        ) from e
     actual = path.stat().st_size
     if actual != size:
         what = "truncated (torn write)" if actual < size else "longer than written"

@@ -91,7 +91,7 @@ def model_state_dict(model: nn.Module, *, all_ranks: bool = False) -> dict[str, 
     >>> list(model_state_dict(ddp_like))
     ['0.weight', '0.bias']
     """
-    state = get_model_state_dict(model, options=_read_options(model, all_ranks))
+    state: dict[str, Any] = get_model_state_dict(model, options=_read_options(model, all_ranks))
     return _to_cpu(state) if all_ranks else state
 
 
@@ -107,9 +107,8 @@ def load_model_state_dict(
     accepted too. Missing or unexpected keys raise torch's ``RuntimeError`` naming them.
     """
     options = _write_options(model, from_rank0)
-    if state:
-        state = _strip_module_prefix(model, state)
-    set_model_state_dict(model, state, options=options)
+    named: dict[str, Any] = _strip_module_prefix(model, state) if state else state
+    set_model_state_dict(model, named, options=options)
 
 
 def _strip_module_prefix(model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
