@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rankwise.train.config import FIELDS, DistributedTrainingConfig, parse_overrides
 
@@ -227,3 +229,40 @@ def test_with_overrides_returns_a_checked_copy() -> None:
     changed = base.with_overrides("batch_size=8")  # one string is one override
     assert (base.batch_size, changed.batch_size, changed.epochs) == (32, 8, 4)
     assert parse_overrides(["log_dir=", "seed=0x10"]) == {"log_dir": None, "seed": 16}
+
+
+paths = st.one_of(
+    st.none(),
+    st.sampled_from(["null", "yes", "1e3", "~", "auto: x", "./ckpt # not a comment"]),
+    st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=1).filter(
+        str.strip
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    checkpoint_dir=paths,
+    log_dir=paths,
+    seed=st.integers(0, 2**64 - 1),
+    split=st.floats(0, 1, exclude_max=True),
+    clip=st.one_of(st.none(), st.floats(1e-6, 1e6)),
+)
+def test_yaml_round_trip_of_awkward_values(
+    tmp_path_factory: pytest.TempPathFactory,
+    checkpoint_dir: str | None,
+    log_dir: str | None,
+    seed: int,
+    split: float,
+    clip: float | None,
+) -> None:
+    # Strings YAML would read as other types ("null", "yes", "1e3") must come back as strings.
+    config = DistributedTrainingConfig(
+        checkpoint_dir=checkpoint_dir,
+        log_dir=log_dir,
+        seed=seed,
+        validation_split=split,
+        grad_clip_norm=clip,
+    )
+    path = config.to_yaml(tmp_path_factory.mktemp("yaml") / "run.yaml")
+    assert DistributedTrainingConfig.from_yaml(path) == config

@@ -1,7 +1,8 @@
 """The high-level training loop (``rankwise.train``).
 
 ``DistributedTrainer`` trains, ``DistributedTrainingConfig`` says what a run does,
-``DistributedTrainingHistory`` records what it did. See ``docs/train.md``.
+``DistributedTrainingHistory`` records what it did, ``TrainingLogger`` prints and logs it on
+rank 0. See ``docs/train.md``.
 
 Checkpoints (:mod:`rankwise.train.checkpoint`): atomic, verified files; a manager with a
 ``latest`` pointer and pruning; model / optimizer / RNG state independent of the wrapping.
@@ -26,6 +27,7 @@ from rankwise.train.checkpoint import (
 )
 from rankwise.train.config import DistributedTrainingConfig, parse_overrides
 from rankwise.train.history import DistributedTrainingHistory
+from rankwise.train.loggers import TrainingLogger
 from rankwise.train.trainer import DistributedTrainer
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "DistributedTrainer",
     "DistributedTrainingConfig",
     "DistributedTrainingHistory",
+    "TrainingLogger",
     "find_latest",
     "load_file",
     "load_model_state_dict",

@@ -1,0 +1,290 @@
+"""Rank-0 output of a training run: :class:`TrainingLogger`.
+
+One object owns everything a run prints or logs, and on every rank but rank 0 it does nothing
+(the trainer passes ``is_master``), so the logs are written once and the console is not
+multiplied by the world size:
+
+- a tqdm progress bar per epoch with the loss and the global samples/s, when ``verbose`` and
+  stderr is a terminal (or ``progress_bar=True``);
+- otherwise a line every ``log_every_n_batches`` steps:
+  ``epoch 2/10 step 40/113 loss 0.4312 1,234 samples/s``;
+- an epoch summary line;
+- ``log_dir/metrics.csv``: one row per logged step and per epoch end, flushed as written;
+- TensorBoard event files in ``log_dir`` when ``torch.utils.tensorboard`` imports.
+
+Epochs are passed counted from 0 (as the sampler and checkpoints count them) and shown counted
+from 1, in the console, the CSV and TensorBoard alike.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any, TextIO
+
+# The CSV's columns. Epoch metrics under other names go to "extra" as "name=value;...".
+STEP_COLUMNS = ("loss", "samples_per_second")
+EPOCH_COLUMNS = (
+    "train_loss",
+    "train_accuracy",
+    "val_loss",
+    "val_accuracy",
+    "epoch_seconds",
+    "samples_per_second",
+    "lr",
+)
+CSV_COLUMNS = (
+    "wall_time",
+    "kind",
+    "epoch",
+    "step",
+    "global_step",
+    *dict.fromkeys((*STEP_COLUMNS, *EPOCH_COLUMNS)),  # in order, without repeats
+    "extra",
+)
+# Short names the trainer or users may use for the same quantities.
+_ALIASES = {"train_acc": "train_accuracy", "val_acc": "val_accuracy", "seconds": "epoch_seconds"}
+
+
+class TrainingLogger:
+    """Progress bar, step lines, epoch summaries, CSV and TensorBoard logs, on rank 0 only.
+
+    ``log_dir``: where ``metrics.csv`` and the TensorBoard files go (None: no files).
+    ``verbose``: console output at all. ``log_every_n_batches``: step lines and step rows
+    every N steps of an epoch (0: none). ``is_master``: False makes every method a no-op.
+    ``progress_bar``: None shows the bar when stderr is a terminal; True / False force it.
+    ``epochs``: the run's epoch count, shown as ``epoch 2/10``. ``stream``: where lines go
+    (default: stdout at the time of writing).
+
+    >>> import io
+    >>> out = io.StringIO()
+    >>> log = TrainingLogger(None, verbose=True, log_every_n_batches=2, is_master=True,
+    ...                      progress_bar=False, stream=out)
+    >>> log.start_epoch(0, total_steps=4)
+    >>> for step in range(1, 5):
+    ...     log.step(step, step, loss=1.0 / step, samples_per_second=1234.5)
+    >>> log.end_epoch(0, {"train_loss": 0.52, "train_accuracy": 0.75})
+    >>> log.close()
+    >>> print(out.getvalue(), end="")
+    epoch 1 step 2/4 loss 0.5000 1,234 samples/s
+    epoch 1 step 4/4 loss 0.2500 1,234 samples/s
+    epoch 1 done: train_loss 0.5200 train_accuracy 75.00%
+    """
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str] | None,
+        verbose: bool,
+        log_every_n_batches: int,
+        is_master: bool,
+        *,
+        progress_bar: bool | None = None,
+        epochs: int | None = None,
+        stream: TextIO | None = None,
+    ) -> None:
+        if isinstance(log_every_n_batches, bool) or not isinstance(log_every_n_batches, int):
+            raise ValueError(
+                f"log_every_n_batches ({log_every_n_batches!r}) must be an integer >= 0 "
+                "(0 turns step lines off)."
+            )
+        if log_every_n_batches < 0:
+            raise ValueError(
+                f"log_every_n_batches ({log_every_n_batches}) must be >= 0; 0 turns step lines off."
+            )
+        self.enabled = bool(is_master)
+        self.verbose = bool(verbose)
+        self.every = log_every_n_batches
+        self.epochs = epochs
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        self._force_bar = progress_bar
+        self._stream = stream
+        self._bar: Any = None  # tqdm.tqdm while an epoch runs with a bar
+        self._epoch, self._total = 0, 0
+        self._csv_file: IO[str] | None = None
+        self._csv: Any = None  # csv.writer
+        self._tb: Any = None  # torch.utils.tensorboard.SummaryWriter
+        self._global_step: int | None = None  # the last one step() saw, for epoch rows
+        if self.enabled and self.log_dir is not None:
+            self._open_logs(self.log_dir)
+
+    # -- the trainer's calls ----------------------------------------------------------------
+
+    def start_epoch(self, epoch: int, total_steps: int) -> None:
+        """An epoch of ``total_steps`` steps (0: unknown) begins; opens its progress bar."""
+        if not self.enabled:
+            return
+        self._close_bar()
+        self._epoch, self._total = epoch, total_steps
+        if self.verbose and self._bar_wanted():
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=total_steps or None,
+                desc=self._epoch_label(),
+                unit="step",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                leave=True,
+            )
+
+    def step(
+        self, step_in_epoch: int, global_step: int, loss: float, samples_per_second: float
+    ) -> None:
+        """``step_in_epoch`` steps of this epoch are done (counted from 1).
+
+        Moves the bar; every ``log_every_n_batches`` steps writes a CSV row and TensorBoard
+        scalars, and prints a line when there is no bar.
+        """
+        if not self.enabled:
+            return
+        self._global_step = global_step
+        if self._bar is not None:
+            self._bar.set_postfix_str(
+                f"loss {loss:.4f}, {samples_per_second:,.0f} samples/s", refresh=False
+            )
+            self._bar.update(step_in_epoch - self._bar.n)
+        if not self.every or step_in_epoch % self.every:
+            return
+        if self.verbose and self._bar is None:
+            of = f"/{self._total}" if self._total else ""
+            self._print(
+                f"{self._epoch_label()} step {step_in_epoch}{of} loss {loss:.4f} "
+                f"{samples_per_second:,.0f} samples/s"
+            )
+        self._write_row(
+            "step", step_in_epoch, global_step, loss=loss, samples_per_second=samples_per_second
+        )
+        if self._tb is not None:
+            self._tb.add_scalar("step/loss", loss, global_step)
+            self._tb.add_scalar("step/samples_per_second", samples_per_second, global_step)
+
+    def end_epoch(self, epoch: int, metrics: Mapping[str, float | None]) -> None:
+        """The epoch is over: close its bar, print a summary, log ``metrics`` (None: skipped)."""
+        if not self.enabled:
+            return
+        self._close_bar()
+        self._epoch = epoch
+        shown = {_ALIASES.get(k, k): v for k, v in metrics.items() if v is not None}
+        if self.verbose:
+            summary = " ".join(f"{name} {_format(name, v)}" for name, v in shown.items())
+            self._print(f"{self._epoch_label()} done: {summary}".rstrip())
+        self._write_row("epoch", None, self._global_step, **shown)
+        if self._tb is not None:
+            for name, value in shown.items():
+                self._tb.add_scalar(f"epoch/{name}", value, epoch + 1)
+            self._tb.flush()
+
+    def info(self, message: str) -> None:
+        """Print one line on rank 0 when verbose (for the trainer's own notes)."""
+        if self.enabled and self.verbose:
+            self._print(message)
+
+    def close(self) -> None:
+        """Close the bar and the log files (safe to call twice)."""
+        self._close_bar()
+        if self._csv_file is not None:
+            self._csv_file.close()
+            self._csv_file = self._csv = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> TrainingLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- pieces -----------------------------------------------------------------------------
+
+    def _bar_wanted(self) -> bool:
+        if self._force_bar is not None:
+            return self._force_bar
+        return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+    def _epoch_label(self) -> str:
+        of = f"/{self.epochs}" if self.epochs else ""
+        return f"epoch {self._epoch + 1}{of}"
+
+    def _print(self, line: str) -> None:
+        stream = self._stream if self._stream is not None else sys.stdout
+        print(line, file=stream, flush=True)
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def _open_logs(self, log_dir: Path) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        path = _csv_path(log_dir)
+        fresh = not path.exists() or path.stat().st_size == 0
+        # Appending: a resumed run continues the same log (it may repeat the steps since the
+        # checkpoint it resumed from; "global_step" tells them apart).
+        self._csv_file = path.open("a", newline="")
+        self._csv = csv.writer(self._csv_file)
+        if fresh:
+            self._csv.writerow(CSV_COLUMNS)
+            self._csv_file.flush()
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            if self.verbose:
+                self._print(
+                    "rankwise: tensorboard is not installed, so only the CSV log is written "
+                    "(pip install 'rankwise[tensorboard]' for TensorBoard files)."
+                )
+            return
+        self._tb = SummaryWriter(log_dir=str(log_dir))
+
+    def _write_row(
+        self, kind: str, step: int | None, global_step: int | None, **values: float
+    ) -> None:
+        if self._csv is None or self._csv_file is None:
+            return
+        row: dict[str, Any] = {
+            "wall_time": f"{time.time():.3f}",
+            "kind": kind,
+            "epoch": self._epoch + 1,
+            "step": step,
+            "global_step": global_step,
+        }
+        extra = []
+        for name, value in values.items():
+            if name in CSV_COLUMNS:
+                row[name] = value
+            else:
+                extra.append(f"{name}={value}")
+        row["extra"] = ";".join(extra)
+        self._csv.writerow(["" if row.get(c) is None else row[c] for c in CSV_COLUMNS])
+        self._csv_file.flush()
+
+
+def _csv_path(log_dir: Path) -> Path:
+    """``metrics.csv``, or the next free ``metrics-N.csv`` if an existing one has other columns
+    (a log from another rankwise version is never mixed with this one)."""
+    header = ",".join(CSV_COLUMNS)
+    path, n = log_dir / "metrics.csv", 1
+    while path.exists() and path.stat().st_size:
+        with path.open(newline="") as f:
+            if f.readline().rstrip("\r\n") == header:
+                break
+        path, n = log_dir / f"metrics-{n}.csv", n + 1
+    return path
+
+
+def _format(name: str, value: float) -> str:
+    if "accuracy" in name and 0 <= value <= 1:
+        return f"{value:.2%}"
+    if "seconds" in name:
+        return f"{value:.1f}s"
+    if "samples" in name:
+        return f"{value:,.0f}"
+    if name == "lr" or (value != 0 and math.isfinite(value) and abs(value) < 1e-3):
+        return f"{value:.3g}"
+    return f"{value:.4f}"
