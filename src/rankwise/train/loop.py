@@ -110,7 +110,13 @@ def train_epoch(
         check_even(total)
     accum = cfg.grad_accum_steps
     hooks = trainer.batch_hooks()
-    log_every = cfg.log_every_n_batches if trainer.is_master() else 0
+    # Rank 0 reads its running loss (one .item()) every `tick` micro-batches, for the bar and
+    # the log lines; the other ranks never do.
+    tick = (
+        (cfg.log_every_n_batches or 10)
+        if trainer.is_master() and (cfg.verbose or cfg.log_dir)
+        else 0
+    )
     trainer.logger.start_epoch(epoch, total or 0)
     model.train()
     needs_target = trainer.loss_fn is not None
@@ -141,7 +147,7 @@ def train_epoch(
             trainer.optimizer_step()
             window_start = i + 1
             trainer.after_optimizer_step(epoch, sums)
-        if log_every and (i + 1) % log_every == 0:
+        if tick and ((i + 1) % tick == 0 or i + 1 == total):
             s, c = sums.running_loss(logged)
             logged, logged_sum, logged_n = len(sums.losses), logged_sum + s, logged_n + c
             rate = logged_n * rd.get_world_size() / max(time.perf_counter() - started, 1e-9)

@@ -143,7 +143,7 @@ class DistributedTrainer:
         self.history.world_size = world
         self._call("on_fit_start", self)
         self.logger = TrainingLogger(
-            cfg.log_dir, cfg.verbose, cfg.log_every_n_batches, rd.is_master()
+            cfg.log_dir, cfg.verbose, cfg.log_every_n_batches, rd.is_master(), epochs=cfg.epochs
         )
         started, samples, train_seconds = time.perf_counter(), 0, 0.0
         carried = position.carried
@@ -249,7 +249,13 @@ class DistributedTrainer:
                 scheduler.step()
         seconds = time.perf_counter() - t0
         self.history.append_epoch(loss, acc, val_loss, val_acc, seconds)
-        metrics = {"loss": loss, "accuracy": acc, "val_loss": val_loss, "val_accuracy": val_acc}
+        metrics = {
+            "train_loss": loss,
+            "train_accuracy": acc,
+            "val_loss": val_loss,
+            "val_accuracy": val_acc,
+            "epoch_seconds": seconds,
+        }
         self.logger.end_epoch(epoch, metrics)
         return metrics
 
