@@ -227,20 +227,25 @@ class TrainBatches:
 
     def __iter__(self) -> Iterator[tuple[Batch, torch.Tensor | None]]:
         if isinstance(self.dataset, TensorPairs):
-            for ids in self.chunks:
-                yield (
-                    self.dataset.take(torch.tensor(ids)),
-                    self._ids(ids) if self.record_ids else None,
-                )
+            yield from self._tensor_batches(self.dataset)
             return
         assert self.loader is not None
         for batch in self.loader:
             ids = self.chunks.issued.popleft() if self.chunks.issued is not None else None
-            yield batch, None if ids is None else self._ids(ids)
+            yield batch, None if ids is None else self._ids(torch.tensor(ids))
 
-    def _ids(self, ids: list[int]) -> torch.Tensor:
-        rows = np.asarray(ids, dtype=np.int64)
-        return torch.from_numpy(self.origin[rows] if self.origin is not None else rows)
+    def _tensor_batches(self, data: TensorPairs) -> Iterator[tuple[Batch, torch.Tensor | None]]:
+        # The pass's indices as one tensor (O(N/R), like the data already in memory), then a
+        # view per batch: no per-batch list -> tensor conversion in the step.
+        passed = iter(self.sampler)
+        index = torch.from_numpy(np.fromiter(passed, dtype=np.int64, count=len(self.sampler)))
+        size = self.chunks.batch_size
+        for start in range(0, len(index), size):
+            rows = index[start : start + size]
+            yield data.take(rows), self._ids(rows) if self.record_ids else None
+
+    def _ids(self, rows: torch.Tensor) -> torch.Tensor:
+        return rows if self.origin is None else torch.from_numpy(self.origin[rows.numpy()])
 
 
 def _origin(dataset: Any) -> np.ndarray | None:
