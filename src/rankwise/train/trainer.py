@@ -166,7 +166,8 @@ class DistributedTrainer:
         finally:
             self.logger.close()
         self.history.total_time_seconds += time.perf_counter() - started
-        self.history.samples_per_second = samples / train_seconds if train_seconds else 0.0
+        if samples:  # a resume with nothing left to do keeps the recorded throughput
+            self.history.samples_per_second = samples / train_seconds
         self._call("on_fit_end", self, self.history)
         return self.history
 
