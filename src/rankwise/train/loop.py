@@ -104,6 +104,7 @@ def train_epoch(
 ) -> tuple[float, float | None, int]:
     """Run the rest of epoch ``epoch``; return ``(loss, accuracy, global samples)``."""
     cfg, model, precision = trainer.config, trainer.model, trainer.precision
+    assert cfg is not None, "set by fit()"
     source.set_epoch(epoch)
     total = len(source) if not isinstance(source, UserBatches) or source.sized else None
     if isinstance(source, UserBatches) and total is not None:
@@ -119,25 +120,28 @@ def train_epoch(
     )
     trainer.logger.start_epoch(epoch, total or 0)
     model.train()
-    needs_target = trainer.loss_fn is not None
+    loss_fn = trainer.loss_fn
+    needs_target = loss_fn is not None
+    on_cpu = trainer.device.type == "cpu"
+    classes: bool | None = None  # decided on the first batch: the data set does not change
     started, logged, logged_sum, logged_n = time.perf_counter(), 0, 0.0, 0
     window_start = 0
     for i, (batch, ids, final) in enumerate(_micro_batches(source)):
         last = is_sync_step(i, accum, total) if final is None else (final or (i + 1) % accum == 0)
         if i == window_start:  # a new window: how many micro-batches it averages over
             window = accum if total is None else min(accum, total - i)
-        x, y = split_batch(
-            batch if trainer.device.type == "cpu" else trainer.to_device(batch), needs_target
-        )
+        x, y = split_batch(batch if on_cpu else trainer.to_device(batch), needs_target)
         n = batch_length(x)
         with accumulate(model, is_last=last):
             with precision.autocast():
                 out = model(x)
-                loss = model_loss(out, y, trainer.loss_fn)
+                loss = model_loss(out, y, loss_fn)
             precision.backward(loss / window if window > 1 else loss)
         sums.losses.append(loss.detach())
         sums.counts.append(n)
-        if is_class_target(out, y):
+        if classes is None:
+            classes = is_class_target(out, y)
+        if classes:
             sums.correct.append((out.detach().argmax(1) == y).sum())
             sums.classed += n
         source.advance(n)
@@ -152,5 +156,6 @@ def train_epoch(
             logged, logged_sum, logged_n = len(sums.losses), logged_sum + s, logged_n + c
             rate = logged_n * rd.get_world_size() / max(time.perf_counter() - started, 1e-9)
             trainer.logger.step(i + 1, trainer.global_step, logged_sum / max(logged_n, 1), rate)
-    loss, accuracy = summarize(totals := sums.reduced())
-    return loss, accuracy, int(totals[1])
+    totals = sums.reduced()
+    mean_loss, accuracy = summarize(totals)
+    return mean_loss, accuracy, int(totals[1])

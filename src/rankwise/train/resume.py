@@ -43,14 +43,14 @@ class Position:
 
 def build_state(trainer: DistributedTrainer, epoch: int, sums: EpochSums | None) -> dict[str, Any]:
     """The checkpoint dict; collective (every rank calls it, rank 0's copy is written)."""
-    model, optimizer = trainer.model, trainer.optimizer
+    model, optimizer, cfg = trainer.model, trainer.optimizer, trainer.config
+    assert optimizer is not None and cfg is not None, "set up by fit()"
     world = rd.get_world_size()
     carried = sums.reduced().tolist() if sums is not None else [0.0] * 4
     rngs: list[Any] = [ck.rng_state()]
     if world > 1 and rd.has_group():
         rngs = [None] * world
         dist.all_gather_object(rngs, ck.rng_state())
-    cfg = trainer.config
     source = trainer.train_source
     sampler = getattr(source, "sampler", None)
     return {
