@@ -153,6 +153,29 @@ def _uneven_loader() -> str:
     return "no error"
 
 
+class Stream(torch.utils.data.IterableDataset):
+    """An iterable data set without len(): ``rows`` samples on this rank."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        g = torch.Generator().manual_seed(rd.get_rank())
+        for _ in range(self.rows):
+            yield torch.randn(64, generator=g), torch.randint(0, 10, (), generator=g)
+
+
+def _unsized(rows_rank1: int) -> str:
+    model = mlp()
+    trainer = DistributedTrainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters()))
+    rows = 32 if rd.get_rank() == 0 else rows_rank1
+    try:
+        history = trainer.fit(DataLoader(Stream(rows), batch_size=8), config=quiet(epochs=1))
+    except ValueError as exc:
+        return str(exc)
+    return f"trained {len(history.train_losses)}"
+
+
 def _accumulate(accum: int, batch: int) -> list[torch.Tensor]:
     torch.manual_seed(1)
     x, y = torch.randn(128, 64), torch.randint(0, 10, (128,))
@@ -170,6 +193,8 @@ def _inputs_and_accumulation() -> dict[str, Any]:
     return {
         "vae": _vae(),
         "uneven": _uneven_loader(),
+        "unsized_even": _unsized(32),
+        "unsized_uneven": _unsized(16),
         "accum_diff": max(
             float((a - b).abs().max()) for a, b in zip(one_big, two_small, strict=True)
         ),
@@ -183,8 +208,31 @@ def test_vae_uneven_loader_and_accumulation_on_two_ranks() -> None:
     for result in results:  # refused on every rank, with the counts, instead of a hang
         assert "rank 0: 3, rank 1: 2" in result["uneven"], result["uneven"]
         assert "DistributedSampler" in result["uneven"]
+    for result in results:  # loaders without len(): ranks agree per step, never hang
+        assert result["unsized_even"] == "trained 1"
+        assert "ranks [1] ran out of batches after 2 steps" in result["unsized_uneven"]
     # 2 micro-batches of 8 per rank == one batch of 16 per rank (DDP, no compression)
     assert results[0]["accum_diff"] < 1e-5
+
+
+# -- learning-rate rules, in a world of one ------------------------------------------------
+
+
+def test_linear_lr_scaling_once_and_scheduler_per_step(tmp_path: Path) -> None:
+    x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps: list[float] = []
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: steps.append(s) or 1.0)
+    trainer = DistributedTrainer(model, nn.CrossEntropyLoss(), optimizer, scheduler)
+    cfg = quiet(
+        epochs=2, batch_size=16, lr_scaling="linear", base_batch_size=8, scheduler_interval="step"
+    )
+    trainer.fit(x, y, cfg)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.2)  # 16 x 1 rank / 8
+    assert len(steps) == 1 + 8  # construction, then one per optimizer step (4 per epoch x 2)
+    trainer.fit(x, y, cfg)  # a second fit does not scale again
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.2)
 
 
 # -- bad input -------------------------------------------------------------------------------
