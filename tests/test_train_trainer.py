@@ -71,8 +71,9 @@ def _fit_digits(out_dir: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.timeout(200)
 def test_fit_on_two_ranks_reaches_the_accuracy_on_digits(tmp_path: Path) -> None:
-    results = run_distributed(_fit_digits, 2, args=(str(tmp_path),), timeout=240)
+    results = run_distributed(_fit_digits, 2, args=(str(tmp_path),), timeout=170)
     first = results[0]
     assert first["accuracy"] >= 0.93, first
     assert results[1]["accuracy"] == first["accuracy"]  # every rank gets the reduced metric
@@ -102,9 +103,10 @@ def _evaluate_fixed_model() -> dict[str, Any]:
     return {"loss": loss, "accuracy": accuracy, **trainer.last_evaluation}
 
 
+@pytest.mark.timeout(300)
 def test_evaluation_is_exact_on_one_to_four_ranks() -> None:
     results = [
-        run_distributed(_evaluate_fixed_model, world, timeout=120)[0] for world in (1, 2, 3, 4)
+        run_distributed(_evaluate_fixed_model, world, timeout=70)[0] for world in (1, 2, 3, 4)
     ]
     reference = results[0]
     assert reference["count"] == 103
@@ -201,8 +203,9 @@ def _inputs_and_accumulation() -> dict[str, Any]:
     }
 
 
+@pytest.mark.timeout(200)
 def test_vae_uneven_loader_and_accumulation_on_two_ranks() -> None:
-    results = run_distributed(_inputs_and_accumulation, 2, timeout=180)
+    results = run_distributed(_inputs_and_accumulation, 2, timeout=170)
     vae = results[0]["vae"]
     assert len(vae) == 3 and vae[-1] < vae[0]
     for result in results:  # refused on every rank, with the counts, instead of a hang

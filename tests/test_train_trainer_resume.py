@@ -101,8 +101,9 @@ def _bit_identical(tmp: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.timeout(300)
 def test_a_run_resumed_mid_epoch_ends_bit_identical(tmp_path: Path) -> None:
-    results = run_distributed(_bit_identical, 2, args=(str(tmp_path),), timeout=180)
+    results = run_distributed(_bit_identical, 2, args=(str(tmp_path),), timeout=170)
     for result in results:
         assert result["stopped"] and result["started_at"] == 8  # resumed mid-epoch 1
         assert result["equal"], "parameters differ from the uninterrupted run"
@@ -120,8 +121,9 @@ def _two_ranks(tmp: str) -> dict[str, Any]:
     return {"params": full["params"], "stopped": cut["stopped"]}
 
 
+@pytest.mark.timeout(300)
 def test_resume_on_another_world_size_keeps_the_run(tmp_path: Path) -> None:
-    two = run_distributed(_two_ranks, 2, args=(str(tmp_path),), timeout=180)[0]
+    two = run_distributed(_two_ranks, 2, args=(str(tmp_path),), timeout=170)[0]
     assert two["stopped"]
     # A world of one in this process: the same global batch as one rank x 64.
     with pytest.raises(
@@ -192,8 +194,9 @@ def _fsdp(tmp: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.timeout(300)
 def test_fsdp_fit_evaluate_and_resume(tmp_path: Path) -> None:
-    result = run_distributed(_fsdp, 2, args=(str(tmp_path),), timeout=180)[0]
+    result = run_distributed(_fsdp, 2, args=(str(tmp_path),), timeout=170)[0]
     assert result["wrapped"].startswith("FSDP")
     assert len(result["resumed"]) == 3 and result["resumed"][:2] == result["first"]
     assert result["lr"] == pytest.approx(1e-2 * 0.25)  # the scheduler stepped per epoch

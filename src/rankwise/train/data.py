@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 import rankwise.distributed as rd
 from rankwise.data import DistributedSampler, Permutation
+from rankwise.train.config import DistributedTrainingConfig
 
 # The validation hold-out is a rankwise permutation keyed by (seed, this constant): stable
 # across numpy versions and unrelated to the sampler's per-epoch orders (small epochs).
@@ -337,3 +338,39 @@ def has_batch_everywhere(has_batch: bool, step: int) -> bool:
         "DataLoader (without len()) gives the ranks uneven data. Shard it evenly (e.g. "
         "rankwise.data.FetchDataset gives every rank the same batch count) or drop the tail."
     )
+
+
+def parse_fit_args(
+    args: tuple[Any, ...], config: DistributedTrainingConfig | None, val: Any
+) -> tuple[DistributedTrainingConfig, Any, Any]:
+    rest = [a for a in args if not isinstance(a, DistributedTrainingConfig)]
+    given = [a for a in args if isinstance(a, DistributedTrainingConfig)]
+    if config is not None:
+        given.append(config)
+    if len(given) != 1:
+        raise ValueError(
+            f"fit needs exactly one DistributedTrainingConfig (got {len(given)}): "
+            "fit(X, y, config), fit(X, y, X_val, y_val, config) or fit(train, val, config=config)."
+        )
+    if rest and isinstance(rest[0], torch.Tensor | np.ndarray):
+        if len(rest) not in (2, 4) or val is not None:
+            raise ValueError(
+                f"fit with arrays takes (X, y) or (X, y, X_val, y_val), got {len(rest)} arrays; "
+                "pass targets for every input array."
+            )
+        train = as_dataset(rest[0], rest[1])
+        return given[0], train, as_dataset(rest[2], rest[3]) if len(rest) == 4 else None
+    if not rest or len(rest) > 2 or (len(rest) == 2 and val is not None):
+        raise ValueError(
+            "fit takes fit(X, y, config), fit(X, y, X_val, y_val, config) or fit(train, val=None, "
+            f"config=config) with Datasets or DataLoaders; got {len(rest)} data arguments."
+        )
+    return given[0], rest[0], rest[1] if len(rest) == 2 else val
+
+
+def eval_data(data: tuple[Any, ...]) -> Any:
+    if len(data) == 2:
+        return as_dataset(*data)
+    if len(data) == 1:
+        return as_dataset(data[0]) if isinstance(data[0], torch.Tensor | np.ndarray) else data[0]
+    raise ValueError(f"evaluate takes (X, y) or (dataset_or_loader), got {len(data)} arguments.")

@@ -6,7 +6,7 @@ passes (FSDP all-gathers parameters in every forward: a rank that skipped one wo
 others). Padding positions (``>= N``) are always the tail of a rank's list, so each batch is a
 prefix of real samples followed by padding; only the prefix is scored::
 
-    N = 10, R = 4, batch 2:  rank 2 -> positions [2, 6] [10=pad]   real counts 2, 0
+    N = 10, R = 4, batch 2:  rank 2 -> positions [2, 6] [10 = pad, index 0]   real: 2, 0
 
 Sums of loss, correct predictions and counts are kept in float64 and all-reduced once, so the
 result is the same on 1, 2, 3 or 4 ranks up to float rounding of the per-sample losses.
@@ -42,7 +42,7 @@ class EvalBatches:
 
     >>> data = TensorPairs(torch.arange(10.0).view(10, 1), torch.arange(10))
     >>> [(b[1].tolist(), n) for b, n in EvalBatches(data, 2, world_size=4, rank=2)]
-    [([2, 6], 2), ([2], 0)]
+    [([2, 6], 2), ([0], 0)]
     """
 
     def __init__(

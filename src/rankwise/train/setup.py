@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -97,3 +98,22 @@ def _rebuild(
             )
         groups.append({**settings, "params": [params[names[id(p)]] for p in group["params"]]})
     return type(old)(groups, **old.defaults)
+
+
+def scale_lr(optimizer: torch.optim.Optimizer, scheduler: Any, scale: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] *= scale
+        if "initial_lr" in group:
+            group["initial_lr"] *= scale
+    if scheduler is not None and hasattr(scheduler, "base_lrs"):
+        scheduler.base_lrs = [lr * scale for lr in scheduler.base_lrs]
+
+
+def seed_everything(seed: int, rank: int) -> None:
+    """Seed torch, numpy and random per rank from (seed, rank) (dropout differs per rank)."""
+    import random
+
+    state = np.random.SeedSequence(seed, spawn_key=(rank,)).generate_state(2)
+    torch.manual_seed(int(state[0]))
+    np.random.seed(int(state[1]))
+    random.seed(int(state[0]))

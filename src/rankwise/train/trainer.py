@@ -30,12 +30,20 @@ import rankwise.distributed as rd
 from rankwise.train import checkpoint as ck
 from rankwise.train import resume as st
 from rankwise.train.config import DistributedTrainingConfig
-from rankwise.train.data import TrainBatches, UserBatches, as_dataset, split_validation, to_device
+from rankwise.train.data import (
+    TrainBatches,
+    UserBatches,
+    as_dataset,
+    eval_data,
+    parse_fit_args,
+    split_validation,
+    to_device,
+)
 from rankwise.train.evaluation import EvalBatches, eval_batches, evaluate_exact, predict_all
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
 from rankwise.train.loop import EpochSums, train_epoch
-from rankwise.train.setup import Prepared, prepare
+from rankwise.train.setup import Prepared, prepare, scale_lr, seed_everything
 
 OptimizerSpec = torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -130,7 +138,7 @@ class DistributedTrainer:
         fit(X, y, X_val, y_val, config)
         fit(train, val=None, config=config)  # Datasets or DataLoaders
         """
-        cfg, train, val_data = _parse_fit_args(args, config, val)
+        cfg, train, val_data = parse_fit_args(args, config, val)
         self.config = cfg.validate()
         train_set, val_set = self._datasets(train, val_data, cfg)
         self._setup(cfg)
@@ -172,9 +180,15 @@ class DistributedTrainer:
         return self.history
 
     def _datasets(self, train: Any, val: Any, cfg: DistributedTrainingConfig) -> tuple[Any, Any]:
-        if cfg.validation_split and val is None and not isinstance(train, DataLoader):
-            return split_validation(train, cfg.validation_split, cfg.seed)
-        return train, val
+        if not cfg.validation_split or val is not None:
+            return train, val  # validation data given: it wins over validation_split
+        if isinstance(train, DataLoader):
+            raise ValueError(
+                f"validation_split ({cfg.validation_split}) needs the data itself, not a "
+                "DataLoader; pass the Dataset (the trainer builds the loaders) or your own "
+                "validation loader: fit(train_loader, val_loader, config=cfg)."
+            )
+        return split_validation(train, cfg.validation_split, cfg.seed)
 
     def _source(self, train: Any, cfg: DistributedTrainingConfig) -> Any:
         if isinstance(train, DataLoader) or not hasattr(train, "__getitem__"):
@@ -204,7 +218,7 @@ class DistributedTrainer:
         if not self.lr_scaled:
             scale = cfg.lr_scale(rd.get_world_size())
             if scale != 1.0:
-                _scale_lr(self._require_optimizer(), self.scheduler, scale)
+                scale_lr(self._require_optimizer(), self.scheduler, scale)
             self.lr_scaled = True  # once per trainer, and recorded in checkpoints
 
     def _start(self, cfg: DistributedTrainingConfig) -> st.Position:
@@ -222,7 +236,7 @@ class DistributedTrainer:
             if position.precision is not None:
                 self.precision.load_state_dict(position.precision)
         else:
-            _seed_everything(cfg.seed, rd.get_rank())
+            seed_everything(cfg.seed, rd.get_rank())
             return st.Position()
         self._pending = None
         sampler = getattr(self.train_source, "sampler", None)
@@ -289,7 +303,7 @@ class DistributedTrainer:
         """``(loss, accuracy)`` over every real sample exactly once, on every rank; accuracy
         is None unless targets are class indices. ``evaluate(X, y)`` or
         ``evaluate(dataset_or_loader)``."""
-        batches = eval_batches(_eval_data(data), batch_size or self._eval_batch())
+        batches = eval_batches(eval_data(data), batch_size or self._eval_batch())
         loss, accuracy, count, correct = evaluate_exact(
             self.model, batches, self.loss_fn, self._precision_or_default(), self.device
         )
@@ -373,58 +387,3 @@ class DistributedTrainer:
 
 def _is_factory(obj: Any) -> bool:
     return obj is not None and callable(obj) and not hasattr(obj, "step")
-
-
-def _parse_fit_args(
-    args: tuple[Any, ...], config: DistributedTrainingConfig | None, val: Any
-) -> tuple[DistributedTrainingConfig, Any, Any]:
-    rest = [a for a in args if not isinstance(a, DistributedTrainingConfig)]
-    given = [a for a in args if isinstance(a, DistributedTrainingConfig)]
-    if config is not None:
-        given.append(config)
-    if len(given) != 1:
-        raise ValueError(
-            f"fit needs exactly one DistributedTrainingConfig (got {len(given)}): "
-            "fit(X, y, config), fit(X, y, X_val, y_val, config) or fit(train, val, config=config)."
-        )
-    if rest and isinstance(rest[0], torch.Tensor | np.ndarray):
-        if len(rest) not in (2, 4) or val is not None:
-            raise ValueError(
-                f"fit with arrays takes (X, y) or (X, y, X_val, y_val), got {len(rest)} arrays; "
-                "pass targets for every input array."
-            )
-        train = as_dataset(rest[0], rest[1])
-        return given[0], train, as_dataset(rest[2], rest[3]) if len(rest) == 4 else None
-    if not rest or len(rest) > 2 or (len(rest) == 2 and val is not None):
-        raise ValueError(
-            "fit takes fit(X, y, config), fit(X, y, X_val, y_val, config) or fit(train, val=None, "
-            f"config=config) with Datasets or DataLoaders; got {len(rest)} data arguments."
-        )
-    return given[0], rest[0], rest[1] if len(rest) == 2 else val
-
-
-def _eval_data(data: tuple[Any, ...]) -> Any:
-    if len(data) == 2:
-        return as_dataset(*data)
-    if len(data) == 1:
-        return as_dataset(data[0]) if isinstance(data[0], torch.Tensor | np.ndarray) else data[0]
-    raise ValueError(f"evaluate takes (X, y) or (dataset_or_loader), got {len(data)} arguments.")
-
-
-def _scale_lr(optimizer: torch.optim.Optimizer, scheduler: Any, scale: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] *= scale
-        if "initial_lr" in group:
-            group["initial_lr"] *= scale
-    if scheduler is not None and hasattr(scheduler, "base_lrs"):
-        scheduler.base_lrs = [lr * scale for lr in scheduler.base_lrs]
-
-
-def _seed_everything(seed: int, rank: int) -> None:
-    """Seed torch, numpy and random per rank from (seed, rank) (dropout differs per rank)."""
-    import random
-
-    state = np.random.SeedSequence(seed, spawn_key=(rank,)).generate_state(2)
-    torch.manual_seed(int(state[0]))
-    np.random.seed(int(state[1]))
-    random.seed(int(state[0]))
