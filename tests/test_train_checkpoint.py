@@ -219,3 +219,28 @@ def test_a_real_kill_at_any_point_of_a_save_leaves_a_valid_latest(
     assert not [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name]
     kept = ["003", "004"] if point in ("before-pointer", "before-prune") else ["002", "004"]
     assert [p.name[-6:-3] for p in manager.checkpoints()] == kept
+
+
+def test_async_save_writes_the_state_as_it_was_when_called(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    w = torch.zeros(1000, 100)
+    first = manager.save_async({"w": w, "step": 1}, epoch=0, step=1)
+    w.add_(1.0)  # training goes on in place while the file is written
+    second = manager.save_async({"w": w, "step": 2}, epoch=0, step=2)
+    w.add_(1.0)
+    assert manager.wait() == second.result() and first.done()
+    assert torch.equal(load_file(first.result())["w"], torch.zeros(1000, 100))
+    found = manager.load_latest()
+    assert found is not None and found[0] == second.result()
+    assert torch.equal(found[1]["w"], torch.ones(1000, 100))
+    assert manager.wait() is None
+
+
+def test_async_save_errors_surface_in_the_caller(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("a file where the folder should be")
+    manager = CheckpointManager(tmp_path / "f")
+    with pytest.raises(TypeError, match="numpy"):
+        manager.save_async({"x": np.float32(1)}, epoch=0, step=0)
+    manager.save_async({"x": 1}, epoch=0, step=0)
+    with pytest.raises(OSError):
+        manager.wait()

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -29,11 +30,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rankwise.train.files import (
     _TMP_MARK,
     FAULT_POINTS,
     CheckpointError,
     CheckpointWarning,
+    _check_plain,
     _fault_point,
     _write_json_atomic,
     load_file,
@@ -106,6 +110,8 @@ class CheckpointManager:
         self.prefix = prefix
         self._name = re.compile(rf"^{re.escape(prefix)}-e(\d+)-s(\d+)\.pt$")
         self._warned_newer = False
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: concurrent.futures.Future[Path] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -152,6 +158,31 @@ class CheckpointManager:
         _fault_point("before-prune")
         self._prune(path)
         return path
+
+    def save_async(
+        self, state: dict[str, Any], *, epoch: int, step: int
+    ) -> concurrent.futures.Future[Path]:
+        """Copy ``state``'s tensors, then write them as :meth:`save` does on a background thread.
+
+        Blocks only for the copy (and for a previous async save still writing: one at a time,
+        in order), so training can go on while the file is written; the pointer moves when the
+        file is safe, exactly as with :meth:`save`. Returns a future of the path. An error in
+        the background is raised by :meth:`wait` and by the next ``save_async``. The
+        interpreter waits for a pending save at exit; a kill leaves the previous checkpoint.
+        """
+        self.wait()
+        _check_plain(state, "state")  # here, not as an error on the background thread
+        snapshot = _clone_tensors(state)  # the model and optimizer change in place from now on
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, "rankwise-checkpoint")
+        self._pending = self._executor.submit(self.save, snapshot, epoch=epoch, step=step)
+        return self._pending
+
+    def wait(self) -> Path | None:
+        """Block until the pending :meth:`save_async` (if any) is on disk; return its path.
+        Re-raises its error."""
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else None
 
     def latest(self) -> Path | None:
         """The newest valid checkpoint, or ``None``.
@@ -253,6 +284,16 @@ class CheckpointManager:
             if pid.isdigit() and not _pid_running(int(pid)):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
+
+
+def _clone_tensors(state: Any) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return type(state)((k, _clone_tensors(v)) for k, v in state.items())
+    if isinstance(state, list | tuple) and type(state) in (list, tuple):
+        return type(state)(_clone_tensors(v) for v in state)
+    return state
 
 
 def _pid_running(pid: int) -> bool:
