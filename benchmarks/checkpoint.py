@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -151,6 +152,10 @@ def _run(payload: str, full: bool, width: int, rounds: int, root: Path) -> dict[
         os.sync()
         for name, seconds in _loads(written["torch.save"], written["rankwise save"]).items():
             loads[name].append(seconds)
+    data = written["torch.save"].read_bytes()
+    t0 = time.perf_counter()
+    hashlib.sha256(data).hexdigest()
+    sha_seconds = time.perf_counter() - t0  # the checksum's share of a save (and of a load)
     params = sum(p.numel() for p in model.parameters())
     rows = []
     for name, pairs in samples.items():
@@ -171,7 +176,13 @@ def _run(payload: str, full: bool, width: int, rounds: int, root: Path) -> dict[
             }
         )
     load_rows = [{"case": k, "seconds": statistics.median(v)} for k, v in loads.items()]
-    return {"payload": payload, "params": params, "rows": rows, "loads": load_rows}
+    return {
+        "payload": payload,
+        "params": params,
+        "rows": rows,
+        "loads": load_rows,
+        "sha256_in_memory_s": sha_seconds,
+    }
 
 
 def _print(result: dict[str, Any]) -> None:
@@ -190,6 +201,7 @@ def _print(result: dict[str, Any]) -> None:
         )
     for row in result["loads"]:
         print(f"  load: {row['case']:<20}{row['seconds']:>8.3f} s")
+    print(f"  SHA-256 of the bytes in memory: {result['sha256_in_memory_s']:.3f} s")
 
 
 def main() -> None:
