@@ -244,3 +244,20 @@ def test_async_save_errors_surface_in_the_caller(tmp_path: Path) -> None:
     manager.save_async({"x": 1}, epoch=0, step=0)
     with pytest.raises(OSError):
         manager.wait()
+
+
+def test_overwrite_killed_before_its_manifest_reads_as_unfinished(tmp_path: Path) -> None:
+    path = save_file(_state(1), tmp_path / "model.pt")
+
+    def stop(point: str) -> None:
+        if point == "before-manifest":
+            raise KeyboardInterrupt  # stands in for a kill: nothing after this point runs
+
+    previous = ck.set_fault_hook(stop)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            save_file(_state(2), path)
+    finally:
+        ck.set_fault_hook(previous)
+    with pytest.raises(CheckpointError, match="no manifest"):
+        load_file(path)

@@ -127,15 +127,17 @@ def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def _write_atomic(path: Path, write: Callable[[Any], Any], before_rename: bool = False) -> Any:
+def _write_atomic(
+    path: Path, write: Callable[[Any], Any], before_rename: Callable[[], None] | None = None
+) -> Any:
     tmp = _tmp_name(path)
     try:
         with open(tmp, "wb") as f:
             result = write(f)
             f.flush()
             os.fsync(f.fileno())
-        if before_rename:
-            _fault_point("before-rename")
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -175,7 +177,14 @@ def save_file(
             torch.save(obj, writer)  # type: ignore[arg-type]  # torch needs only write/flush
         return writer
 
-    writer = _write_atomic(path, write, before_rename=True)
+    def before_rename() -> None:
+        _fault_point("before-rename")
+        # Overwriting: the old manifest must not outlive the old bytes, or a kill before the
+        # new manifest is written would report the file as corrupt rather than unfinished.
+        with contextlib.suppress(FileNotFoundError):
+            manifest_path(path).unlink()
+
+    writer = _write_atomic(path, write, before_rename=before_rename)
     _fault_point("before-manifest")
     manifest = {
         "version": _MANIFEST_VERSION,
