@@ -193,18 +193,39 @@ print("not killed")
 """
 
 
+@pytest.fixture(scope="module")
+def killed_saves(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, int, str]]:
+    """One child per fault point, all at once (each pays for its torch import): point ->
+    (its folder, exit code, stderr)."""
+    children = {}
+    for point in ck.FAULT_POINTS:
+        folder = tmp_path_factory.mktemp(point)
+        children[point] = (
+            folder,
+            subprocess.Popen(
+                [sys.executable, "-c", _CHILD, str(folder), point],
+                env=child_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
+    results = {}
+    for point, (folder, proc) in children.items():
+        try:
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        results[point] = folder, proc.returncode, err
+    return results
+
+
 @pytest.mark.parametrize("point", ck.FAULT_POINTS)
 def test_a_real_kill_at_any_point_of_a_save_leaves_a_valid_latest(
-    tmp_path: Path, point: str
+    killed_saves: dict[str, tuple[Path, int, str]], point: str
 ) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(tmp_path), point],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == -9, proc.stderr  # SIGKILL: no finally block or atexit ran
+    tmp_path, returncode, stderr = killed_saves[point]
+    assert returncode == -9, stderr  # SIGKILL: no finally block or atexit ran
     leftovers = [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name]
     assert bool(leftovers) == (point in ("mid-write", "before-rename")), leftovers
     manager = CheckpointManager(tmp_path, keep_last=2)
