@@ -118,10 +118,13 @@ def load_model_state_dict(
 
 
 def _strip_module_prefix(model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
-    names = set(unwrap_model(model).state_dict())
-    if state and all(k.startswith("module.") for k in state) and not names & set(state):
-        return {k[len("module.") :]: v for k, v in state.items()}
-    return state
+    if not all(k.startswith("module.") for k in state):
+        return state
+    names = {n for n, _ in unwrap_model(model).named_parameters()}
+    names |= {n for n, _ in unwrap_model(model).named_buffers()}
+    if names & set(state):  # the model itself has a submodule called "module"
+        return state
+    return {k[len("module.") :]: v for k, v in state.items()}
 
 
 def optimizer_state_dict(
