@@ -178,25 +178,32 @@ def test_manager_rejects_bad_arguments(tmp_path: Path) -> None:
         CheckpointManager(tmp_path).save({}, epoch=0, step=-1)
 
 
-def _killed_save(folder: str, point: str) -> None:
+def _killed_save(folder: str, point: str, background: bool = False) -> None:
     """Two good saves, then a third that SIGKILLs this process at ``point``."""
     manager = CheckpointManager(folder, keep_last=2)
     for step in (1, 2):
         manager.save({"step": step, "w": torch.full((1000, 100), float(step))}, epoch=0, step=step)
     kill_at_checkpoint(point)
-    manager.save({"step": 3, "w": torch.full((1000, 100), 3.0)}, epoch=0, step=3)
+    if background:  # the kill comes from the writer thread of save_async
+        manager.save_async({"step": 3, "w": torch.full((1000, 100), 3.0)}, epoch=0, step=3)
+        manager.wait()
+    else:
+        manager.save({"step": 3, "w": torch.full((1000, 100), 3.0)}, epoch=0, step=3)
     Path(folder, "survived").touch()
 
 
-@pytest.mark.parametrize("point", ck.FAULT_POINTS)
+@pytest.mark.parametrize(
+    ("point", "background"),
+    [(p, False) for p in ck.FAULT_POINTS] + [("mid-write", True), ("before-pointer", True)],
+)
 def test_a_real_kill_at_any_point_of_a_save_leaves_a_valid_latest(
-    tmp_path: Path, point: str
+    tmp_path: Path, point: str, background: bool
 ) -> None:
     # A process of its own (from the forkserver, torch already imported) killed by SIGKILL: no
     # finally block, atexit handler or buffered write survives it.
     # (The exit code reads None when the pipe closes before the process is reaped.)
     with pytest.raises(RankFailedError, match=r"exited \(code (-9|None)\) without a result"):
-        run_distributed(_killed_save, 1, args=(str(tmp_path), point), init_group=False)
+        run_distributed(_killed_save, 1, args=(str(tmp_path), point, background), init_group=False)
     assert not (tmp_path / "survived").exists()
     leftovers = [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name]
     assert bool(leftovers) == (point in ("mid-write", "before-rename")), leftovers
@@ -254,3 +261,17 @@ def test_overwrite_killed_before_its_manifest_reads_as_unfinished(tmp_path: Path
         ck.set_fault_hook(previous)
     with pytest.raises(CheckpointError, match="no manifest"):
         load_file(path)
+
+
+def test_a_broken_or_stale_pointer_falls_back_to_scanning(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, keep_last=None)
+    paths = [manager.save(_state(s), epoch=0, step=s) for s in (1, 2)]
+    manager.pointer_path.write_text("{not json")
+    with pytest.warns(CheckpointWarning, match="unreadable"):
+        assert manager.latest() == paths[1]
+    manager.pointer_path.write_text(json.dumps({"file": "ckpt-e000000-s000000009.pt"}))
+    with pytest.warns(CheckpointWarning, match="not in"):
+        assert manager.latest() == paths[1]
+    # The pointer is the commit point: a valid file newer than it is used only as a last resort.
+    manager.pointer_path.write_text(json.dumps({"file": paths[0].name}))
+    assert manager.latest() == paths[0]
