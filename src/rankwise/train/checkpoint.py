@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -29,11 +30,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rankwise.train.files import (
     _TMP_MARK,
     FAULT_POINTS,
     CheckpointError,
     CheckpointWarning,
+    _check_plain,
     _fault_point,
     _write_json_atomic,
     load_file,
@@ -106,6 +110,9 @@ class CheckpointManager:
         self.prefix = prefix
         self._name = re.compile(rf"^{re.escape(prefix)}-e(\d+)-s(\d+)\.pt$")
         self._warned_newer = False
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: concurrent.futures.Future[Path] | None = None
+        self._staged: Any = None  # the last async snapshot, refilled by the next one
 
     def __repr__(self) -> str:
         return (
@@ -152,6 +159,33 @@ class CheckpointManager:
         _fault_point("before-prune")
         self._prune(path)
         return path
+
+    def save_async(
+        self, state: dict[str, Any], *, epoch: int, step: int
+    ) -> concurrent.futures.Future[Path]:
+        """Copy ``state``'s tensors, then write them as :meth:`save` does on a background thread.
+
+        Blocks only for the copy (and for a previous async save still writing: one at a time,
+        in order; its CPU copy is reused, so keep one manager for the run), so training can go on while the file is written; the pointer moves when the
+        file is safe, exactly as with :meth:`save`. Returns a future of the path. An error in
+        the background is raised by :meth:`wait` and by the next ``save_async``. The
+        interpreter waits for a pending save at exit; a kill leaves the previous checkpoint.
+        """
+        self.wait()
+        _check_plain(state, "state")  # here, not as an error on the background thread
+        # The model and optimizer change in place from now on: write a copy. The previous
+        # snapshot's write is finished (wait() above), so its memory can be refilled.
+        snapshot = self._staged = _stage(state, self._staged)
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, "rankwise-checkpoint")
+        self._pending = self._executor.submit(self.save, snapshot, epoch=epoch, step=step)
+        return self._pending
+
+    def wait(self) -> Path | None:
+        """Block until the pending :meth:`save_async` (if any) is on disk; return its path.
+        Re-raises its error."""
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else None
 
     def latest(self) -> Path | None:
         """The newest valid checkpoint, or ``None``.
@@ -253,6 +287,27 @@ class CheckpointManager:
             if pid.isdigit() and not _pid_running(int(pid)):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
+
+
+def _stage(state: Any, staged: Any) -> Any:
+    """A copy of ``state`` whose tensors are copied into ``staged``'s (the previous copy) where
+    shapes and dtypes match: refilling memory already touched is several times faster than
+    fresh allocations, which page-fault on first write."""
+    if isinstance(state, torch.Tensor):
+        if (
+            isinstance(staged, torch.Tensor)
+            and staged.shape == state.shape
+            and staged.dtype == state.dtype
+        ):
+            return staged.copy_(state.detach())
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        old = staged if isinstance(staged, dict) else {}
+        return type(state)((k, _stage(v, old.get(k))) for k, v in state.items())
+    if type(state) in (list, tuple):
+        prev = staged if type(staged) is type(state) and len(staged) == len(state) else None
+        return type(state)(_stage(v, prev[i] if prev else None) for i, v in enumerate(state))
+    return state
 
 
 def _pid_running(pid: int) -> bool:

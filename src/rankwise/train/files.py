@@ -21,6 +21,7 @@ installs one that SIGKILLs the process there.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import datetime
 import hashlib
@@ -38,6 +39,7 @@ _MANIFEST_VERSION = 1
 _MANIFEST_SUFFIX = ".sha256.json"
 _TMP_MARK = ".tmp-"
 _CHUNK = 8 << 20
+_PARALLEL_HASH = 1 << 20  # bytes; below this a thread hand-off costs more than it saves
 
 # Points of a save where a fault hook is called, in order. "mid-write": part of the data is in
 # the temporary file; "before-rename": the temporary file is complete and fsynced;
@@ -75,23 +77,37 @@ def manifest_path(path: str | os.PathLike[str]) -> Path:
 
 
 class _HashingWriter:
-    """The file object handed to ``torch.save``: hashes and counts what passes through."""
+    """The file object handed to ``torch.save``: hashes and counts what passes through.
 
-    def __init__(self, file: Any) -> None:
+    A large chunk (a tensor's bytes) is hashed on a helper thread while this one writes it
+    (both release the GIL), so the checksum costs little beyond the write itself. Both finish
+    before ``write`` returns: the buffer is only valid during the call, and order matters.
+    """
+
+    def __init__(self, file: Any, pool: concurrent.futures.ThreadPoolExecutor) -> None:
         self._file = file
+        self._pool = pool
         self.sha256 = hashlib.sha256()
         self.size = 0
         self._faulted = False
 
     def write(self, data: Any) -> int:
-        written = self._file.write(data)
-        self.sha256.update(data)
-        self.size += len(memoryview(data).cast("B"))
+        view = memoryview(data).cast("B")
+        if len(view) >= _PARALLEL_HASH:
+            hashed = self._pool.submit(self.sha256.update, view)
+            try:
+                written = self._file.write(view)
+            finally:
+                hashed.result()
+        else:
+            written = self._file.write(view)
+            self.sha256.update(view)
+        self.size += len(view)
         if _fault_hook is not None and not self._faulted:
             self._faulted = True
             self._file.flush()  # so a kill here leaves a torn file on disk, not in a buffer
             _fault_point("mid-write")
-        return int(written) if written is not None else 0
+        return int(written) if written is not None else len(view)
 
     def flush(self) -> None:
         self._file.flush()
@@ -111,15 +127,17 @@ def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def _write_atomic(path: Path, write: Callable[[Any], Any], before_rename: bool = False) -> Any:
+def _write_atomic(
+    path: Path, write: Callable[[Any], Any], before_rename: Callable[[], None] | None = None
+) -> Any:
     tmp = _tmp_name(path)
     try:
         with open(tmp, "wb") as f:
             result = write(f)
             f.flush()
             os.fsync(f.fileno())
-        if before_rename:
-            _fault_point("before-rename")
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -154,11 +172,19 @@ def save_file(
     path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(f: Any) -> _HashingWriter:
-        writer = _HashingWriter(f)
-        torch.save(obj, writer)  # type: ignore[arg-type]  # torch needs only write/flush
+        with concurrent.futures.ThreadPoolExecutor(1, "rankwise-sha256") as pool:
+            writer = _HashingWriter(f, pool)
+            torch.save(obj, writer)  # type: ignore[arg-type]  # torch needs only write/flush
         return writer
 
-    writer = _write_atomic(path, write, before_rename=True)
+    def before_rename() -> None:
+        _fault_point("before-rename")
+        # Overwriting: the old manifest must not outlive the old bytes, or a kill before the
+        # new manifest is written would report the file as corrupt rather than unfinished.
+        with contextlib.suppress(FileNotFoundError):
+            manifest_path(path).unlink()
+
+    writer = _write_atomic(path, write, before_rename=before_rename)
     _fault_point("before-manifest")
     manifest = {
         "version": _MANIFEST_VERSION,

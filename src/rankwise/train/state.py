@@ -23,25 +23,23 @@ from __future__ import annotations
 
 import random
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 import rankwise.distributed as rd
 from rankwise.parallel.common import unwrap_model
 from rankwise.parallel.fsdp import as_dtensor, is_fsdp_module
 
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
 _RNG_KEYS = ("python", "numpy", "torch")
+# torch.distributed.checkpoint is imported on first use: it doubles `import torch`'s time, and
+# scripts that only touch checkpoint files (or never checkpoint) should not pay for it.
 
 
 def _is_sharded(model: nn.Module) -> bool:
@@ -65,6 +63,8 @@ def _to_cpu(state: Any) -> Any:
 
 
 def _read_options(model: nn.Module, all_ranks: bool) -> StateDictOptions:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
     if not _is_sharded(model):
         # Already full on every rank: no gather, and cpu_offload leaves CPU tensors as they are.
         return StateDictOptions(cpu_offload=True)
@@ -73,6 +73,8 @@ def _read_options(model: nn.Module, all_ranks: bool) -> StateDictOptions:
 
 
 def _write_options(model: nn.Module, from_rank0: bool) -> StateDictOptions:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
     broadcast = _in_group() and (from_rank0 or _is_sharded(model))
     return StateDictOptions(
         full_state_dict=broadcast or _is_sharded(model), broadcast_from_rank0=broadcast
@@ -91,6 +93,8 @@ def model_state_dict(model: nn.Module, *, all_ranks: bool = False) -> dict[str, 
     >>> list(model_state_dict(ddp_like))
     ['0.weight', '0.bias']
     """
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
     state: dict[str, Any] = get_model_state_dict(model, options=_read_options(model, all_ranks))
     return _to_cpu(state) if all_ranks else state
 
@@ -106,16 +110,21 @@ def load_model_state_dict(
     Keys saved with DDP's ``module.`` prefix (a plain ``torch.save(ddp.state_dict())``) are
     accepted too. Missing or unexpected keys raise torch's ``RuntimeError`` naming them.
     """
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
     options = _write_options(model, from_rank0)
     named: dict[str, Any] = _strip_module_prefix(model, state) if state else state
     set_model_state_dict(model, named, options=options)
 
 
 def _strip_module_prefix(model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
-    names = set(unwrap_model(model).state_dict())
-    if state and all(k.startswith("module.") for k in state) and not names & set(state):
-        return {k[len("module.") :]: v for k, v in state.items()}
-    return state
+    if not all(k.startswith("module.") for k in state):
+        return state
+    names = {n for n, _ in unwrap_model(model).named_parameters()}
+    names |= {n for n, _ in unwrap_model(model).named_buffers()}
+    if names & set(state):  # the model itself has a submodule called "module"
+        return state
+    return {k[len("module.") :]: v for k, v in state.items()}
 
 
 def optimizer_state_dict(
@@ -128,6 +137,8 @@ def optimizer_state_dict(
     stepped is saved as its hyper-parameters alone; torch's DCP would instead initialise it
     with a zero step, which changes Adam's bias correction for the rest of the run.
     """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
     if not optimizer.state:
         return {"state": {}, "param_groups": _named_param_groups(model, optimizer)}
     state = get_optimizer_state_dict(model, optimizer, options=_read_options(model, all_ranks))
@@ -147,6 +158,8 @@ def load_optimizer_state_dict(
     it before the first backward or after a step (DCP's rule), e.g. right after building the
     optimizer.
     """
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
     options = _write_options(model, from_rank0)
     groups = _stateless_groups(state) if not options.broadcast_from_rank0 else None
     if options.broadcast_from_rank0:
