@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from rankwise.testing import run_script
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -20,3 +22,21 @@ def test_train_loop_example_trains_and_stays_in_sync() -> None:
     # the cursor reaches the end of every epoch: 1437 training samples
     assert out.count("cursor 1437") == 8
     assert "parameters in sync across 2 rank(s): True" in out
+
+
+@pytest.mark.timeout(500)
+def test_trainer_example_trains_then_resumes_with_nothing_left(tmp_path: Path) -> None:
+    args = [f"--out={tmp_path}", "--epochs=6"]
+    first = run_script(EXAMPLES / "train_trainer.py", 2, script_args=args, timeout=230)
+    assert first.returncode == 0, first.stderr[-3000:]
+    line = r"test loss ([\d.]+) accuracy ([\d.]+) over 397 samples; 2 rank\(s\)"
+    trained = re.search(line, first.stdout)
+    assert trained, first.stdout
+    assert float(trained.group(2)) > 0.9
+    assert first.stdout.count("best validation accuracy") == 1  # callbacks print on rank 0
+    assert (tmp_path / "history.json").exists() and (tmp_path / "logs" / "metrics.csv").exists()
+    # Run again: resume="auto" finds the final checkpoint, so the weights are the same.
+    second = run_script(EXAMPLES / "train_trainer.py", 2, script_args=args, timeout=230)
+    assert second.returncode == 0, second.stderr[-3000:]
+    resumed = re.search(line, second.stdout)
+    assert resumed and resumed.groups() == trained.groups(), second.stdout

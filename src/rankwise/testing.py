@@ -277,6 +277,36 @@ def run_isolated(
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
 
 
+def kill_at_checkpoint(point: str, after: int = 0) -> None:
+    """SIGKILL this process at ``point`` of a checkpoint save, for fault-injection tests.
+
+    ``point`` is one of :data:`rankwise.train.checkpoint.FAULT_POINTS` (``"mid-write"``,
+    ``"before-rename"``, ``"before-manifest"``, ``"before-pointer"``, ``"before-prune"``);
+    the first ``after`` passes through it are let go. Call it inside the process to kill (a
+    rank, a child script); :func:`rankwise.train.checkpoint.set_fault_hook(None)
+    <rankwise.train.checkpoint.set_fault_hook>` undoes it.
+    """
+    from rankwise.train.files import FAULT_POINTS, set_fault_hook
+
+    if point not in FAULT_POINTS:
+        raise ValueError(
+            f"point ({point!r}) is not a checkpoint fault point; use one of {FAULT_POINTS}."
+        )
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise ValueError(f"after ({after!r}) must be an integer >= 0.")
+    remaining = [after]
+
+    def hook(name: str) -> None:
+        if name != point:
+            return
+        if remaining[0] > 0:
+            remaining[0] -= 1
+            return
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    set_fault_hook(hook)
+
+
 @contextlib.contextmanager
 def hygiene() -> Iterator[None]:
     """Restore ``os.environ`` and tear down any process group left behind by the body."""

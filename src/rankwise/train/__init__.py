@@ -1,16 +1,54 @@
 """The high-level training loop (``rankwise.train``).
 
-``DistributedTrainingConfig`` says what a run does, ``DistributedTrainingHistory`` records what
-it did, ``TrainingLogger`` prints and logs it on rank 0. See ``docs/train.md``.
+``DistributedTrainer`` trains, ``DistributedTrainingConfig`` says what a run does,
+``DistributedTrainingHistory`` records what it did, ``TrainingLogger`` prints and logs it on
+rank 0. See ``docs/train.md``.
+
+Checkpoints (:mod:`rankwise.train.checkpoint`): atomic, verified files; a manager with a
+``latest`` pointer and pruning; model / optimizer / RNG state independent of the wrapping.
 """
 
+from rankwise.train.checkpoint import (
+    FAULT_POINTS,
+    FORMAT_VERSION,
+    CheckpointError,
+    CheckpointManager,
+    CheckpointWarning,
+    find_latest,
+    load_file,
+    load_model_state_dict,
+    load_optimizer_state_dict,
+    model_state_dict,
+    optimizer_state_dict,
+    rng_state,
+    save_file,
+    set_rng_state,
+    verify_file,
+)
 from rankwise.train.config import DistributedTrainingConfig, parse_overrides
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
+from rankwise.train.trainer import DistributedTrainer
 
 __all__ = [
+    "FAULT_POINTS",
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "CheckpointManager",
+    "CheckpointWarning",
+    "DistributedTrainer",
     "DistributedTrainingConfig",
     "DistributedTrainingHistory",
     "TrainingLogger",
+    "find_latest",
+    "load_file",
+    "load_model_state_dict",
+    "load_optimizer_state_dict",
+    "model_state_dict",
+    "optimizer_state_dict",
     "parse_overrides",
+    "rng_state",
+    "save_file",
+    "set_rng_state",
+    "verify_file",
 ]

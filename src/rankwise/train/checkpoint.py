@@ -1,0 +1,325 @@
+"""Crash-safe checkpoints for training (``rankwise.train.checkpoint``).
+
+- :func:`save_file` / :func:`load_file`: one checkpoint file, written atomically (temporary
+  file, fsync, ``os.replace``, folder fsync) with a manifest holding its size and SHA-256;
+  loading verifies it and raises :class:`CheckpointError` naming the file and the fault.
+- :class:`CheckpointManager`: numbered checkpoints in a folder, a ``latest`` pointer that
+  moves only once the new file is safe, pruning only after that, and :meth:`~CheckpointManager.
+  latest` that falls back to the previous good checkpoint when the newest is torn or corrupt.
+- Wrapping-independent state (:mod:`rankwise.train.state`): :func:`model_state_dict`,
+  :func:`optimizer_state_dict` and their loaders, :func:`rng_state` / :func:`set_rng_state`.
+
+>>> import tempfile
+>>> manager = CheckpointManager(tempfile.mkdtemp(), keep_last=2)
+>>> for step in (10, 20, 30):
+...     _ = manager.save({"step": step}, epoch=0, step=step)
+>>> [p.name for p in manager.checkpoints()]
+['ckpt-e000000-s000000020.pt', 'ckpt-e000000-s000000030.pt']
+>>> manager.load_latest()[1]
+{'step': 30}
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rankwise.train.files import (
+    _TMP_MARK,
+    FAULT_POINTS,
+    CheckpointError,
+    CheckpointWarning,
+    _check_plain,
+    _fault_point,
+    _write_json_atomic,
+    load_file,
+    manifest_path,
+    save_file,
+    set_fault_hook,
+    verify_file,
+)
+from rankwise.train.state import (
+    load_model_state_dict,
+    load_optimizer_state_dict,
+    model_state_dict,
+    optimizer_state_dict,
+    rng_state,
+    set_rng_state,
+)
+
+__all__ = [
+    "FAULT_POINTS",
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "CheckpointManager",
+    "CheckpointWarning",
+    "find_latest",
+    "load_file",
+    "load_model_state_dict",
+    "load_optimizer_state_dict",
+    "manifest_path",
+    "model_state_dict",
+    "optimizer_state_dict",
+    "rng_state",
+    "save_file",
+    "set_fault_hook",
+    "set_rng_state",
+    "verify_file",
+]
+
+FORMAT_VERSION = 1  # of the checkpoint content the trainer builds: {"format": 1, "model": ...}
+_PREFIX = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+class CheckpointManager:
+    """Numbered checkpoints ``{prefix}-e{epoch}-s{step}.pt`` in ``directory``, newest last.
+
+    :meth:`save` writes the file and its manifest atomically, then moves the pointer
+    ``{prefix}-latest.json`` to it, then deletes all but the ``keep_last`` newest (``None``
+    keeps all). A kill at any point of a save leaves :meth:`latest` returning a valid
+    checkpoint: the new one once the pointer has moved, the previous one before. One writer per
+    directory and prefix: with several writing ranks, give each its own prefix or folder.
+    Nothing is created until the first save.
+    """
+
+    def __init__(
+        self, directory: str | os.PathLike[str], keep_last: int | None = 3, prefix: str = "ckpt"
+    ) -> None:
+        if keep_last is not None and (
+            isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
+        ):
+            raise ValueError(
+                f"keep_last ({keep_last!r}) must be an integer >= 1, or None to keep every "
+                "checkpoint."
+            )
+        if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+            raise ValueError(
+                f"prefix ({prefix!r}) must be a plain file-name part (letters, digits, '_', "
+                "'.', '-'; not starting with '.' or '-'), e.g. 'ckpt' or 'rank1'."
+            )
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        self.prefix = prefix
+        self._name = re.compile(rf"^{re.escape(prefix)}-e(\d+)-s(\d+)\.pt$")
+        self._warned_newer = False
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: concurrent.futures.Future[Path] | None = None
+        self._staged: Any = None  # the last async snapshot, refilled by the next one
+
+    def __repr__(self) -> str:
+        return (
+            f"CheckpointManager({str(self.directory)!r}, keep_last={self.keep_last}, "
+            f"prefix={self.prefix!r})"
+        )
+
+    @property
+    def pointer_path(self) -> Path:
+        """The JSON file naming the newest committed checkpoint."""
+        return self.directory / f"{self.prefix}-latest.json"
+
+    def path_for(self, epoch: int, step: int) -> Path:
+        """The file a save at ``(epoch, step)`` writes (zero-padded, so names sort by age)."""
+        return self.directory / f"{self.prefix}-e{epoch:06d}-s{step:09d}.pt"
+
+    def _key(self, path: Path) -> tuple[int, int]:
+        match = self._name.match(path.name)
+        assert match is not None  # only called on names checkpoints() matched
+        return int(match[1]), int(match[2])
+
+    def checkpoints(self) -> list[Path]:
+        """Every checkpoint file of this prefix, valid or not, oldest first (by epoch, step)."""
+        if not self.directory.is_dir():
+            return []
+        files = [p for p in self.directory.iterdir() if self._name.match(p.name)]
+        return sorted(files, key=self._key)
+
+    def save(self, state: dict[str, Any], *, epoch: int, step: int) -> Path:
+        """Write ``state`` as the checkpoint of ``(epoch, step)``; return its path.
+
+        Call it on the writing rank only (see :func:`model_state_dict` for gathering sharded
+        state on every rank first). The pointer moves after the file and its manifest are
+        fsynced; pruning happens after the pointer moved.
+        """
+        for name, value in (("epoch", epoch), ("step", step)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} ({value!r}) must be an integer >= 0.")
+        path = self.path_for(epoch, step)
+        self._remove_orphan_tmp_files()
+        save_file(state, path, meta={"epoch": epoch, "step": step})
+        _fault_point("before-pointer")
+        _write_json_atomic(self.pointer_path, {"file": path.name, "epoch": epoch, "step": step})
+        _fault_point("before-prune")
+        self._prune(path)
+        return path
+
+    def save_async(
+        self, state: dict[str, Any], *, epoch: int, step: int
+    ) -> concurrent.futures.Future[Path]:
+        """Copy ``state``'s tensors, then write them as :meth:`save` does on a background thread.
+
+        Blocks only for the copy (and for a previous async save still writing: one at a time,
+        in order; its CPU copy is reused, so keep one manager for the run), so training can go on while the file is written; the pointer moves when the
+        file is safe, exactly as with :meth:`save`. Returns a future of the path. An error in
+        the background is raised by :meth:`wait` and by the next ``save_async``. The
+        interpreter waits for a pending save at exit; a kill leaves the previous checkpoint.
+        """
+        self.wait()
+        _check_plain(state, "state")  # here, not as an error on the background thread
+        # The model and optimizer change in place from now on: write a copy. The previous
+        # snapshot's write is finished (wait() above), so its memory can be refilled.
+        snapshot = self._staged = _stage(state, self._staged)
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, "rankwise-checkpoint")
+        self._pending = self._executor.submit(self.save, snapshot, epoch=epoch, step=step)
+        return self._pending
+
+    def wait(self) -> Path | None:
+        """Block until the pending :meth:`save_async` (if any) is on disk; return its path.
+        Re-raises its error."""
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else None
+
+    def latest(self) -> Path | None:
+        """The newest valid checkpoint, or ``None``.
+
+        The pointer's file is used if it verifies; otherwise older ones are tried newest
+        first, with a :class:`CheckpointWarning` naming each invalid file and its fault. Files
+        newer than the pointer (a save killed before its pointer moved) come last.
+        """
+        for path in self._candidates():
+            try:
+                verify_file(path)
+            except CheckpointError as e:
+                self._skip(e)
+                continue
+            return path
+        return None
+
+    def load_latest(self) -> tuple[Path, dict[str, Any]] | None:
+        """``(path, state)`` of the newest valid checkpoint (verified once), or ``None``."""
+        for path in self._candidates():
+            try:
+                return path, load_file(path)
+            except CheckpointError as e:
+                self._skip(e)
+        return None
+
+    def _skip(self, error: CheckpointError) -> None:
+        warnings.warn(
+            f"{error} Skipping it and trying the previous checkpoint.",
+            CheckpointWarning,
+            stacklevel=3,
+        )
+
+    def _candidates(self) -> list[Path]:
+        files = self.checkpoints()
+        target = self._pointer_target(files)
+        if target is None:
+            return files[::-1]
+        older = [p for p in files if self._key(p) < self._key(target)]
+        newer = [p for p in files if self._key(p) > self._key(target)]
+        return [target, *older[::-1], *newer[::-1]]
+
+    def _pointer_target(self, files: list[Path]) -> Path | None:
+        if not self.pointer_path.exists():
+            return None
+        try:
+            name = json.loads(self.pointer_path.read_text())["file"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            warnings.warn(
+                f"checkpoint pointer {self.pointer_path} is unreadable ({e}); scanning the "
+                "folder for the newest valid checkpoint instead.",
+                CheckpointWarning,
+                stacklevel=4,
+            )
+            return None
+        target = self.directory / str(name)
+        if target not in files:
+            warnings.warn(
+                f"checkpoint pointer {self.pointer_path} names {name!r}, which is not in "
+                f"{self.directory}; scanning for the newest valid checkpoint instead.",
+                CheckpointWarning,
+                stacklevel=4,
+            )
+            return None
+        return target
+
+    def _prune(self, saved: Path) -> None:
+        files = self.checkpoints()
+        newer = [p for p in files if self._key(p) > self._key(saved)]
+        if newer and not self._warned_newer:
+            self._warned_newer = True
+            warnings.warn(
+                f"{self.directory} holds checkpoints newer than the one just saved "
+                f"({saved.name}): {[p.name for p in newer]}. They are kept, but the pointer "
+                "names the new one; remove them, or use another folder per run.",
+                CheckpointWarning,
+                stacklevel=3,
+            )
+        older = [p for p in files if self._key(p) < self._key(saved)]
+        # A file with no manifest is a save killed before it finished: never valid, not kept.
+        doomed = [p for p in older if not manifest_path(p).exists()]
+        if self.keep_last is not None:
+            complete = [p for p in older if p not in doomed]
+            doomed += complete[: max(0, len(complete) - (self.keep_last - 1))]
+        for path in doomed:
+            # Manifest first: a kill between the two leaves an unverifiable file, never a
+            # manifest vouching for a missing one.
+            with contextlib.suppress(FileNotFoundError):
+                manifest_path(path).unlink()
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def _remove_orphan_tmp_files(self) -> None:
+        # Left by saves killed mid-write; a live writer's files (its pid runs) are left alone.
+        if not self.directory.is_dir() or os.name == "nt":  # os.kill(pid, 0) kills on Windows
+            return
+        for path in self.directory.glob(f".{self.prefix}-*{_TMP_MARK}*"):
+            pid = path.name.rsplit(_TMP_MARK, 1)[1].split("-", 1)[0]
+            if pid.isdigit() and not _pid_running(int(pid)):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+
+
+def _stage(state: Any, staged: Any) -> Any:
+    """A copy of ``state`` whose tensors are copied into ``staged``'s (the previous copy) where
+    shapes and dtypes match: refilling memory already touched is several times faster than
+    fresh allocations, which page-fault on first write."""
+    if isinstance(state, torch.Tensor):
+        if (
+            isinstance(staged, torch.Tensor)
+            and staged.shape == state.shape
+            and staged.dtype == state.dtype
+        ):
+            return staged.copy_(state.detach())
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        old = staged if isinstance(staged, dict) else {}
+        return type(state)((k, _stage(v, old.get(k))) for k, v in state.items())
+    if type(state) in (list, tuple):
+        prev = staged if type(staged) is type(state) and len(staged) == len(state) else None
+        return type(state)(_stage(v, prev[i] if prev else None) for i, v in enumerate(state))
+    return state
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def find_latest(directory: str | os.PathLike[str], prefix: str = "ckpt") -> Path | None:
+    """The newest valid checkpoint in ``directory`` (see :meth:`CheckpointManager.latest`)."""
+    return CheckpointManager(directory, prefix=prefix).latest()

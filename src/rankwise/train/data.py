@@ -1,0 +1,376 @@
+"""The trainer's inputs: arrays, Datasets or DataLoaders, turned into per-rank batch streams.
+
+- :func:`as_dataset` turns ``(X, y)`` tensors or numpy arrays into a :class:`TensorPairs`
+  (numpy float64 becomes float32, integer targets int64).
+- :func:`split_validation` holds out a seeded fraction, the same on every rank and world size.
+- :class:`TrainBatches`: the trainer's own stream. rankwise's :class:`DistributedSampler`
+  shards and shuffles; its cursor moves after every micro-batch, so a checkpoint resumes
+  mid-epoch. In-memory tensors are indexed a batch at a time (no per-sample collate).
+- :class:`UserBatches`: a user's DataLoader, used as it is. Ranks that would run different
+  numbers of batches are detected before the first collective of the epoch (:func:`check_even`)
+  and refused with the per-rank counts, instead of hanging.
+- :class:`EvalBatches`: the padded strided split for exact evaluation (see ``evaluation.py``).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
+
+import rankwise.distributed as rd
+from rankwise.data import DistributedSampler, Permutation
+from rankwise.train.config import DistributedTrainingConfig
+
+# The validation hold-out is a rankwise permutation keyed by (seed, this constant): stable
+# across numpy versions and unrelated to the sampler's per-epoch orders (small epochs).
+_SPLIT_KEY = 2**62 + 17
+
+Batch = Any
+
+
+class TensorPairs(Dataset[tuple[torch.Tensor, ...]]):
+    """In-memory ``(inputs, targets)`` (targets optional) that hands out whole batches.
+
+    ``origin`` maps row i to its index in the data the user passed (after a validation
+    split), so audit hooks report the user's sample ids.
+    """
+
+    def __init__(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor | None,
+        origin: np.ndarray | None = None,
+    ) -> None:
+        if targets is not None and len(targets) != len(inputs):
+            raise ValueError(
+                f"X and y must have the same number of samples: len(X) = {len(inputs)}, "
+                f"len(y) = {len(targets)}; pass one target per input row."
+            )
+        self.inputs, self.targets, self.origin = inputs, targets, origin
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
+        return self.take(torch.tensor([i]))  # pragma: no cover - the trainer uses take()
+
+    def take(self, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.targets is None:
+            return (self.inputs[index],)
+        return self.inputs[index], self.targets[index]
+
+    def subset(self, rows: np.ndarray) -> TensorPairs:
+        index = torch.from_numpy(rows)
+        origin = rows if self.origin is None else self.origin[rows]
+        targets = None if self.targets is None else self.targets[index]
+        return TensorPairs(self.inputs[index], targets, origin)
+
+
+def as_tensor(value: Any, name: str) -> torch.Tensor:
+    """A tensor from a tensor or a numpy array: float64 arrays become float32 (torch's
+    default dtype for weights), integer arrays int64 (what class-index losses take)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype == np.float64:
+            value = value.astype(np.float32)
+        elif np.issubdtype(value.dtype, np.integer) or value.dtype == np.bool_:
+            value = value.astype(np.int64)
+        return torch.from_numpy(np.ascontiguousarray(value))
+    raise TypeError(
+        f"{name} must be a torch.Tensor or a numpy array, got {type(value).__name__}; for "
+        "other data pass a Dataset or DataLoader: trainer.fit(train_set, val_set, config=cfg)."
+    )
+
+
+def as_dataset(x: Any, y: Any = None) -> TensorPairs:
+    """``(X, y)`` as a :class:`TensorPairs`; ``y`` may be None (inputs alone)."""
+    return TensorPairs(as_tensor(x, "X"), None if y is None else as_tensor(y, "y"))
+
+
+def is_map_style(data: Any) -> bool:
+    return isinstance(data, Dataset) and not isinstance(data, IterableDataset)
+
+
+def split_validation(dataset: Dataset[Any], fraction: float, seed: int) -> tuple[Any, Any]:
+    """``(train, val)``: ``round(N * fraction)`` samples (at least 1) held out.
+
+    The held-out rows are the first of a seeded permutation of ``[0, N)``, so the split is
+    the same on every rank and for every world size. Both parts keep dataset order.
+
+    >>> data = as_dataset(torch.arange(10.0).view(10, 1), torch.arange(10))
+    >>> train, val = split_validation(data, 0.2, seed=0)
+    >>> len(train), len(val), sorted(set(train.origin) | set(val.origin)) == list(range(10))
+    (8, 2, True)
+    """
+    if not is_map_style(dataset):
+        raise ValueError(
+            "validation_split needs a map-style dataset (with len and indexing), got "
+            f"{type(dataset).__name__}; pass the validation data yourself: "
+            "trainer.fit(train, val, config=cfg) with validation_split=0."
+        )
+    n = len(dataset)  # type: ignore[arg-type]
+    n_val = max(1, round(n * fraction))
+    if n_val >= n:
+        raise ValueError(
+            f"validation_split ({fraction}) of {n} samples leaves no training data; use a "
+            "smaller fraction."
+        )
+    order = Permutation(n, seed, _SPLIT_KEY).take(0, n)
+    val_rows, train_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
+    if isinstance(dataset, TensorPairs):
+        return dataset.subset(train_rows), dataset.subset(val_rows)
+    return Subset(dataset, train_rows.tolist()), Subset(dataset, val_rows.tolist())
+
+
+def batch_length(batch: Batch) -> int:
+    """Samples in a batch: the first dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0])
+    if isinstance(batch, dict):
+        return batch_length(next(iter(batch.values())))
+    if isinstance(batch, Sequence) and batch:
+        return batch_length(batch[0])
+    raise TypeError(
+        f"cannot tell the batch size of a {type(batch).__name__}; batches must be tensors, "
+        "or tuples / lists / dicts of tensors."
+    )
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    if device.type == "cpu":
+        return batch  # CPU ranks (gloo): data is already there, skip the traversal
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+class _Chunks:
+    """A batch sampler over a DistributedSampler: lists of ``batch_size`` indices (the last
+    may be shorter; every rank's count is the same, the sampler pads)."""
+
+    def __init__(self, sampler: DistributedSampler, batch_size: int, record: bool) -> None:
+        self.sampler, self.batch_size = sampler, batch_size
+        # DataLoader reads index lists ahead of the loop: remember them in order (only when
+        # an audit hook wants them) and hand each out when its batch arrives.
+        self.issued: collections.deque[list[int]] | None = collections.deque() if record else None
+
+    def __len__(self) -> int:
+        return -(-len(self.sampler) // self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        chunk: list[int] = []
+        for index in self.sampler:
+            chunk.append(index)
+            if len(chunk) == self.batch_size:
+                yield self._issue(chunk)
+                chunk = []
+        if chunk:
+            yield self._issue(chunk)
+
+    def _issue(self, chunk: list[int]) -> list[int]:
+        if self.issued is not None:
+            self.issued.append(chunk)
+        return chunk
+
+
+class TrainBatches:
+    """This rank's micro-batches of ``dataset`` for one epoch, from rankwise's sampler.
+
+    Iterating yields ``(batch, sample_ids)``; ``sample_ids`` (a tensor of the user's dataset
+    indices) only when ``record_ids`` is set, else None. Call :meth:`advance` after each
+    micro-batch: it moves the sampler's cursor, which checkpoints save.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int,
+        num_workers: int = 0,
+        record_ids: bool = False,
+    ) -> None:
+        self.dataset = dataset
+        self.sampler = DistributedSampler(len(dataset), shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
+        self.record_ids = record_ids
+        in_memory = isinstance(dataset, TensorPairs)
+        self.chunks = _Chunks(self.sampler, batch_size, record_ids and not in_memory)
+        self.loader: DataLoader[Any] | None = None
+        if not in_memory:
+            self.loader = DataLoader(
+                dataset,
+                batch_sampler=self.chunks,
+                num_workers=num_workers,
+                persistent_workers=num_workers > 0,
+            )
+        self.origin = _origin(dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def advance(self, n: int) -> None:
+        self.sampler.advance(n)
+
+    def __iter__(self) -> Iterator[tuple[Batch, torch.Tensor | None]]:
+        if isinstance(self.dataset, TensorPairs):
+            yield from self._tensor_batches(self.dataset)
+            return
+        assert self.loader is not None
+        for batch in self.loader:
+            ids = self.chunks.issued.popleft() if self.chunks.issued is not None else None
+            yield batch, None if ids is None else self._ids(torch.tensor(ids))
+
+    def _tensor_batches(self, data: TensorPairs) -> Iterator[tuple[Batch, torch.Tensor | None]]:
+        # The pass's indices as one tensor (O(N/R), like the data already in memory), then a
+        # view per batch: no per-batch list -> tensor conversion in the step.
+        passed = iter(self.sampler)
+        index = torch.from_numpy(np.fromiter(passed, dtype=np.int64, count=len(self.sampler)))
+        size = self.chunks.batch_size
+        for start in range(0, len(index), size):
+            rows = index[start : start + size]
+            yield data.take(rows), self._ids(rows) if self.record_ids else None
+
+    def _ids(self, rows: torch.Tensor) -> torch.Tensor:
+        return rows if self.origin is None else torch.from_numpy(self.origin[rows.numpy()])
+
+
+def _origin(dataset: Any) -> np.ndarray | None:
+    if isinstance(dataset, TensorPairs):
+        return dataset.origin
+    if isinstance(dataset, Subset):
+        return np.asarray(dataset.indices, dtype=np.int64)
+    return None
+
+
+class UserBatches:
+    """A user's DataLoader, as it is. A rankwise DistributedSampler inside it is moved by
+    :meth:`advance` and saved in checkpoints; any sampler with ``set_epoch`` gets the epoch."""
+
+    def __init__(self, loader: Iterable[Any]) -> None:
+        self.loader = loader
+        sampler = getattr(loader, "sampler", None)
+        self.sampler = sampler if isinstance(sampler, DistributedSampler) else None
+        self._epoch_sampler = sampler if hasattr(sampler, "set_epoch") else None
+        self.sized = _has_len(loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        if self._epoch_sampler is not None:
+            self._epoch_sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def advance(self, n: int) -> None:
+        if self.sampler is not None:
+            self.sampler.advance(n)
+
+    def __iter__(self) -> Iterator[tuple[Batch, None]]:
+        for batch in self.loader:
+            yield batch, None
+
+
+def _has_len(obj: Any) -> bool:
+    try:
+        len(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def check_even(num_batches: int, what: str = "training") -> None:
+    """Stop every rank with the per-rank counts when their batch counts differ.
+
+    One all-gather at the start of an epoch: a rank that ran out of batches would otherwise
+    wait forever in DDP's all-reduce for peers that are still training.
+    """
+    world = rd.get_world_size()
+    if world == 1 or not rd.has_group():
+        return
+    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(counts, torch.tensor([num_batches], dtype=torch.int64))
+    per_rank = [int(c) for c in counts]
+    if len(set(per_rank)) > 1:
+        raise ValueError(uneven_message(per_rank, what))
+
+
+def uneven_message(per_rank: list[int], what: str) -> str:
+    listed = ", ".join(f"rank {r}: {n}" for r, n in enumerate(per_rank))
+    return (
+        f"the {what} DataLoader gives the ranks different numbers of batches ({listed}); "
+        "every rank must run the same number of steps or DDP's all-reduce waits forever. "
+        "Use rankwise.data.DistributedSampler (it pads every rank to the same count) in your "
+        "DataLoader, pass drop_last=True, or pass the Dataset itself and let the trainer "
+        "build the loader."
+    )
+
+
+def has_batch_everywhere(has_batch: bool, step: int) -> bool:
+    """For loaders without len(): whether every rank has another batch (one all-gather per
+    step); raises with the ranks that ran out when only some have."""
+    world = rd.get_world_size()
+    if world == 1 or not rd.has_group():
+        return has_batch
+    flags = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(flags, torch.tensor([int(has_batch)], dtype=torch.int64))
+    have = [bool(f) for f in flags]
+    if all(have):
+        return True
+    if not any(have):
+        return False
+    done = [r for r, h in enumerate(have) if not h]
+    raise ValueError(
+        f"ranks {done} ran out of batches after {step} steps while the others had more: the "
+        "DataLoader (without len()) gives the ranks uneven data. Shard it evenly (e.g. "
+        "rankwise.data.FetchDataset gives every rank the same batch count) or drop the tail."
+    )
+
+
+def parse_fit_args(
+    args: tuple[Any, ...], config: DistributedTrainingConfig | None, val: Any
+) -> tuple[DistributedTrainingConfig, Any, Any]:
+    rest = [a for a in args if not isinstance(a, DistributedTrainingConfig)]
+    given = [a for a in args if isinstance(a, DistributedTrainingConfig)]
+    if config is not None:
+        given.append(config)
+    if len(given) != 1:
+        raise ValueError(
+            f"fit needs exactly one DistributedTrainingConfig (got {len(given)}): "
+            "fit(X, y, config), fit(X, y, X_val, y_val, config) or fit(train, val, config=config)."
+        )
+    if rest and isinstance(rest[0], torch.Tensor | np.ndarray):
+        if len(rest) not in (2, 4) or val is not None:
+            raise ValueError(
+                f"fit with arrays takes (X, y) or (X, y, X_val, y_val), got {len(rest)} arrays; "
+                "pass targets for every input array."
+            )
+        train = as_dataset(rest[0], rest[1])
+        return given[0], train, as_dataset(rest[2], rest[3]) if len(rest) == 4 else None
+    if not rest or len(rest) > 2 or (len(rest) == 2 and val is not None):
+        raise ValueError(
+            "fit takes fit(X, y, config), fit(X, y, X_val, y_val, config) or fit(train, val=None, "
+            f"config=config) with Datasets or DataLoaders; got {len(rest)} data arguments."
+        )
+    return given[0], rest[0], rest[1] if len(rest) == 2 else val
+
+
+def eval_data(data: tuple[Any, ...]) -> Any:
+    if len(data) == 2:
+        return as_dataset(*data)
+    if len(data) == 1:
+        return as_dataset(data[0]) if isinstance(data[0], torch.Tensor | np.ndarray) else data[0]
+    raise ValueError(f"evaluate takes (X, y) or (dataset_or_loader), got {len(data)} arguments.")

@@ -1,0 +1,276 @@
+"""Crash-safe checkpoint files: atomic writes, loads verified against a manifest.
+
+A checkpoint ``X.pt`` is a plain ``torch.save`` file (``torch.load`` reads it) plus its
+manifest ``X.pt.sha256.json`` holding the file's size and SHA-256 (computed while writing). A
+checkpoint is *valid* only when its manifest exists and matches. Each file goes to a temporary
+name in the same folder, is flushed and fsynced, renamed over the final name with
+``os.replace`` (atomic), and the folder is fsynced; the manifest follows the same way, after
+the data. So a kill at any point leaves either the old state or a file with no matching
+manifest, never a file that passes for good.
+
+>>> import tempfile, pathlib
+>>> path = save_file({"step": 3}, pathlib.Path(tempfile.mkdtemp()) / "model.pt")
+>>> load_file(path)
+{'step': 3}
+
+Fault injection (for tests): :func:`set_fault_hook` installs a function called with the name
+of each point of a save (:data:`FAULT_POINTS`); :func:`rankwise.testing.kill_at_checkpoint`
+installs one that SIGKILLs the process there.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT_VERSION = 1  # of the checkpoint *content* the trainer builds ({"format": 1, ...})
+_MANIFEST_VERSION = 1
+_MANIFEST_SUFFIX = ".sha256.json"
+_TMP_MARK = ".tmp-"
+_CHUNK = 8 << 20
+_PARALLEL_HASH = 1 << 20  # bytes; below this a thread hand-off costs more than it saves
+
+# Points of a save where a fault hook is called, in order. "mid-write": part of the data is in
+# the temporary file; "before-rename": the temporary file is complete and fsynced;
+# "before-manifest": the data has its final name, the manifest is not written yet;
+# "before-pointer" / "before-prune": CheckpointManager.save's later steps.
+FAULT_POINTS = ("mid-write", "before-rename", "before-manifest", "before-pointer", "before-prune")
+_fault_hook: Callable[[str], None] | None = None
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is torn, corrupt or incomplete; the message names the file and why."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped because it is not valid (the message says which and why)."""
+
+
+def set_fault_hook(hook: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """Install ``hook(point)``, called at each of :data:`FAULT_POINTS` during a save (``None``
+    removes it); returns the previous hook. For fault-injection tests only."""
+    global _fault_hook
+    previous, _fault_hook = _fault_hook, hook
+    return previous
+
+
+def _fault_point(name: str) -> None:
+    if _fault_hook is not None:
+        _fault_hook(name)
+
+
+def manifest_path(path: str | os.PathLike[str]) -> Path:
+    """Where the manifest (size and SHA-256) of checkpoint ``path`` lives."""
+    path = Path(path)
+    return path.with_name(path.name + _MANIFEST_SUFFIX)
+
+
+class _HashingWriter:
+    """The file object handed to ``torch.save``: hashes and counts what passes through.
+
+    A large chunk (a tensor's bytes) is hashed on a helper thread while this one writes it
+    (both release the GIL), so the checksum costs little beyond the write itself. Both finish
+    before ``write`` returns: the buffer is only valid during the call, and order matters.
+    """
+
+    def __init__(self, file: Any, pool: concurrent.futures.ThreadPoolExecutor) -> None:
+        self._file = file
+        self._pool = pool
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+        self._faulted = False
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if len(view) >= _PARALLEL_HASH:
+            hashed = self._pool.submit(self.sha256.update, view)
+            try:
+                written = self._file.write(view)
+            finally:
+                hashed.result()
+        else:
+            written = self._file.write(view)
+            self.sha256.update(view)
+        self.size += len(view)
+        if _fault_hook is not None and not self._faulted:
+            self._faulted = True
+            self._file.flush()  # so a kill here leaves a torn file on disk, not in a buffer
+            _fault_point("mid-write")
+        return int(written) if written is not None else len(view)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable; not possible on every platform (Windows).
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _write_atomic(
+    path: Path, write: Callable[[Any], Any], before_rename: Callable[[], None] | None = None
+) -> Any:
+    tmp = _tmp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            result = write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename()
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+    return result
+
+
+def _write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
+    data = (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
+    _write_atomic(path, lambda f: f.write(data))
+
+
+def save_file(
+    obj: dict[str, Any], path: str | os.PathLike[str], *, meta: dict[str, Any] | None = None
+) -> Path:
+    """Write ``obj`` with ``torch.save`` to ``path`` atomically, then its manifest; return path.
+
+    ``obj`` must hold plain values (tensors, numbers, strings, None, lists, tuples, dicts) so
+    that :func:`load_file` can read it with ``torch.load(weights_only=True)``: anything else
+    raises ``TypeError`` naming where it sits, now rather than at resume time. ``meta`` (plain
+    JSON values) is stored in the manifest. Overwriting an existing checkpoint leaves it
+    invalid between the data's rename and the manifest's, never wrongly valid.
+    """
+    if not isinstance(obj, dict):
+        raise TypeError(f"save_file takes a dict, got {type(obj).__name__}.")
+    _check_plain(obj, "obj")
+    path = Path(path)
+    if path.name.endswith(_MANIFEST_SUFFIX):
+        raise ValueError(f"{path} ends with {_MANIFEST_SUFFIX!r}, the manifest suffix; rename it.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(f: Any) -> _HashingWriter:
+        with concurrent.futures.ThreadPoolExecutor(1, "rankwise-sha256") as pool:
+            writer = _HashingWriter(f, pool)
+            torch.save(obj, writer)  # type: ignore[arg-type]  # torch needs only write/flush
+        return writer
+
+    def before_rename() -> None:
+        _fault_point("before-rename")
+        # Overwriting: the old manifest must not outlive the old bytes, or a kill before the
+        # new manifest is written would report the file as corrupt rather than unfinished.
+        with contextlib.suppress(FileNotFoundError):
+            manifest_path(path).unlink()
+
+    writer = _write_atomic(path, write, before_rename=before_rename)
+    _fault_point("before-manifest")
+    manifest = {
+        "version": _MANIFEST_VERSION,
+        "file": path.name,
+        "size": writer.size,
+        "sha256": writer.sha256.hexdigest(),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "meta": meta or {},
+    }
+    _write_json_atomic(manifest_path(path), manifest)
+    return path
+
+
+_PLAIN = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def _check_plain(value: Any, where: str) -> None:
+    if isinstance(value, torch.Tensor):
+        if type(value) not in (torch.Tensor, torch.nn.Parameter):
+            raise TypeError(
+                f"{where} is a {type(value).__name__}; checkpoints hold full tensors: gather "
+                "sharded state with rankwise.train.model_state_dict / optimizer_state_dict."
+            )
+    elif type(value) in (dict, collections.OrderedDict):
+        for key, item in value.items():
+            _check_plain(key, f"a key of {where}")
+            _check_plain(item, f"{where}[{key!r}]")
+    elif type(value) in (list, tuple):
+        for i, item in enumerate(value):
+            _check_plain(item, f"{where}[{i}]")
+    elif type(value) not in _PLAIN:  # exact: numpy.float64 is a float but does not unpickle
+        raise TypeError(
+            f"{where} is a {type(value).__module__}.{type(value).__qualname__}; checkpoints "
+            "hold plain values only (tensors, numbers, strings, None, lists, tuples, dicts) so "
+            "that they load without running pickled code: convert it (float(x), x.tolist(), "
+            "obj.state_dict())."
+        )
+
+
+def verify_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Check ``path`` against its manifest; return the manifest or raise
+    :class:`CheckpointError` saying what is wrong (missing manifest, truncated, corrupt)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist.")
+    mpath = manifest_path(path)
+    try:
+        manifest = json.loads(mpath.read_text())
+        size, digest = int(manifest["size"]), str(manifest["sha256"])
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"checkpoint {path} has no manifest ({mpath.name}): its save did not finish, or "
+            "it was copied without it; it cannot be verified, so it is not used."
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(
+            f"checkpoint {path}: its manifest {mpath.name} is unreadable ({e})."
+        ) from e
+    actual = path.stat().st_size
+    if actual != size:
+        what = "truncated (torn write)" if actual < size else "longer than written"
+        raise CheckpointError(f"checkpoint {path} is {what}: {actual} bytes, expected {size}.")
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            sha.update(chunk)
+    if sha.hexdigest() != digest:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: SHA-256 {sha.hexdigest()[:16]}... does not match "
+            f"the manifest's {digest[:16]}... (bytes changed after it was written)."
+        )
+    return dict(manifest)
+
+
+def load_file(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> dict[str, Any]:
+    """Verify ``path`` against its manifest, then ``torch.load`` it (``weights_only=True``).
+
+    Raises :class:`CheckpointError` naming the file and the fault when it is torn, corrupt or
+    has no manifest, and ``FileNotFoundError`` when it does not exist.
+    """
+    verify_file(path)
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # verified bytes that do not unpickle: not a rankwise checkpoint
+        raise CheckpointError(f"checkpoint {path} verifies but does not load: {e}") from e
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict.")
+    return obj

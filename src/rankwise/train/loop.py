@@ -1,0 +1,161 @@
+"""One training epoch: micro-batches, accumulation windows, optimizer steps, metric sums.
+
+The step reads top to bottom (torchtitan's style)::
+
+    for each micro-batch i of this rank:
+        last = is_sync_step(i, A, total)           # ends an accumulation window?
+        with accumulate(model, last):              # no_sync on all but the last
+            with precision.autocast(): loss = loss_fn(model(x), y)
+            precision.backward(loss / window)
+        sampler.advance(len(x))                    # the resume cursor
+        if last: clip, precision.step(optimizer), zero_grad, scheduler, maybe checkpoint
+
+Nothing here synchronises the CPU with the device or the ranks per step: losses stay tensors
+in a list and are summed once at the end of the epoch (one all-reduce); rank 0 reads its own
+running loss only at log intervals.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+import rankwise.distributed as rd
+from rankwise.parallel import accumulate, is_sync_step
+from rankwise.train.data import UserBatches, batch_length, check_even, has_batch_everywhere
+from rankwise.train.evaluation import is_class_target, model_loss, split_batch
+
+if TYPE_CHECKING:
+    from rankwise.train.trainer import DistributedTrainer
+
+BatchHook = Callable[[Any, int, int, Any], None]
+
+
+@dataclass
+class EpochSums:
+    """This rank's running sums for the epoch; ``carried`` holds the whole world's sums of
+    the part of the epoch done before a resume (rank 0 only, so the all-reduce adds it once)."""
+
+    losses: list[torch.Tensor] = field(default_factory=list)  # batch-mean losses
+    counts: list[int] = field(default_factory=list)
+    correct: list[torch.Tensor] = field(default_factory=list)
+    classed: int = 0
+    carried: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+
+    def local(self) -> torch.Tensor:
+        """[loss sum, samples, correct, samples with class targets] as float64."""
+        out = torch.tensor(self.carried, dtype=torch.float64)
+        if self.losses:
+            losses = torch.stack([t.detach().double().cpu() for t in self.losses])
+            out[0] += (losses * torch.tensor(self.counts, dtype=torch.float64)).sum()
+            out[1] += sum(self.counts)
+        if self.correct:
+            out[2] += torch.stack(self.correct).double().sum().cpu()
+        out[3] += self.classed
+        return out
+
+    def reduced(self) -> torch.Tensor:
+        """The world's sums: one all-reduce."""
+        return rd.all_reduce(self.local())
+
+    def running_loss(self, start: int) -> tuple[float, int]:
+        """Sum and count of this rank's losses since ``start`` (rank 0's progress display)."""
+        if start >= len(self.losses):
+            return 0.0, 0
+        counts = torch.tensor(self.counts[start:], dtype=torch.float64)
+        losses = torch.stack([t.detach() for t in self.losses[start:]]).double().cpu()
+        return float((losses * counts).sum()), int(counts.sum())
+
+
+def summarize(totals: torch.Tensor) -> tuple[float, float | None]:
+    loss_sum, count, correct, classed = (float(v) for v in totals)
+    if count == 0:
+        return float("nan"), None
+    return loss_sum / count, (correct / count if classed == count else None)
+
+
+def _micro_batches(source: Any) -> Iterator[tuple[Any, Any, bool | None]]:
+    """``(batch, ids, is_last)``; ``is_last`` is None when the count is known up front (the
+    caller uses ``is_sync_step``). For loaders without len, ranks agree on every step whether
+    each still has a batch, looking one batch ahead so the last one is known."""
+    if not isinstance(source, UserBatches) or source.sized:
+        for batch, ids in source:
+            yield batch, ids, None
+        return
+    it = iter(source)
+    step = 0
+    current = next(it, None)
+    if not has_batch_everywhere(current is not None, step):
+        return
+    while current is not None:
+        ahead = next(it, None)
+        more = has_batch_everywhere(ahead is not None, step + 1)
+        yield current[0], current[1], not more
+        current = ahead if more else None
+        step += 1
+
+
+def train_epoch(
+    trainer: DistributedTrainer, source: Any, epoch: int, sums: EpochSums
+) -> tuple[float, float | None, int]:
+    """Run the rest of epoch ``epoch``; return ``(loss, accuracy, global samples)``."""
+    cfg, model, precision = trainer.config, trainer.model, trainer.precision
+    assert cfg is not None, "set by fit()"
+    source.set_epoch(epoch)
+    total = len(source) if not isinstance(source, UserBatches) or source.sized else None
+    if isinstance(source, UserBatches) and total is not None:
+        check_even(total)
+    accum = cfg.grad_accum_steps
+    hooks = trainer.batch_hooks()
+    # Rank 0 reads its running loss (one .item()) every `tick` micro-batches, for the bar and
+    # the log lines; the other ranks never do.
+    tick = (
+        (cfg.log_every_n_batches or 10)
+        if trainer.is_master() and (cfg.verbose or cfg.log_dir)
+        else 0
+    )
+    trainer.logger.start_epoch(epoch, total or 0)
+    model.train()
+    loss_fn = trainer.loss_fn
+    needs_target = loss_fn is not None
+    on_cpu = trainer.device.type == "cpu"
+    classes: bool | None = None  # decided on the first batch: the data set does not change
+    started, logged, logged_sum, logged_n = time.perf_counter(), 0, 0.0, 0
+    window_start = 0
+    for i, (batch, ids, final) in enumerate(_micro_batches(source)):
+        last = is_sync_step(i, accum, total) if final is None else (final or (i + 1) % accum == 0)
+        if i == window_start:  # a new window: how many micro-batches it averages over
+            window = accum if total is None else min(accum, total - i)
+        x, y = split_batch(batch if on_cpu else trainer.to_device(batch), needs_target)
+        n = batch_length(x)
+        with accumulate(model, is_last=last):
+            with precision.autocast():
+                out = model(x)
+                loss = model_loss(out, y, loss_fn)
+            precision.backward(loss / window if window > 1 else loss)
+        sums.losses.append(loss.detach())
+        sums.counts.append(n)
+        if classes is None:
+            classes = is_class_target(out, y)
+        if classes:
+            sums.correct.append((out.detach().argmax(1) == y).sum())
+            sums.classed += n
+        source.advance(n)
+        for hook in hooks:
+            hook(trainer, epoch, trainer.global_step, ids)
+        if last:
+            trainer.optimizer_step()
+            window_start = i + 1
+            trainer.after_optimizer_step(epoch, sums)
+        if tick and ((i + 1) % tick == 0 or i + 1 == total):
+            s, c = sums.running_loss(logged)
+            logged, logged_sum, logged_n = len(sums.losses), logged_sum + s, logged_n + c
+            rate = logged_n * rd.get_world_size() / max(time.perf_counter() - started, 1e-9)
+            trainer.logger.step(i + 1, trainer.global_step, logged_sum / max(logged_n, 1), rate)
+    totals = sums.reduced()
+    mean_loss, accuracy = summarize(totals)
+    return mean_loss, accuracy, int(totals[1])
