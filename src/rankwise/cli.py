@@ -115,7 +115,7 @@ def environment_report() -> dict[str, Any]:
     from rankwise import __version__
     from rankwise.distributed import DistributedConfig, DistributedConfigError, select_backend
     from rankwise.distributed.config import environment_variables
-    from rankwise.distributed.group import port_is_free
+    from rankwise.distributed.rendezvous import port_is_free
 
     report: dict[str, Any] = {
         "rankwise": __version__,
