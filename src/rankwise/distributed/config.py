@@ -44,11 +44,26 @@ ENV_VARS = {
 }
 
 
-# What `rankwise env` shows: the variables above, plus the launcher's and the devices'.
+# What `rankwise env` shows: the variables above, plus the launchers' and the devices'.
 _DIAGNOSTIC_VARS = (
     *ENV_VARS.values(),
+    "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_USE_AGENT_STORE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_JOB_ID",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
     "CUDA_VISIBLE_DEVICES",
     "OMP_NUM_THREADS",
 )
