@@ -189,8 +189,9 @@ def test_restart_after_a_failed_attempt_rendezvouses_again() -> None:
 
 
 def test_restart_under_plain_torchrun_static_rendezvous() -> None:
-    # rankwise.init() namespaces its store keys by attempt, so even torchrun's shared agent
-    # store (static rendezvous, --master-port) does not leak the dead attempt's addresses.
+    # Under torchrun's shared agent store (static rendezvous, --master-port) rankwise.init()
+    # builds the group on a fresh store that rank 0 announces, so the dead attempt's gloo
+    # addresses, still in the agent's store, are never read.
     from rankwise.testing import free_port
 
     cmd = [
