@@ -141,8 +141,13 @@ def _announced_store(cfg: DistributedConfig, namespace: str, deadline: float) ->
     while True:
         try:
             agent.wait([key], timedelta(seconds=max(deadline - time.monotonic(), 0.1)))
-        except dist.DistStoreError as exc:
-            raise _unreachable(cfg, exc) from None
+        except dist.DistStoreError:
+            raise DistributedTimeoutError(
+                f"rank {cfg.rank} timed out after {cfg.timeout_ms / 1000:g} s waiting for rank "
+                f"0 to announce its store in torchrun's store at {cfg.master_addr}:"
+                f"{cfg.master_port}: rank 0 did not reach init(). Check rank 0's log, or "
+                "raise DISTRIBUTED_TIMEOUT_MS."
+            ) from None
         announced = agent.get(key).decode()
         if announced != tried:
             tried = announced
