@@ -182,6 +182,9 @@ def test_worker_without_master_times_out() -> None:
 def _raise_on_rank_one() -> None:
     if rd.get_rank() == 1:
         raise KeyError("rank one broke")
+    # Rank 0 fails too, in the barrier, once rank 1 is gone: let the harness read rank 1's
+    # report first, or it may take rank 0's for the first failure on a loaded machine.
+    time.sleep(1.0)
     rd.barrier()
 
 
@@ -371,11 +374,13 @@ def _rank_zero_dies_while_the_group_is_built(report: str) -> None:
     import torch.distributed as dist
 
     if os.environ["RANK"] == "0":
+        build = dist.init_process_group
 
-        def die(*args: object, **kwargs: object) -> None:
-            os._exit(3)  # the store's host crashes after the arrivals, before the group
+        def build_then_die(*args: object, **kwargs: object) -> None:
+            build(*args, **kwargs)  # type: ignore[arg-type]
+            os._exit(3)  # the store's host crashes with its group built, before init() returns
 
-        dist.init_process_group = die  # type: ignore[assignment]
+        dist.init_process_group = build_then_die  # type: ignore[assignment]
     try:
         rd.init()
         outcome = "joined"

@@ -96,9 +96,7 @@ def rendezvous(cfg: DistributedConfig, deadline: float) -> dist.Store:
             time.sleep(_RECONNECT_SECONDS)
 
 
-def _connect_store(
-    cfg: DistributedConfig, port: int, deadline: float, *, limit: float | None = None
-) -> dist.TCPStore:
+def _connect_store(cfg: DistributedConfig, port: int, deadline: float) -> dist.TCPStore:
     """Rank 0 listens on ``port`` (0: one the OS picks); the others connect to it."""
     hosts = cfg.rank == 0
     if hosts and port and not port_is_free(port):
@@ -114,7 +112,7 @@ def _connect_store(
             port=port,
             world_size=cfg.world_size,
             is_master=hosts,
-            timeout=timedelta(seconds=seconds if limit is None else min(seconds, limit)),
+            timeout=timedelta(seconds=seconds),
             wait_for_workers=False,  # arrivals are counted by rank, to name the missing ones
         )
     except (RuntimeError, OSError) as exc:  # DistNetworkError / DistStoreError derive from these
@@ -151,15 +149,28 @@ def _announced_store(cfg: DistributedConfig, namespace: str, deadline: float) ->
         announced = agent.get(key).decode()
         if announced != tried:
             tried = announced
-            port, token = announced.split(":")
-            with contextlib.suppress(dist.DistNetworkError, dist.DistStoreError):
-                store = _connect_store(cfg, int(port), deadline, limit=_PROBE_SECONDS)
-                if store.get(_ID_KEY).decode() == token:  # this round's store, not a reused port
-                    store.set_timeout(timedelta(seconds=max(deadline - time.monotonic(), 0.1)))
-                    return store
+            store = _probe(cfg, announced, deadline)
+            if store is not None:
+                return store
         if time.monotonic() >= deadline:
             raise _unreachable(cfg, TimeoutError(f"no live store at {announced}"))
         time.sleep(_RECONNECT_SECONDS)  # the dead round's announcement: wait for this round's
+
+
+def _probe(cfg: DistributedConfig, announced: str, deadline: float) -> dist.TCPStore | None:
+    """The store announced as ``"<port>:<token>"`` if it is alive and carries the token."""
+    port, token = announced.split(":")
+    seconds = max(min(deadline - time.monotonic(), _PROBE_SECONDS), 0.1)
+    try:
+        store = dist.TCPStore(
+            cfg.master_addr, int(port), is_master=False, timeout=timedelta(seconds=seconds)
+        )
+        if store.get(_ID_KEY).decode() != token:  # another store that took the same port
+            return None
+    except (RuntimeError, OSError):  # nobody listens there any more: a dead round's store
+        return None
+    store.set_timeout(timedelta(seconds=max(deadline - time.monotonic(), 0.1)))
+    return store
 
 
 def _connect_agent(cfg: DistributedConfig, deadline: float) -> dist.TCPStore:
