@@ -105,6 +105,33 @@ def test_env_flags_a_bad_configuration(
     assert report["variables"]["RANK"] == "4"
 
 
+def test_env_says_which_environment_and_why(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slurm = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1",
+             "SLURM_JOB_NODELIST": "node[3-4]", "SLURM_JOB_ID": "777"}  # fmt: skip
+    for var, value in slurm.items():
+        monkeypatch.setenv(var, value)
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "detected: SLURM" in out and "SLURM_PROCID=1, SLURM_NTASKS=2" in out
+    assert "first host of SLURM_JOB_NODELIST=node[3-4]" in out and "master node3:15777" in out
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "j")  # torchrun inside the allocation wins
+    for var, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(var, value)
+    assert main(["env", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["environment"]["kind"] == "torchelastic"
+    assert report["environment"]["decided_by"]["TORCHELASTIC_RUN_ID"] == "j"
+    assert report["config"]["process_group"] is True  # a launcher's world of one
+
+
+def test_env_without_launcher_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "detected: none" in out and "no process group" in out
+
+
 # -- real launches (torchrun underneath) --------------------------------------------------------
 
 
@@ -113,6 +140,13 @@ def test_launch_runs_every_rank_with_script_arguments() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("attempt 0: ok two words") == 2
     assert "rank 0/2" in proc.stdout and "rank 1/2" in proc.stdout
+
+
+def test_a_world_of_one_under_the_launcher_has_a_process_group() -> None:
+    # torchrun --nproc-per-node 1: the worker calls torch.distributed.get_rank() itself.
+    proc = run_script(WORKER, 1, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0/1 attempt 0: ok" in proc.stdout
 
 
 def test_rank_zero_may_exit_the_moment_init_returns() -> None:
@@ -155,8 +189,9 @@ def test_restart_after_a_failed_attempt_rendezvouses_again() -> None:
 
 
 def test_restart_under_plain_torchrun_static_rendezvous() -> None:
-    # rankwise.init() namespaces its store keys by attempt, so even torchrun's shared agent
-    # store (static rendezvous, --master-port) does not leak the dead attempt's addresses.
+    # Under torchrun's shared agent store (static rendezvous, --master-port) rankwise.init()
+    # builds the group on a fresh store that rank 0 announces, so the dead attempt's gloo
+    # addresses, still in the agent's store, are never read.
     from rankwise.testing import free_port
 
     cmd = [

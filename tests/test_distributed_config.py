@@ -30,6 +30,7 @@ def test_reads_every_variable() -> None:
             "MASTER_PORT": "29611",
             "DISTRIBUTED_BACKEND": "cpu",
             "DISTRIBUTED_TIMEOUT_MS": "1500",
+            "TORCHELASTIC_RUN_ID": "job",
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             "TORCHELASTIC_RESTART_COUNT": "2",
         }
@@ -38,6 +39,7 @@ def test_reads_every_variable() -> None:
     assert (cfg.master_addr, cfg.master_port, cfg.timeout_ms) == ("10.0.0.7", 29611, 1500)
     assert cfg.backend_name == "gloo"  # "cpu" is the CyxWiz name for gloo
     assert cfg.use_agent_store and cfg.restart_count == 2
+    assert cfg.environment == "torchelastic" and cfg.launched
 
 
 def test_collective_timeout_is_separate_and_defaults_to_torchs() -> None:
@@ -46,9 +48,10 @@ def test_collective_timeout_is_separate_and_defaults_to_torchs() -> None:
     assert (cfg.timeout_ms, cfg.collective_timeout_ms) == (30000, 5000)
 
 
-def test_local_rank_defaults_to_rank() -> None:
+def test_local_rank_defaults_to_rank_on_one_machine() -> None:
     cfg = DistributedConfig.from_environment({"RANK": "2", "WORLD_SIZE": "3"})
-    assert cfg.local_rank is None and cfg.resolved_local_rank == 2
+    assert cfg.local_rank == 2 and cfg.resolved_local_rank == 2
+    assert DistributedConfig(rank=1, world_size=2).resolved_local_rank == 1
 
 
 @pytest.mark.parametrize(
@@ -107,7 +110,8 @@ def test_backend_enum_and_aliases() -> None:
 
 class TestSelectBackend:
     def test_auto_prefers_nccl_with_gpus(self) -> None:
-        assert select_backend("auto", 0, cuda_devices=2, nccl_available=True) == "nccl"
+        both = "cpu:gloo,cuda:nccl"  # CPU tensors (metrics) still reduce, over gloo
+        assert select_backend("auto", 0, cuda_devices=2, nccl_available=True) == both
         assert select_backend("auto", 0, cuda_devices=0, nccl_available=True) == "gloo"
         assert select_backend("auto", 0, cuda_devices=2, nccl_available=False) == "gloo"
         assert select_backend("gloo", 5, cuda_devices=2, nccl_available=True) == "gloo"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,6 +182,9 @@ def test_worker_without_master_times_out() -> None:
 def _raise_on_rank_one() -> None:
     if rd.get_rank() == 1:
         raise KeyError("rank one broke")
+    # Rank 0 fails too, in the barrier, once rank 1 is gone: let the harness read rank 1's
+    # report first, or it may take rank 0's for the first failure on a loaded machine.
+    time.sleep(1.0)
     rd.barrier()
 
 
@@ -345,3 +349,54 @@ def _adopt_with_conflicting_config_after_torch_init() -> str:
     dist.init_process_group("gloo")  # from the harness's RANK / WORLD_SIZE / MASTER_* variables
     dist.barrier()  # torch's init lets rank 0 leave (and close its store) before rank 1 is done
     return _adopt_with_conflicting_config()
+
+
+def test_a_launchers_world_of_one_gets_a_real_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    # WORLD_SIZE=1 set by a launcher (torchrun --nproc-per-node 1): the script's own
+    # torch.distributed calls must work. Only a bare `python train.py` runs without a group.
+    import torch.distributed as dist
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_PORT", "1")  # never used: a world of one opens no port
+    cfg = rd.init()
+    assert cfg.launched and cfg.world_size == 1 and dist.is_initialized()
+    t = torch.tensor([2.0])
+    dist.all_reduce(t)
+    assert t.item() == 2.0 and dist.get_world_size() == 1
+    rd.finalize()
+    assert not dist.is_initialized()
+
+
+def _rank_zero_dies_while_the_group_is_built(report: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    if os.environ["RANK"] == "0":
+        build = dist.init_process_group
+
+        def build_then_die(*args: object, **kwargs: object) -> None:
+            build(*args, **kwargs)  # type: ignore[arg-type]
+            os._exit(3)  # the store's host crashes with its group built, before init() returns
+
+        dist.init_process_group = build_then_die  # type: ignore[assignment]
+    try:
+        rd.init()
+        outcome = "joined"
+    except Exception as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    with open(report, "w") as f:
+        f.write(outcome)
+
+
+def test_a_store_host_crash_mid_init_is_a_rankwise_error(tmp_path: Path) -> None:
+    # Rank 1 must get a rankwise error naming rank 0, not torch's raw DistNetworkError.
+    report = tmp_path / "rank1.txt"
+    with pytest.raises(RankFailedError, match="rank 0 of 2 failed"):
+        run_distributed(
+            _rank_zero_dies_while_the_group_is_built, 2, args=(str(report),), init_group=False
+        )
+    outcome = report.read_text()
+    assert outcome.startswith("DistributedConnectionError"), outcome
+    assert "rank 0, which hosts it" in outcome and "rank 0's log" in outcome

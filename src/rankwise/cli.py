@@ -146,7 +146,8 @@ def environment_report() -> dict[str, Any]:
     from rankwise import __version__
     from rankwise.distributed import DistributedConfig, DistributedConfigError, select_backend
     from rankwise.distributed.config import environment_variables
-    from rankwise.distributed.group import port_is_free
+    from rankwise.distributed.environment import detect
+    from rankwise.distributed.rendezvous import port_is_free
 
     report: dict[str, Any] = {
         "rankwise": __version__,
@@ -163,6 +164,13 @@ def environment_report() -> dict[str, Any]:
         "mpi": dist.is_available() and dist.is_mpi_available(),
     }
     try:
+        found = detect()
+        report["environment"] = {
+            "kind": found.kind,
+            "launched": found.launched,
+            "decided_by": {v: report["variables"].get(v) for v in found.decided_by},
+            "notes": list(found.notes),
+        }
         cfg = DistributedConfig.from_environment()
         # The same check init() makes, so "valid" here means init() would accept it.
         backend = select_backend(
@@ -179,9 +187,11 @@ def environment_report() -> dict[str, Any]:
             "local_rank": cfg.resolved_local_rank,
             "master": f"{cfg.master_addr}:{cfg.master_port}",
             "backend": backend,
+            "process_group": cfg.world_size > 1 or cfg.launched,
         }
         port: int | None = cfg.master_port
     except DistributedConfigError as exc:
+        report.setdefault("environment", {"kind": "unknown", "launched": None})
         report["config"] = {"valid": False, "error": str(exc)}
         port = None
     report["backends"] = available
@@ -196,6 +206,29 @@ def environment_report() -> dict[str, Any]:
     return report
 
 
+# Shown even when unset; a launcher's other variables (SLURM_*, OMPI_*, ...) only when set.
+_ALWAYS_SHOWN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _environment_lines(env: dict[str, Any]) -> list[str]:
+    names = {
+        "torchelastic": "torchrun / torchelastic",
+        "slurm": "SLURM (srun)",
+        "openmpi": "Open MPI",
+        "mpich": "MPICH / Intel MPI",
+        "plain": "plain RANK / WORLD_SIZE",
+        "none": "none (a bare `python script.py`: a world of one, no process group)",
+    }
+    kind = env["kind"]
+    if kind == "unknown":
+        return ["detected: (the variables below are invalid)"]
+    lines = [f"detected: {names[kind]}"]
+    if env["decided_by"]:
+        lines.append("  because: " + ", ".join(f"{k}={v}" for k, v in env["decided_by"].items()))
+    lines += [f"  {note}" for note in env["notes"]]
+    return lines
+
+
 def print_env(as_json: bool = False) -> int:
     report = environment_report()
     if as_json:
@@ -208,14 +241,17 @@ def print_env(as_json: bool = False) -> int:
         "environment:",
     ]
     lines += [
-        f"  {k:<34} {v if v is not None else '(unset)'}" for k, v in report["variables"].items()
+        f"  {k:<34} {v if v is not None else '(unset)'}"
+        for k, v in report["variables"].items()
+        if v is not None or k in _ALWAYS_SHOWN
     ]
+    lines += ["", *_environment_lines(report["environment"])]
     cfg = report["config"]
-    lines.append("")
     if cfg["valid"]:
         lines.append(
             f"configuration: rank {cfg['rank']} of {cfg['world_size']} (local rank "
-            f"{cfg['local_rank']}), master {cfg['master']}, backend {cfg['backend']}"
+            f"{cfg['local_rank']}), master {cfg['master']}, backend {cfg['backend']}, "
+            + ("a torch process group" if cfg["process_group"] else "no process group")
         )
     else:
         lines.append(f"configuration: INVALID: {cfg['error']}")

@@ -80,7 +80,7 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
                 f"rankwise launch: --node-rank {args.node_rank} is not used by the c10d "
                 "rendezvous, which numbers nodes in the order they join; pass "
                 "--rdzv-backend static to pin node ranks (restarts then rely on "
-                "rankwise.distributed.init()'s per-attempt keys).",
+                "rankwise.distributed.init()'s fresh store per rendezvous).",
                 file=sys.stderr,
             )
     if args.node_rank is None:

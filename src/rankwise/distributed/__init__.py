@@ -17,6 +17,7 @@ from rankwise.distributed.collectives import (
 from rankwise.distributed.config import BackendType, DistributedConfig, normalize_backend
 from rankwise.distributed.errors import (
     DistributedConfigError,
+    DistributedConnectionError,
     DistributedStateError,
     DistributedTimeoutError,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "BackendType",
     "DistributedConfig",
     "DistributedConfigError",
+    "DistributedConnectionError",
     "DistributedStateError",
     "DistributedTimeoutError",
     "all_gather",

@@ -1,9 +1,11 @@
-"""Process-group configuration: the one place in rankwise that reads environment variables.
+"""Process-group configuration: with :mod:`.environment`, the only code that reads variables.
 
-The variables are torchrun's (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-``MASTER_PORT``) plus two of the CyxWiz guide (``DISTRIBUTED_BACKEND``,
-``DISTRIBUTED_TIMEOUT_MS``). With none of them set the configuration describes a world of one,
-so the same script runs under ``python train.py`` and under ``rankwise launch``.
+Who this process is (rank, world size, local rank, master) comes from
+:func:`rankwise.distributed.environment.detect`: torchrun, SLURM, MPI or plain ``RANK`` /
+``WORLD_SIZE``. This module adds the CyxWiz guide's settings (``DISTRIBUTED_BACKEND``,
+``DISTRIBUTED_TIMEOUT_MS``) and validates the whole. With no variables set the configuration
+describes a world of one, so the same script runs under ``python train.py`` and under
+``rankwise launch``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from rankwise.distributed.environment import detect
 from rankwise.distributed.errors import DistributedConfigError
 
 
@@ -41,11 +44,26 @@ ENV_VARS = {
 }
 
 
-# What `rankwise env` shows: the variables above, plus the launcher's and the devices'.
+# What `rankwise env` shows: the variables above, plus the launchers' and the devices'.
 _DIAGNOSTIC_VARS = (
     *ENV_VARS.values(),
+    "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_USE_AGENT_STORE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_JOB_ID",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
     "CUDA_VISIBLE_DEVICES",
     "OMP_NUM_THREADS",
 )
@@ -83,8 +101,12 @@ class DistributedConfig:
     ``timeout_ms`` bounds the rendezvous (connecting, waiting for peers: the CyxWiz guide's
     "connection timeout"); ``collective_timeout_ms`` bounds each collective once running, and
     defaults to torch's 30 minutes, so rank 0 can save a checkpoint while the others wait.
-    ``use_agent_store`` and ``restart_count`` are filled in from torchrun's variables: they say
-    whether the launcher hosts the rendezvous store and which restart attempt this is.
+    ``environment`` says what started the process (``"torchelastic"``, ``"slurm"``,
+    ``"openmpi"``, ``"mpich"``, ``"plain"``, or ``"none"`` for a bare ``python train.py``);
+    any launcher gives even a world of one a real process group. ``use_agent_store`` and
+    ``restart_count`` are torchrun's: whether its agent hosts the store at MASTER_ADDR:PORT,
+    and this node's restart count (shown by ``rankwise env``; never used as a store key,
+    since nodes count restarts differently).
 
     >>> DistributedConfig(rank=1, world_size=2).resolved_local_rank
     1
@@ -100,6 +122,7 @@ class DistributedConfig:
     collective_timeout_ms: int = 1_800_000
     use_agent_store: bool = False
     restart_count: int = 0
+    environment: str = "none"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -107,6 +130,11 @@ class DistributedConfig:
     @property
     def resolved_local_rank(self) -> int:
         return self.rank if self.local_rank is None else self.local_rank
+
+    @property
+    def launched(self) -> bool:
+        """Started by a launcher (torchrun, srun, mpirun, RANK/WORLD_SIZE set), not bare."""
+        return self.environment != "none"
 
     @property
     def backend_name(self) -> str:
@@ -166,7 +194,8 @@ class DistributedConfig:
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> DistributedConfig:
-        """Build a config from torchrun's and the CyxWiz guide's environment variables.
+        """Build a config from the launcher's variables (see :mod:`.environment`) and the
+        CyxWiz guide's.
 
         Missing variables take the defaults of a world of one. ``environ`` defaults to
         ``os.environ`` and exists so the parsing can be tested as a pure function.
@@ -175,37 +204,28 @@ class DistributedConfig:
         1
         """
         env = os.environ if environ is None else environ
-        kwargs: dict[str, Any] = {}
-        for field in (
-            "rank",
-            "world_size",
-            "local_rank",
-            "master_port",
-            "timeout_ms",
-            "collective_timeout_ms",
-        ):
+        found = detect(env)
+        kwargs: dict[str, Any] = {
+            "rank": found.rank,
+            "world_size": found.world_size,
+            "local_rank": found.local_rank,
+            "environment": found.kind,
+        }
+        if found.master_addr is not None:
+            kwargs["master_addr"] = found.master_addr
+        if found.master_port is not None:
+            kwargs["master_port"] = found.master_port
+        for field in ("timeout_ms", "collective_timeout_ms"):
             raw = env.get(ENV_VARS[field])
             if raw is not None and raw.strip() != "":
                 kwargs[field] = _parse_int(ENV_VARS[field], raw)
-        if env.get("MASTER_ADDR"):
-            kwargs["master_addr"] = env["MASTER_ADDR"]
         if env.get("DISTRIBUTED_BACKEND"):
             kwargs["backend"] = env["DISTRIBUTED_BACKEND"]
-        kwargs["use_agent_store"] = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        raw_restart = env.get("TORCHELASTIC_RESTART_COUNT")
-        if raw_restart:
-            kwargs["restart_count"] = _parse_int("TORCHELASTIC_RESTART_COUNT", raw_restart)
-        if "rank" in kwargs and "world_size" not in kwargs:
-            raise DistributedConfigError(
-                f"RANK is set ({kwargs['rank']}) but WORLD_SIZE is not; set WORLD_SIZE to the "
-                "total number of processes, or unset RANK for a single-process run."
-            )
-        if kwargs.get("world_size", 1) > 1 and "rank" not in kwargs:
-            # Every process would be rank 0, and the second would find the port "in use".
-            raise DistributedConfigError(
-                f"WORLD_SIZE is set ({kwargs['world_size']}) but RANK is not; give each process "
-                "its RANK (0..WORLD_SIZE-1), or start them with `rankwise launch`."
-            )
+        if found.kind == "torchelastic":
+            kwargs["use_agent_store"] = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            raw_restart = env.get("TORCHELASTIC_RESTART_COUNT")
+            if raw_restart:
+                kwargs["restart_count"] = _parse_int("TORCHELASTIC_RESTART_COUNT", raw_restart)
         return cls(**kwargs)
 
 

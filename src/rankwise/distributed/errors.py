@@ -17,3 +17,7 @@ class DistributedTimeoutError(TimeoutError):
 
 class DistributedStateError(RuntimeError):
     """The process group is in the wrong state for the call (e.g. initialised twice)."""
+
+
+class DistributedConnectionError(ConnectionError):
+    """A peer, or the store's host, went away while the group was being built."""

@@ -1,0 +1,350 @@
+"""Who this process is: the one place that tells torchrun, SLURM, MPI and plain variables apart.
+
+:func:`detect` reads a mapping of environment variables (``os.environ`` by default) and returns
+an :class:`Environment`: rank, world size, local rank, master address and port, and which
+variables decided them. Precedence, first match wins:
+
+1. **torchrun / torchelastic** (``TORCHELASTIC_RUN_ID`` with ``RANK``): the launcher sets every
+   variable itself, and inside a SLURM or MPI allocation it is what started this process.
+2. **plain variables** (``RANK`` and ``WORLD_SIZE``): set by hand or by another launcher; they
+   win over SLURM / MPI variables, which an allocation sets for its shell too.
+3. **SLURM** (``SLURM_PROCID`` and ``SLURM_NTASKS``, under ``srun``).
+4. **Open MPI** (``OMPI_COMM_WORLD_RANK`` / ``_SIZE`` / ``_LOCAL_RANK``).
+5. **MPICH / Intel MPI** (``PMI_RANK`` / ``PMI_SIZE``, ``MPI_LOCALRANKID``).
+6. **none**: a bare ``python train.py``, a world of one without a process group.
+
+``LOCAL_RANK`` is never guessed as the global rank when the job may span machines.
+
+>>> env = detect({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+...               "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "gpu-[01-04]",
+...               "SLURM_JOB_ID": "4242"})
+>>> env.kind, env.rank, env.local_rank, env.master_addr, env.master_port
+('slurm', 5, 1, 'gpu-01', 19242)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import re
+import socket
+import zlib
+from collections.abc import Collection, Mapping
+
+from rankwise.distributed.errors import DistributedConfigError
+
+# A master port derived from the SLURM job id lands in [_SLURM_PORT_BASE, + _SLURM_PORT_SPAN):
+# unprivileged, and below Linux's ephemeral range (32768+) where the OS picks ports for others.
+_SLURM_PORT_BASE = 15000
+_SLURM_PORT_SPAN = 15000
+# salloc / interactive shells set SLURM variables without srun having started this process.
+_SLURM_INTERACTIVE_NAMES = ("bash", "interactive")
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """What :func:`detect` found. ``None`` fields were not given by the environment."""
+
+    kind: str  # "torchelastic" | "plain" | "slurm" | "openmpi" | "mpich" | "none"
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    decided_by: tuple[str, ...] = ()  # the variables that identified the environment
+    notes: tuple[str, ...] = ()  # how derived values came about (for `rankwise env`)
+
+    @property
+    def launched(self) -> bool:
+        """True when a launcher (not a bare ``python train.py``) started this process."""
+        return self.kind != "none"
+
+
+def detect(
+    environ: Mapping[str, str] | None = None, this_host: Collection[str] | None = None
+) -> Environment:
+    """Identify the environment; see the module docstring for the precedence.
+
+    ``this_host`` (names and addresses of this machine) is looked up when needed and exists
+    so detection stays a pure function in tests.
+    """
+    env = os.environ if environ is None else environ
+    if _has(env, "TORCHELASTIC_RUN_ID") and _has(env, "RANK"):
+        return _torchelastic(env)
+    if _has(env, "RANK") or _has(env, "WORLD_SIZE"):
+        return _plain(env, this_host)
+    slurm = _has(env, "SLURM_PROCID") and _has(env, "SLURM_NTASKS")
+    if slurm and env.get("SLURM_JOB_NAME") not in _SLURM_INTERACTIVE_NAMES:
+        return _slurm(env)
+    if _has(env, "OMPI_COMM_WORLD_RANK"):
+        return _mpi(env, "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")  # fmt: skip
+    if _has(env, "PMI_RANK"):
+        return _mpi(env, "mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+    # Still read the master, so a bad MASTER_PORT is reported even before a launcher is used.
+    return Environment(
+        "none",
+        master_addr=env.get("MASTER_ADDR") or None,
+        master_port=_optional_int(env, "MASTER_PORT"),
+    )
+
+
+def _torchelastic(env: Mapping[str, str]) -> Environment:
+    decided = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    return Environment(
+        "torchelastic",
+        rank=_int(env, "RANK"),
+        world_size=_required_int(env, "WORLD_SIZE", "RANK"),
+        local_rank=_required_int(env, "LOCAL_RANK", "RANK"),
+        master_addr=env.get("MASTER_ADDR") or None,
+        master_port=_optional_int(env, "MASTER_PORT"),
+        decided_by=decided,
+    )
+
+
+def _plain(env: Mapping[str, str], this_host: Collection[str] | None) -> Environment:
+    if not _has(env, "WORLD_SIZE"):
+        raise DistributedConfigError(
+            f"RANK is set ({env['RANK']}) but WORLD_SIZE is not; set WORLD_SIZE to the "
+            "total number of processes, or unset RANK for a single-process run."
+        )
+    world = _int(env, "WORLD_SIZE")
+    if not _has(env, "RANK"):
+        if world > 1:  # every process would be rank 0, and the second would find the port taken
+            raise DistributedConfigError(
+                f"WORLD_SIZE is set ({world}) but RANK is not; give each process its RANK "
+                "(0..WORLD_SIZE-1), or start them with `rankwise launch`."
+            )
+        rank = 0
+    else:
+        rank = _int(env, "RANK")
+    addr = env.get("MASTER_ADDR") or None
+    notes: tuple[str, ...] = ()
+    local = _optional_int(env, "LOCAL_RANK")
+    if local is None and world > 1:
+        if addr is not None and not is_this_host(addr, this_host):
+            raise DistributedConfigError(
+                f"LOCAL_RANK is not set and MASTER_ADDR={addr} is another machine, so the job "
+                f"may span machines and rank {rank} says nothing about the device index on "
+                "this one. Set LOCAL_RANK (0..processes on this machine - 1) for every "
+                "process, or start them with torchrun / `rankwise launch`, which set it."
+            )
+        local = rank
+        notes = ("LOCAL_RANK unset on a single machine: local rank = RANK",)
+    return Environment(
+        "plain",
+        rank=rank,
+        world_size=world,
+        local_rank=local,
+        master_addr=addr,
+        master_port=_optional_int(env, "MASTER_PORT"),
+        decided_by=tuple(v for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if _has(env, v)),
+        notes=notes,
+    )
+
+
+def _slurm(env: Mapping[str, str]) -> Environment:
+    notes = []
+    addr = env.get("MASTER_ADDR") or None
+    if addr is None:
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        if not nodelist:
+            raise DistributedConfigError(
+                "SLURM_PROCID is set but neither MASTER_ADDR nor SLURM_JOB_NODELIST is; run "
+                "the script with srun inside an allocation, or set MASTER_ADDR."
+            )
+        addr = expand_nodelist(nodelist)[0]
+        notes.append(f"MASTER_ADDR = first host of SLURM_JOB_NODELIST={nodelist}")
+    port = _optional_int(env, "MASTER_PORT")
+    if port is None:
+        if not _has(env, "SLURM_JOB_ID"):
+            raise DistributedConfigError(
+                "SLURM_PROCID is set but neither MASTER_PORT nor SLURM_JOB_ID is; set "
+                "MASTER_PORT to a port free on the first node (e.g. 29500)."
+            )
+        port = slurm_master_port(env["SLURM_JOB_ID"])
+        notes.append(f"MASTER_PORT derived from SLURM_JOB_ID={env['SLURM_JOB_ID']}")
+    return Environment(
+        "slurm",
+        rank=_int(env, "SLURM_PROCID"),
+        world_size=_int(env, "SLURM_NTASKS"),
+        local_rank=_required_int(env, "SLURM_LOCALID", "SLURM_PROCID"),
+        master_addr=addr,
+        master_port=port,
+        decided_by=("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+        notes=tuple(notes),
+    )
+
+
+def _mpi(
+    env: Mapping[str, str], kind: str, rank_var: str, size_var: str, local_var: str, nlocal: str
+) -> Environment:
+    rank, world = _int(env, rank_var), _required_int(env, size_var, rank_var)
+    local = _optional_int(env, local_var)
+    notes = []
+    one_node = _optional_int(env, nlocal) == world
+    if local is None:
+        if not one_node:
+            raise DistributedConfigError(
+                f"{rank_var} is set but {local_var} is not, and nothing says all {world} "
+                f"ranks share this machine ({nlocal} unset or smaller); set LOCAL_RANK for "
+                "every process (its device index on its machine), or use an MPI that exports "
+                f"{local_var}."
+            )
+        local = rank
+        notes.append(f"{local_var} unset, {nlocal}={world}: local rank = rank")
+    addr = env.get("MASTER_ADDR") or None
+    if addr is None:
+        if not one_node:
+            raise DistributedConfigError(
+                f"MPI ({rank_var}) does not say which host runs rank 0, and the job may span "
+                "machines; set MASTER_ADDR to rank 0's host (and MASTER_PORT to a free port "
+                "there), e.g. with mpirun -x MASTER_ADDR=node01 -x MASTER_PORT=29500."
+            )
+        addr = "127.0.0.1"
+        notes.append(f"MASTER_ADDR unset, all ranks on one machine ({nlocal}): 127.0.0.1")
+    return Environment(
+        kind,
+        rank=rank,
+        world_size=world,
+        local_rank=local,
+        master_addr=addr,
+        master_port=_optional_int(env, "MASTER_PORT"),
+        decided_by=tuple(v for v in (rank_var, size_var, local_var) if _has(env, v)),
+        notes=tuple(notes),
+    )
+
+
+def slurm_master_port(job_id: str) -> int:
+    """A port for the job's rendezvous, the same on every task: derived from the job id.
+
+    Consecutive jobs get consecutive ports, so jobs started together do not collide.
+
+    >>> slurm_master_port("123456"), slurm_master_port("123457")
+    (18456, 18457)
+    """
+    key = int(job_id) if job_id.strip().isdigit() else zlib.crc32(job_id.encode())
+    return _SLURM_PORT_BASE + key % _SLURM_PORT_SPAN
+
+
+_BRACKETS = re.compile(r"\[([^\[\]]*)\]")
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand a SLURM host list (``SLURM_JOB_NODELIST``) into host names, in order.
+
+    >>> expand_nodelist("node[5-7,12]")
+    ['node5', 'node6', 'node7', 'node12']
+    >>> expand_nodelist("a1,b[2-3],gpu-[08-10]")
+    ['a1', 'b2', 'b3', 'gpu-08', 'gpu-09', 'gpu-10']
+    """
+    hosts = [h for item in _split_top_level(nodelist) for h in _expand_item(item, nodelist)]
+    if not hosts:
+        raise DistributedConfigError(
+            f"SLURM_JOB_NODELIST={nodelist!r} names no host; expected e.g. 'node[1-4]'."
+        )
+    return hosts
+
+
+def _split_top_level(nodelist: str) -> list[str]:
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(nodelist):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth not in (0, 1):
+            raise _bad_nodelist(nodelist)
+        if char == "," and depth == 0:
+            items.append(nodelist[start:i])
+            start = i + 1
+    if depth != 0:
+        raise _bad_nodelist(nodelist)
+    items.append(nodelist[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def _expand_item(item: str, nodelist: str) -> list[str]:
+    match = _BRACKETS.search(item)
+    if match is None:
+        if "[" in item or "]" in item:
+            raise _bad_nodelist(nodelist)
+        return [item]
+    head, tail = item[: match.start()], item[match.end() :]
+    return [
+        f"{head}{middle}{rest}"
+        for middle in _expand_range_list(match.group(1), nodelist)
+        for rest in _expand_item(tail, nodelist)
+    ]
+
+
+def _expand_range_list(ranges: str, nodelist: str) -> list[str]:
+    out = []
+    for part in ranges.split(","):
+        low, _, high = part.strip().partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise _bad_nodelist(nodelist)
+        if not high:
+            out.append(low)
+            continue
+        if int(high) < int(low):
+            raise _bad_nodelist(nodelist)
+        width = len(low) if low.startswith("0") else 0  # zero-padded: "01-03" keeps the width
+        out += [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
+    return out
+
+
+def _bad_nodelist(nodelist: str) -> DistributedConfigError:
+    return DistributedConfigError(
+        f"SLURM_JOB_NODELIST={nodelist!r} is not a SLURM host list; expected names and "
+        "bracketed ranges such as 'node[5-9,12]' or 'a1,b[2-3]'. Set MASTER_ADDR to skip it."
+    )
+
+
+def is_this_host(addr: str, this_host: Collection[str] | None = None) -> bool:
+    """Whether ``addr`` names this machine: a loopback address, or one of its names/addresses."""
+    with_scope = addr.strip().strip("[]")
+    try:
+        if ipaddress.ip_address(with_scope).is_loopback:
+            return True
+    except ValueError:
+        if with_scope.lower() == "localhost":
+            return True
+    names = local_names() if this_host is None else this_host
+    return with_scope.lower() in {n.lower() for n in names}
+
+
+def local_names() -> set[str]:
+    """Names and addresses of this machine, as far as it knows them without a network call."""
+    names = {socket.gethostname(), socket.getfqdn()}
+    try:
+        _, aliases, addresses = socket.gethostbyname_ex(socket.gethostname())
+        names.update(aliases, addresses)
+    except OSError:
+        pass
+    return names
+
+
+def _has(env: Mapping[str, str], var: str) -> bool:
+    return bool(env.get(var, "").strip())
+
+
+def _int(env: Mapping[str, str], var: str) -> int:
+    raw = env[var]
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise DistributedConfigError(
+            f"{var}={raw!r} is not an integer; set {var} to a whole number (e.g. {var}=0)."
+        ) from None
+
+
+def _optional_int(env: Mapping[str, str], var: str) -> int | None:
+    return _int(env, var) if _has(env, var) else None
+
+
+def _required_int(env: Mapping[str, str], var: str, because: str) -> int:
+    if not _has(env, var):
+        raise DistributedConfigError(
+            f"{because} is set but {var} is not; the launcher must set both (set {var} by "
+            "hand, or start the processes with the launcher that sets it)."
+        )
+    return _int(env, var)
