@@ -57,7 +57,7 @@ def wide_mlp(seed: int = 0) -> nn.Sequential:
 
 
 def _sync() -> None:
-    if torch.cuda.is_available() and rd.get_backend() == "nccl":
+    if rd.device().type == "cuda":
         torch.cuda.synchronize()
 
 

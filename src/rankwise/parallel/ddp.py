@@ -185,7 +185,8 @@ def wrap_model(
 def _target_device(device: torch.device | str | None) -> torch.device | None:
     if device is not None:
         return torch.device(device)
-    return rd.device() if rd.get_backend() == "nccl" else None
+    dev = rd.device()  # cuda:<local_rank> whenever NCCL is in the backend ("cpu:gloo,cuda:nccl")
+    return dev if dev.type == "cuda" else None
 
 
 def _data_parallel(model: nn.Module) -> nn.Module:

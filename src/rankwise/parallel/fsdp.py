@@ -115,7 +115,7 @@ def shard_model(
             stacklevel=3,
         )
         return model
-    if device is None and rd.get_backend() == "nccl":
+    if device is None and rd.device().type == "cuda":
         device = rd.device()
         model = model.to(device)
     device_type = torch.device(device).type if device is not None else "cpu"
