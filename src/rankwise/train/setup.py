@@ -71,7 +71,9 @@ def prepare(trainer: DistributedTrainer, cfg: DistributedTrainingConfig) -> Prep
 
 def _wrap(module: nn.Module, cfg: DistributedTrainingConfig) -> nn.Module:
     if cfg.strategy == "none" or rd.get_world_size() == 1:
-        return module
+        # Batches go to rd.device() (cuda:<local_rank> under NCCL), so the model must too even
+        # where nothing wraps it. Module.to() keeps the Parameter objects: the optimizer stays valid.
+        return module.to(rd.device())
     if cfg.strategy == "fsdp":
         return wrap_model(module, FSDPConfig(), strategy="fsdp")
     return wrap_model(module, DDPConfig(compression=cfg.compression), strategy=cfg.strategy)
