@@ -133,12 +133,18 @@ def test_advanced_topics() -> None:
 
 @pytest.mark.timeout(200)
 def test_pytorch_integration_on_two_ranks_shows_the_guides_double_sharding() -> None:
-    proc = run_script(DPA / "pytorch_integration.py", 2, timeout=180)
+    for _ in range(2):
+        proc = run_script(DPA / "pytorch_integration.py", 2, timeout=180)
+        # The guide builds its group with torch's own init_process_group, which (unlike
+        # rankwise.distributed.init) lets rank 0 exit while its peer is still connecting:
+        # torch's early-exit race (benchmarks/RESULTS.md, launch reliability: 1 in 100 plain
+        # torchrun launches, more under load). Only that failure earns a second try.
+        if proc.returncode == 0 or "connectFullMesh" not in proc.stderr:
+            break
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = re.findall(
-        r"^rank (\d): stream (\d+) samples, sampler (\d+) samples, base labels (.*)$",
+        r"rank (\d): stream (\d+) samples, sampler (\d+) samples, base labels (\[[\d, ]*\])",
         proc.stdout,
-        re.M,
     )
     assert sorted(r[0] for r in rows) == ["0", "1"]
     assert all(stream == "50" and sampler == "25" for _, stream, sampler, _ in rows)
