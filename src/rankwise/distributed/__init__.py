@@ -11,6 +11,7 @@ from rankwise.distributed.collectives import (
     all_gather,
     all_reduce,
     broadcast,
+    collective_device,
     reduce_metrics,
     scatter,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "all_reduce",
     "barrier",
     "broadcast",
+    "collective_device",
     "detect_world",
     "device",
     "finalize",

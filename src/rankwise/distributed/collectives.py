@@ -120,7 +120,7 @@ def reduce_metrics(
     values = [float(metrics[k]) for k in keys]
     if not _distributed():
         return dict(zip(keys, values, strict=True))
-    device = _collective_device()
+    device = collective_device()
     # Agree on the names first, exactly, and in one collective: [n, -n, sig, -sig] under MAX
     # gives every rank (max, -min) of both, so all see any mismatch and raise together; none
     # is left waiting in the next collective with a buffer of another size.
@@ -151,8 +151,15 @@ def _raise_key_mismatch(keys: list[str]) -> None:
     )
 
 
-def _collective_device() -> torch.device:
-    if dist.get_backend() == "nccl":
+def collective_device() -> torch.device:
+    """Where a tensor must live for this group's collectives: ``cuda:<current>`` when the
+    backend is NCCL alone (it rejects CPU tensors), else the CPU (gloo, and the
+    ``"cpu:gloo,cuda:nccl"`` pair, which reduces CPU tensors over gloo).
+
+    >>> collective_device()       # no process group
+    device(type='cpu')
+    """
+    if has_group() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
