@@ -113,24 +113,28 @@ def main(argv: list[str] | None = None) -> int:
     reference = torch.load(args.reference) if args.reference else reference_run(workdir)
     rng = random.Random(args.seed)
     faults = [pick_fault(rng) for _ in range(args.k)]
+    trials: list[Trial] = []
     with ThreadPoolExecutor(args.jobs) as pool:
-        trials = list(
-            pool.map(
-                lambda i: run_trial(workdir / f"trial-{i:04d}", faults[i], reference), range(args.k)
-            )
+        runs = pool.map(
+            lambda i: run_trial(workdir / f"trial-{i:04d}", faults[i], reference), range(args.k)
         )
+        for i, trial in enumerate(runs):  # as they finish, in order: a cut-off run keeps these
+            print(trial_line(i, trial), flush=True)
+            trials.append(trial)
     report(trials, time.perf_counter() - started)
     ok = all(t.survived and t.violations == 0 and t.corrupt == 0 for t in trials)
     return 0 if ok else 1
 
 
+def trial_line(i: int, t: Trial) -> str:
+    return (
+        f"trial {i:3d}  {t.fault:<52s} survived={t.survived!s:5s} diff={t.max_diff:.3g} "
+        f"violations={t.violations} corrupt={t.corrupt} lost={t.lost_steps} "
+        f"recovery={t.recovery_s:.1f}s {t.note[:300]!r}"
+    )
+
+
 def report(trials: list[Trial], seconds: float) -> None:
-    for i, t in enumerate(trials):
-        print(
-            f"trial {i:3d}  {t.fault:<52s} survived={t.survived!s:5s} diff={t.max_diff:.3g} "
-            f"violations={t.violations} corrupt={t.corrupt} lost={t.lost_steps} "
-            f"recovery={t.recovery_s:.1f}s {t.note[:200]}"
-        )
     survived = [t for t in trials if t.survived]
     recovered = [t.recovery_s for t in survived if t.recovery_s == t.recovery_s]
     lost = [t.lost_steps for t in survived]

@@ -32,10 +32,10 @@ from rankwise.train.loggers import TrainingLogger
 from rankwise.train.trainer import DistributedTrainer
 
 __all__ = [
-    "AuditLog",
-    "AuditReport",
     "FAULT_POINTS",
     "FORMAT_VERSION",
+    "AuditLog",
+    "AuditReport",
     "CheckpointError",
     "CheckpointManager",
     "CheckpointWarning",
