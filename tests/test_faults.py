@@ -71,8 +71,9 @@ def test_rank_killed_mid_epoch_resumes_bit_identical(reference, tmp_path):
     # Rank 1 dies inside step 8 (epoch 0 has 12): the newest checkpoint is step 6.
     result = launch(tmp_path, "--kill-rank", "1", "--kill-step", "8", restarts=2)
     assert (tmp_path / "killed-rank1").exists()
-    assert_equal(finished(result, tmp_path), reference)
+    params = finished(result, tmp_path)
     assert exactly_once(tmp_path, attempts=2) == [0, 6]
+    assert_equal(params, reference)
 
 
 def test_kills_during_checkpoint_writes_never_resume_from_a_corrupt_file(reference, tmp_path):
@@ -86,8 +87,9 @@ def test_kills_during_checkpoint_writes_never_resume_from_a_corrupt_file(referen
         "1",
         restarts=2,
     )
-    assert_equal(finished(result, tmp_path), reference)
+    params = finished(result, tmp_path)
     assert exactly_once(tmp_path, attempts=3) == [0, 3, 6]
+    assert_equal(params, reference)
     assert "CheckpointWarning" not in result.stderr  # no file had to be skipped
     assert "CheckpointError" not in result.stderr
 
@@ -128,8 +130,9 @@ def test_stalled_rank_times_out_and_the_job_restarts(reference, tmp_path):
     )
     assert (tmp_path / "stalled-rank1").exists()
     assert "Timed out waiting 5000ms for recv operation" in result.stderr, result.stderr[-3000:]
-    assert_equal(finished(result, tmp_path), reference)
+    params = finished(result, tmp_path)
     assert exactly_once(tmp_path, attempts=2) == [0, 3]
+    assert_equal(params, reference)
 
 
 def test_fault_sweep_ci_size(reference, tmp_path):
