@@ -108,13 +108,13 @@ def test_env_flags_a_bad_configuration(
 def test_env_says_which_environment_and_why(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    slurm = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1",
+    slurm = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0",
              "SLURM_JOB_NODELIST": "node[3-4]", "SLURM_JOB_ID": "777"}  # fmt: skip
     for var, value in slurm.items():
         monkeypatch.setenv(var, value)
     assert main(["env"]) == 0
     out = capsys.readouterr().out
-    assert "detected: SLURM" in out and "SLURM_PROCID=1, SLURM_NTASKS=2" in out
+    assert "detected: SLURM" in out and "SLURM_PROCID=1, SLURM_NTASKS=2, SLURM_STEP_ID=0" in out
     assert "first host of SLURM_JOB_NODELIST=node[3-4]" in out and "master node3:15777" in out
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "j")  # torchrun inside the allocation wins
     for var, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():

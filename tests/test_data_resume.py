@@ -95,7 +95,7 @@ def test_state_is_small_plain_and_validated() -> None:
         "version": 1,
         "epoch": 2,
         "seed": 3,
-        "num_samples": 100,
+        "dataset_size": 100,
         "shuffle": True,
         "drop_last": False,
         "consumed": 20,
@@ -113,12 +113,19 @@ def test_state_is_small_plain_and_validated() -> None:
         ValueError, match=r"saved for a dataset of 100 samples but this sampler has 99"
     ):
         DistributedSampler(99, 1, 0).load_state_dict(state)
-    with pytest.raises(ValueError, match=r"consumed'\] \(101\) must be <= num_samples \(100\)"):
+    with pytest.raises(
+        ValueError, match=r"consumed'\] \(101\) must be <= state\['dataset_size'\] \(100\)"
+    ):
         DistributedSampler(100, 1, 0).load_state_dict({**state, "consumed": 101})
     with pytest.raises(ValueError, match=r"missing \['consumed'\]"):
         DistributedSampler(100, 1, 0).load_state_dict(
             {k: v for k, v in state.items() if k != "consumed"}
         )
+    # N is "dataset_size": torch's num_samples attribute is the per-rank count, so a state
+    # carrying N under that name is refused by the key's name, not misread.
+    old = {("num_samples" if k == "dataset_size" else k): v for k, v in state.items()}
+    with pytest.raises(ValueError, match=r"missing \['dataset_size'\]"):
+        DistributedSampler(100, 1, 0).load_state_dict(old)
     with pytest.raises(ValueError, match=r"advance\(51\) passes the end of epoch 3: only 50"):
         fresh.advance(51)
 

@@ -105,6 +105,22 @@ def test_cyxwiz_methods_live_in_compat() -> None:
     assert not callable(DistributedSampler(7, 2, 1).total_size)  # the core stays torch-shaped
 
 
+@pytest.mark.parametrize(("drop_last", "padded"), [(False, 12), (True, 8)])
+def test_cyxwiz_padded_size_is_the_whole_epoch_also_after_a_resume(
+    drop_last: bool, padded: int
+) -> None:
+    from rankwise.compat import cyxwiz as cx
+
+    saved = DistributedSampler(10, 2, 0, drop_last=drop_last)
+    saved.advance(1)  # 2 of 10 consumed in a world of 2 ...
+    s = cx.DistributedSampler(dataset_size=10, num_replicas=4, rank=0, drop_last=drop_last)
+    s.load_state_dict(saved.state_dict())  # ... resumed in a world of 4: 8 left, 2 per rank
+    # The guide's padded size: N padded up (drop_last: trimmed) to a multiple of the world
+    # size, a multiple of 4 still; local_size() is what the resume changes.
+    assert s.padded_size() == padded and s.padded_size() % 4 == 0
+    assert s.local_size() == len(s.get_indices()) == 2
+
+
 def test_defaults_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "3")
@@ -121,7 +137,7 @@ def test_in_a_dataloader() -> None:
     sampler = DistributedSampler(data, num_replicas=2, rank=1, seed=9)
     loader = tud.DataLoader(data, batch_size=4, sampler=sampler)
     seen = torch.cat([b[0] for b in loader]).tolist()
-    assert seen == sampler._rest() and len(seen) == 10
+    assert seen == sampler.rest_indices() and len(seen) == 10
 
 
 def test_billion_samples_start_at_once_in_small_memory() -> None:

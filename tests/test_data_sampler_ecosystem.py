@@ -85,7 +85,7 @@ def _stateful_resume(n: int, batch: int, workers: int, stop: int) -> tuple[list[
         return StatefulDataLoader(Identity(n), batch_size=batch, sampler=sampler, **kw), sampler
 
     first_loader, first_sampler = loader()
-    expected = first_sampler._rest()  # this rank's whole epoch, for comparison
+    expected = first_sampler.rest_indices()  # this rank's whole epoch, for comparison
     it = iter(first_loader)
     before = [int(i) for _ in range(stop) for i in next(it)]
     state = first_loader.state_dict()
@@ -140,5 +140,5 @@ def test_torch_dataloader_over_a_resumed_sampler() -> None:
     fresh = DistributedSampler(100, num_replicas=2, rank=0)
     fresh.load_state_dict(sampler.state_dict())
     rest = torch.cat(list(tud.DataLoader(Identity(100), 8, sampler=fresh, collate_fn=as_is)))
-    whole = DistributedSampler(100, num_replicas=2, rank=0, seed=1)._rest()
+    whole = DistributedSampler(100, num_replicas=2, rank=0, seed=1).rest_indices()
     assert first.tolist() + rest.tolist() == whole

@@ -26,8 +26,10 @@ TORCHRUN = {
 }  # fmt: skip
 SLURM = {
     "SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_LOCALID": "2", "SLURM_NODEID": "1",
-    "SLURM_JOB_NODELIST": "gpu-[07-08]", "SLURM_JOB_ID": "31337",
+    "SLURM_JOB_NODELIST": "gpu-[07-08]", "SLURM_JOB_ID": "31337", "SLURM_STEP_ID": "0",
 }  # fmt: skip
+# The shell of an allocation (sbatch's batch script, salloc's shell): no job step, so no task.
+SLURM_SHELL = {k: v for k, v in SLURM.items() if k != "SLURM_STEP_ID"}
 OPENMPI = {
     "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
     "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "n0",
@@ -54,11 +56,32 @@ CASES = [
     ({**SLURM, "RANK": "0", "WORLD_SIZE": "1"}, "plain", 0, 1, None, None, None),
     # ... and SLURM over MPI (srun of an MPI-built program).
     ({**OPENMPI, **SLURM}, "slurm", 6, 8, 2, "n0", 15000 + 31337 % 15000),
-    # An interactive allocation's shell is not a task started by srun.
-    ({**SLURM, "SLURM_JOB_NAME": "bash"}, "none", 0, 1, None, None, None),
+    # srun inside salloc: the tasks inherit salloc's job name, and still are tasks.
+    ({**SLURM, "SLURM_JOB_NAME": "interactive"}, "slurm", 6, 8, 2, "gpu-07", 15000 + 31337 % 15000),
+    ({**SLURM, "SLURM_JOB_NAME": "bash"}, "slurm", 6, 8, 2, "gpu-07", 15000 + 31337 % 15000),
+    ({**SLURM, "SLURM_JOB_NAME": "train"}, "slurm", 6, 8, 2, "gpu-07", 15000 + 31337 % 15000),
+    # A one-task allocation's shell (whatever its job name) is a world of one, silently.
+    ({**SLURM_SHELL, "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, "none", 0, 1, None, None, None),
+    ({**SLURM_SHELL, "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "interactive"}, "none", 0, 1, None, None, None),
 ]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "env",
+    [
+        SLURM_SHELL,  # sbatch --ntasks=8 running `python train.py` without srun
+        {**SLURM_SHELL, "SLURM_JOB_NAME": "interactive"},  # salloc -n 8, then python by hand
+        {**SLURM_SHELL, "SLURM_JOB_NAME": "train"},  # a named job's shell is no task either
+    ],
+)
+def test_an_allocation_shell_with_several_tasks_warns_it_runs_alone(env: dict[str, str]) -> None:
+    with pytest.warns(UserWarning, match=r"SLURM_NTASKS=8 .*SLURM_STEP_ID is unset.*srun"):
+        found = detect(env, this_host=HERE)
+    assert (found.kind, found.world_size) == ("none", 1)
+    assert any("SLURM_NTASKS=8" in note for note in found.notes)  # `rankwise env` shows it
+
+
+@pytest.mark.filterwarnings("error")  # none of the table's environments warns
 @pytest.mark.parametrize(("env", "kind", "rank", "world", "local", "addr", "port"), CASES)
 def test_detects_each_environment(
     env: dict[str, str],
@@ -157,7 +180,8 @@ def _join_as_slurm_task(job_id: str) -> tuple[str, int, int, int, float]:
         os.environ.pop(var, None)
     os.environ.update(
         SLURM_PROCID=rank, SLURM_NTASKS="2", SLURM_LOCALID=rank, SLURM_NODEID="0",
-        SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID=job_id,
+        SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID=job_id, SLURM_STEP_ID="0",
+        SLURM_JOB_NAME="interactive",  # `srun` inside `salloc`: the job name is salloc's
     )  # fmt: skip
     cfg = rd.init()
     total = rd.all_reduce(torch.tensor([float(rd.get_rank() + 1)])).item()

@@ -73,6 +73,12 @@ def _sampler_state_other_dataset() -> BaseException:
     return _raised(rdata.DistributedSampler(90, num_replicas=2, rank=0).load_state_dict, state)
 
 
+def _sampler_state_missing_key() -> BaseException:
+    state = rdata.DistributedSampler(100, num_replicas=2, rank=0).state_dict()
+    old = {("num_samples" if k == "dataset_size" else k): v for k, v in state.items()}
+    return _raised(rdata.DistributedSampler(100, num_replicas=2, rank=0).load_state_dict, old)
+
+
 def _drop_last_empty() -> BaseException:
     return _raised(
         rdata.FetchDataset,
@@ -137,6 +143,7 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "metric-names-differ": lambda: _on_ranks("metric_names"),
     "allreduce-mean-int": lambda: _raised(rd.all_reduce, torch.ones(1, dtype=torch.int64), "mean"),
     "sampler-state-other-dataset": _sampler_state_other_dataset,
+    "sampler-state-missing-key": _sampler_state_missing_key,
     "fetch-drop-last-empty": _drop_last_empty,
     "block-size": lambda: _raised(rdata.BlockShuffling, block_size=0),
     "augment-range": lambda: _raised(ra.AugmentationConfig, scale_range=(1.2, 0.8)),

@@ -41,11 +41,18 @@ class DistributedSampler(_CoreSampler):
         return len(self)
 
     def padded_size(self) -> int:
-        """Length of the epoch's global order: N padded up (drop_last: trimmed down) to a
-        multiple of the world size. 10 samples over 4 ranks -> 12 (8 with drop_last)."""
-        return self._end()
+        """N padded up (drop_last: trimmed down) to a multiple of the world size: the whole
+        epoch's length (torch's ``total_size``), also after a resume, which changes
+        ``local_size()`` only. 10 samples over 4 ranks -> 12 (8 with drop_last).
+
+        >>> s = DistributedSampler(dataset_size=10, num_replicas=4, rank=0, shuffle=False)
+        >>> s.load_state_dict({**s.state_dict(), "consumed": 3})   # resumed mid-epoch
+        >>> s.padded_size(), s.local_size()
+        (12, 2)
+        """
+        return self._torch_total_size
 
     def get_indices(self) -> list[int]:
         """This rank's indices for the rest of the epoch, as a list (O(N/R) memory, by the
         guide's contract); not a pass, so ``len()`` is unaffected."""
-        return self._rest()
+        return self.rest_indices()

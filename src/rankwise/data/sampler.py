@@ -45,7 +45,7 @@ from rankwise.data.permutation import DEFAULT_CHUNK, ORDER_VERSION, Permutation
 
 __all__ = ["DistributedSampler"]
 
-_STATE_KEYS = ("version", "epoch", "seed", "num_samples", "consumed")
+_STATE_KEYS = ("version", "epoch", "seed", "dataset_size", "consumed")
 
 
 class DistributedSampler(tud_distributed.DistributedSampler[int]):
@@ -178,8 +178,18 @@ class DistributedSampler(tud_distributed.DistributedSampler[int]):
         start = self._cursor if self._pass_start is None else self._pass_start
         return (self._end() - start) // self.num_replicas
 
-    def _rest(self) -> list[int]:
-        """This rank's indices from the cursor to the end of the epoch (not a pass)."""
+    def rest_indices(self) -> list[int]:
+        """This rank's indices from the cursor to the end of the epoch, as a list.
+
+        Not a pass: ``len()`` and the cursor are unaffected (O(N/R) memory, so for lists the
+        caller asked for; iterate the sampler to stream).
+
+        >>> s = DistributedSampler(10, num_replicas=4, rank=3, shuffle=False)
+        >>> s.rest_indices()
+        [3, 7, 1]
+        >>> s.advance(1); s.rest_indices()     # every rank took one: 4 positions consumed
+        [7, 1]
+        """
         mine = strided_positions(self._end(), self.num_replicas, self.rank, start=self._cursor)
         return [
             i for part in position_chunks(mine, DEFAULT_CHUNK) for i in self._indices(part).tolist()
@@ -250,9 +260,15 @@ class DistributedSampler(tud_distributed.DistributedSampler[int]):
     def state_dict(self) -> dict[str, Any]:
         """A small dict of plain values describing the whole world's position.
 
-        ``consumed`` counts samples of the permutation (0..N) already used; it is N once the
-        epoch is done (padding duplicates and a ``drop_last`` tail are not counted).
+        ``dataset_size`` is N (not torch's per-rank ``num_samples``); ``consumed`` counts
+        samples of the permutation (0..N) already used; it is N once the epoch is done
+        (padding duplicates and a ``drop_last`` tail are not counted).
         ``version`` is the order algorithm (:data:`~rankwise.data.permutation.ORDER_VERSION`).
+
+        >>> s = DistributedSampler(10, num_replicas=2, rank=0, shuffle=False)
+        >>> s.advance(3)
+        >>> {k: s.state_dict()[k] for k in ("dataset_size", "consumed")}, s.num_samples
+        ({'dataset_size': 10, 'consumed': 6}, 5)
         """
         return self._state_at(self._cursor)
 
@@ -262,7 +278,7 @@ class DistributedSampler(tud_distributed.DistributedSampler[int]):
             "version": ORDER_VERSION,
             "epoch": self.epoch,
             "seed": self.seed,
-            "num_samples": self._n,
+            "dataset_size": self._n,  # N (torch's attribute num_samples is per rank)
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
             "consumed": consumed,
@@ -290,7 +306,7 @@ class DistributedSampler(tud_distributed.DistributedSampler[int]):
                 "order. Resume with the rankwise release that saved it, or start the epoch "
                 "afresh (set_epoch) without loading the state."
             )
-        n = check_int("state['num_samples']", state["num_samples"])
+        n = check_int("state['dataset_size']", state["dataset_size"])
         if n != self._n:
             raise ValueError(
                 f"sampler state was saved for a dataset of {n} samples but this sampler has "
@@ -299,7 +315,7 @@ class DistributedSampler(tud_distributed.DistributedSampler[int]):
         consumed = check_int("state['consumed']", state["consumed"])
         if consumed > n:
             raise ValueError(
-                f"state['consumed'] ({consumed}) must be <= num_samples ({n}); "
+                f"state['consumed'] ({consumed}) must be <= state['dataset_size'] ({n}); "
                 "the state is corrupt or from another sampler."
             )
         self.epoch = check_epoch(state["epoch"], "state['epoch']")

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from rankwise.distributed.group import get_world_size, has_group
+from rankwise.distributed.group import device, get_world_size, has_group
 
 _OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -152,15 +152,16 @@ def _raise_key_mismatch(keys: list[str]) -> None:
 
 
 def collective_device() -> torch.device:
-    """Where a tensor must live for this group's collectives: ``cuda:<current>`` when the
-    backend is NCCL alone (it rejects CPU tensors), else the CPU (gloo, and the
-    ``"cpu:gloo,cuda:nccl"`` pair, which reduces CPU tensors over gloo).
+    """Where a tensor must live for this group's collectives: :func:`device` (``cuda:<local
+    rank>``, the current CUDA device) when the backend is NCCL alone, which rejects CPU
+    tensors; else the CPU (gloo, and the ``"cpu:gloo,cuda:nccl"`` pair, which reduces CPU
+    tensors over gloo while the model computes on :func:`device`).
 
     >>> collective_device()       # no process group
     device(type='cpu')
     """
     if has_group() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
+        return device()
     return torch.device("cpu")
 
 

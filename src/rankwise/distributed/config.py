@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from rankwise.distributed.environment import detect
+from rankwise.distributed.environment import detect, parse_int
 from rankwise.distributed.errors import DistributedConfigError
 
 
@@ -54,6 +54,7 @@ _DIAGNOSTIC_VARS = (
     "GROUP_RANK",
     "SLURM_PROCID",
     "SLURM_NTASKS",
+    "SLURM_STEP_ID",
     "SLURM_LOCALID",
     "SLURM_NODEID",
     "SLURM_JOB_NODELIST",
@@ -218,24 +219,15 @@ class DistributedConfig:
         for field in ("timeout_ms", "collective_timeout_ms"):
             raw = env.get(ENV_VARS[field])
             if raw is not None and raw.strip() != "":
-                kwargs[field] = _parse_int(ENV_VARS[field], raw)
+                kwargs[field] = parse_int(ENV_VARS[field], raw)
         if env.get("DISTRIBUTED_BACKEND"):
             kwargs["backend"] = env["DISTRIBUTED_BACKEND"]
         if found.kind == "torchelastic":
             kwargs["use_agent_store"] = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
             raw_restart = env.get("TORCHELASTIC_RESTART_COUNT")
             if raw_restart:
-                kwargs["restart_count"] = _parse_int("TORCHELASTIC_RESTART_COUNT", raw_restart)
+                kwargs["restart_count"] = parse_int("TORCHELASTIC_RESTART_COUNT", raw_restart)
         return cls(**kwargs)
-
-
-def _parse_int(var: str, raw: str) -> int:
-    try:
-        return int(raw.strip())
-    except ValueError:
-        raise DistributedConfigError(
-            f"{var}={raw!r} is not an integer; set {var} to a whole number (e.g. {var}=0)."
-        ) from None
 
 
 def _require_int(name: str, value: object) -> None:

@@ -8,7 +8,9 @@ variables decided them. Precedence, first match wins:
    variable itself, and inside a SLURM or MPI allocation it is what started this process.
 2. **plain variables** (``RANK`` and ``WORLD_SIZE``): set by hand or by another launcher; they
    win over SLURM / MPI variables, which an allocation sets for its shell too.
-3. **SLURM** (``SLURM_PROCID`` and ``SLURM_NTASKS``, under ``srun``).
+3. **SLURM** (``SLURM_PROCID``, ``SLURM_NTASKS`` and ``SLURM_STEP_ID``: a task ``srun`` started,
+   also inside ``salloc``). A batch or ``salloc`` shell has no ``SLURM_STEP_ID`` and is not a
+   task; when its ``SLURM_NTASKS`` is above 1 a warning says to start the script with ``srun``.
 4. **Open MPI** (``OMPI_COMM_WORLD_RANK`` / ``_SIZE`` / ``_LOCAL_RANK``).
 5. **MPICH / Intel MPI** (``PMI_RANK`` / ``PMI_SIZE``, ``MPI_LOCALRANKID``).
 6. **none**: a bare ``python train.py``, a world of one without a process group.
@@ -16,7 +18,7 @@ variables decided them. Precedence, first match wins:
 ``LOCAL_RANK`` is never guessed as the global rank when the job may span machines.
 
 >>> env = detect({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
-...               "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "gpu-[01-04]",
+...               "SLURM_STEP_ID": "0", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "gpu-[01-04]",
 ...               "SLURM_JOB_ID": "4242"})
 >>> env.kind, env.rank, env.local_rank, env.master_addr, env.master_port
 ('slurm', 5, 1, 'gpu-01', 19242)
@@ -29,6 +31,7 @@ import ipaddress
 import os
 import re
 import socket
+import warnings
 import zlib
 from collections.abc import Collection, Mapping
 
@@ -38,8 +41,9 @@ from rankwise.distributed.errors import DistributedConfigError
 # unprivileged, and below Linux's ephemeral range (32768+) where the OS picks ports for others.
 _SLURM_PORT_BASE = 15000
 _SLURM_PORT_SPAN = 15000
-# salloc / interactive shells set SLURM variables without srun having started this process.
-_SLURM_INTERACTIVE_NAMES = ("bash", "interactive")
+# The variables that mark a task srun started: a batch script or salloc shell has the first two
+# (and may have a job name of anything) but not SLURM_STEP_ID, which only a job step sets.
+_SLURM_TASK_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +78,7 @@ def detect(
         return _torchelastic(env)
     if _has(env, "RANK") or _has(env, "WORLD_SIZE"):
         return _plain(env, this_host)
-    slurm = _has(env, "SLURM_PROCID") and _has(env, "SLURM_NTASKS")
-    if slurm and env.get("SLURM_JOB_NAME") not in _SLURM_INTERACTIVE_NAMES:
+    if all(_has(env, var) for var in _SLURM_TASK_VARS):
         return _slurm(env)
     if _has(env, "OMPI_COMM_WORLD_RANK"):
         return _mpi(env, "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
@@ -87,7 +90,28 @@ def detect(
         "none",
         master_addr=env.get("MASTER_ADDR") or None,
         master_port=_optional_int(env, "MASTER_PORT"),
+        notes=_warn_unstarted_slurm_tasks(env),
     )
+
+
+def _warn_unstarted_slurm_tasks(env: Mapping[str, str]) -> tuple[str, ...]:
+    """Warn when a SLURM allocation asks for several tasks but srun did not start this one.
+
+    Then every copy of the script would train alone, as a world of one.
+    """
+    ntasks = _optional_int(env, "SLURM_NTASKS")
+    if ntasks is None or ntasks <= 1:
+        return ()
+    note = (
+        f"SLURM_NTASKS={ntasks} but SLURM_STEP_ID is unset: this process is the allocation's "
+        "shell (sbatch / salloc), not a task srun started, so it runs as a world of one"
+    )
+    warnings.warn(
+        f"{note}. Start the script with `srun python train.py` (one task per rank) or with "
+        "`rankwise launch`, or ask for --ntasks=1 if one process is meant.",
+        stacklevel=3,
+    )
+    return (note,)
 
 
 def _torchelastic(env: Mapping[str, str]) -> Environment:
@@ -172,7 +196,7 @@ def _slurm(env: Mapping[str, str]) -> Environment:
         local_rank=_required_int(env, "SLURM_LOCALID", "SLURM_PROCID"),
         master_addr=addr,
         master_port=port,
-        decided_by=("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+        decided_by=(*_SLURM_TASK_VARS, "SLURM_LOCALID"),
         notes=tuple(notes),
     )
 
@@ -327,14 +351,24 @@ def _has(env: Mapping[str, str], var: str) -> bool:
     return bool(env.get(var, "").strip())
 
 
-def _int(env: Mapping[str, str], var: str) -> int:
-    raw = env[var]
+def parse_int(var: str, raw: str) -> int:
+    """Read environment variable ``var``'s value ``raw`` as an integer, or say how to fix it.
+
+    The one integer parser for environment variables (``config`` uses it too).
+
+    >>> parse_int("RANK", " 3 ")
+    3
+    """
     try:
         return int(raw.strip())
     except ValueError:
         raise DistributedConfigError(
             f"{var}={raw!r} is not an integer; set {var} to a whole number (e.g. {var}=0)."
         ) from None
+
+
+def _int(env: Mapping[str, str], var: str) -> int:
+    return parse_int(var, env[var])
 
 
 def _optional_int(env: Mapping[str, str], var: str) -> int | None:

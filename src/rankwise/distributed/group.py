@@ -130,12 +130,39 @@ def _adopt(cfg: DistributedConfig, from_environment: bool) -> DistributedConfig:
             f"was asked for rank {cfg.rank} of {cfg.world_size}; pass the same values, or "
             "call rankwise.distributed.init() with no config to adopt torch's group."
         )
-    # Without LOCAL_RANK, assume one machine: the local rank is the global one.
-    local = cfg.local_rank if cfg.local_rank is not None else rank
+    backend = str(dist.get_backend())
+    local = adopted_local_rank(backend, cfg.local_rank, _current_cuda_device(backend))
     adopted = dataclasses.replace(cfg, rank=rank, world_size=world, local_rank=local)
     # The script chose its CUDA device (or not) when it built the group: rankwise leaves it.
-    _session = _Session(adopted, str(dist.get_backend()), owns_group=False)
+    _session = _Session(adopted, backend, owns_group=False)
     return adopted
+
+
+def adopted_local_rank(
+    backend: str, env_local_rank: int | None, cuda_device: int | None
+) -> int | None:
+    """The local rank of a group a script built with torch itself (never its global rank).
+
+    Under NCCL the script chose its GPU before building the group: ``cuda_device``
+    (``torch.cuda.current_device()``) is the local rank. Otherwise it is the launcher's
+    variable (``env_local_rank``), or ``None`` (unknown) when none was set: on the second
+    machine global rank 4 may be GPU 0, so the global rank is no stand-in.
+
+    >>> adopted_local_rank("nccl", env_local_rank=4, cuda_device=0)
+    0
+    >>> adopted_local_rank("gloo", env_local_rank=1, cuda_device=None)
+    1
+    >>> adopted_local_rank("gloo", env_local_rank=None, cuda_device=None) is None
+    True
+    """
+    if "nccl" in backend and cuda_device is not None:
+        return cuda_device
+    return env_local_rank
+
+
+def _current_cuda_device(backend: str) -> int | None:
+    # Only asked under NCCL: a CPU build of torch has no current CUDA device.
+    return torch.cuda.current_device() if "nccl" in backend else None
 
 
 def finalize() -> None:
@@ -189,15 +216,30 @@ def get_world_size() -> int:
 
 
 def get_local_rank() -> int:
-    """Index of this process on its machine (its GPU index under NCCL); 0 when not distributed."""
-    if _session is not None:
+    """Index of this process on its machine (its GPU index under NCCL); 0 when not distributed.
+
+    For a group the script built with torch (see :func:`adopted_local_rank`) under NCCL it is
+    the current CUDA device; under gloo, ``LOCAL_RANK`` (or the launcher's variable) must be
+    set, since the global rank says nothing about the machine: otherwise this raises
+    :class:`DistributedStateError`.
+    """
+    if _session is not None and (_session.owns_group or _session.config.local_rank is not None):
         return _session.config.resolved_local_rank
     if has_group():
+        backend = str(dist.get_backend())
         try:
-            local = DistributedConfig.from_environment().local_rank
+            env_local = DistributedConfig.from_environment().local_rank
         except DistributedConfigError:  # the group was built from arguments, not variables
-            local = None
-        return dist.get_rank() if local is None else local
+            env_local = None
+        local = adopted_local_rank(backend, env_local, _current_cuda_device(backend))
+        if local is None:
+            raise DistributedStateError(
+                f"the local rank of rank {dist.get_rank()} is unknown: torch's {backend} group "
+                "was built without LOCAL_RANK in the environment, and the global rank says "
+                "nothing about the machine. Set LOCAL_RANK (the process's index on its machine) "
+                "before init, or start the processes with torchrun / `rankwise launch`."
+            )
+        return local
     return 0
 
 
@@ -220,7 +262,13 @@ def get_backend() -> str:
 
 
 def device() -> torch.device:
-    """The device this rank computes on: ``cuda:<local_rank>`` under NCCL, else the CPU."""
+    """The device this rank computes on: ``cuda:<local_rank>`` under NCCL, else the CPU.
+
+    Under NCCL this is also the current CUDA device: :func:`init` calls
+    ``torch.cuda.set_device(local_rank)`` for a group it builds, and an adopted NCCL group's
+    local rank is the current device. So :func:`collective_device` (which derives from this)
+    agrees with it whenever the backend is NCCL alone.
+    """
     if "nccl" in get_backend():
         return torch.device("cuda", get_local_rank())
     return torch.device("cpu")
