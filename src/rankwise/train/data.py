@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 import rankwise.distributed as rd
@@ -292,18 +291,25 @@ def _has_len(obj: Any) -> bool:
     return True
 
 
+def gather_int(value: int) -> list[int]:
+    """Every rank's ``value`` (one all-gather of an int64 on the collective device, so plain
+    NCCL takes it too); ``[value]`` without a group."""
+    world = rd.get_world_size()
+    if world == 1 or not rd.has_group():
+        return [value]
+    device = rd.collective_device()
+    parts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    rd.all_gather(parts, torch.tensor([value], dtype=torch.int64, device=device))
+    return [int(p) for p in parts]
+
+
 def check_even(num_batches: int, what: str = "training") -> None:
     """Stop every rank with the per-rank counts when their batch counts differ.
 
     One all-gather at the start of an epoch: a rank that ran out of batches would otherwise
     wait forever in DDP's all-reduce for peers that are still training.
     """
-    world = rd.get_world_size()
-    if world == 1 or not rd.has_group():
-        return
-    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(counts, torch.tensor([num_batches], dtype=torch.int64))
-    per_rank = [int(c) for c in counts]
+    per_rank = gather_int(num_batches)
     if len(set(per_rank)) > 1:
         raise ValueError(uneven_message(per_rank, what))
 
@@ -322,12 +328,7 @@ def uneven_message(per_rank: list[int], what: str) -> str:
 def has_batch_everywhere(has_batch: bool, step: int) -> bool:
     """For loaders without len(): whether every rank has another batch (one all-gather per
     step); raises with the ranks that ran out when only some have."""
-    world = rd.get_world_size()
-    if world == 1 or not rd.has_group():
-        return has_batch
-    flags = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(flags, torch.tensor([int(has_batch)], dtype=torch.int64))
-    have = [bool(f) for f in flags]
+    have = [bool(f) for f in gather_int(int(has_batch))]
     if all(have):
         return True
     if not any(have):

@@ -59,8 +59,8 @@ class EpochSums:
         return out
 
     def reduced(self) -> torch.Tensor:
-        """The world's sums: one all-reduce."""
-        return rd.all_reduce(self.local())
+        """The world's sums (on the CPU): one all-reduce on the collective device."""
+        return rd.all_reduce(self.local().to(rd.collective_device())).cpu()
 
     def running_loss(self, start: int) -> tuple[float, int]:
         """Sum and count of this rank's losses since ``start`` (rank 0's progress display)."""
