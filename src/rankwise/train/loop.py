@@ -150,7 +150,8 @@ def train_epoch(
         if last:
             trainer.optimizer_step()
             window_start = i + 1
-            trainer.after_optimizer_step(epoch, sums)
+            ends_epoch = bool(final) if final is not None else i + 1 == total
+            trainer.after_optimizer_step(epoch, sums, ends_epoch)
         if tick and ((i + 1) % tick == 0 or i + 1 == total):
             s, c = sums.running_loss(logged)
             logged, logged_sum, logged_n = len(sums.losses), logged_sum + s, logged_n + c

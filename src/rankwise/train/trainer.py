@@ -107,6 +107,7 @@ class DistributedTrainer:
         self._pending: st.Position | None = None  # from load_checkpoint() before fit()
         self._epoch = 0
         self._saved_at: int | None = None
+        self._step_save_due = False  # a step checkpoint on an epoch's last step, see below
         self.last_evaluation: dict[str, int] = {}  # samples and correct ones of evaluate()
 
     # -- info --------------------------------------------------------------------------------
@@ -149,6 +150,7 @@ class DistributedTrainer:
         world = rd.get_world_size()
         self.history.effective_batch_size = cfg.effective_batch_size(world)
         self.history.world_size = world
+        self._step_save_due = False
         self._call("on_fit_start", self)
         self.logger = TrainingLogger(
             cfg.log_dir, cfg.verbose, cfg.log_every_n_batches, rd.is_master(), epochs=cfg.epochs
@@ -167,8 +169,9 @@ class DistributedTrainer:
                 metrics = self._end_epoch(epoch, loss, acc, val_set, t0)
                 self._call("on_epoch_end", self, epoch, metrics)
                 every = cfg.checkpoint_every_n_epochs
-                if every and (epoch + 1) % every == 0:
+                if (every and (epoch + 1) % every == 0) or self._step_save_due:
                     self._checkpoint(epoch + 1, None)
+                self._step_save_due = False
             if self._saved_at != self.global_step:
                 self._checkpoint(max(self._epoch + 1, position.epoch), None)
         finally:
@@ -288,10 +291,16 @@ class DistributedTrainer:
         if self.scheduler is not None and cfg.scheduler_interval == "step":
             self.scheduler.step()
 
-    def after_optimizer_step(self, epoch: int, sums: EpochSums) -> None:
+    def after_optimizer_step(self, epoch: int, sums: EpochSums, ends_epoch: bool = False) -> None:
         every = self.config.checkpoint_every_n_steps if self.config else 0
         if every and self.global_step % every == 0:
-            self._checkpoint(epoch, sums)
+            if ends_epoch:
+                # Saved once the epoch is closed (history, epoch scheduler, validation), as
+                # the start of the next epoch: saved here, the sampler would have nothing left
+                # and a resume would re-enter an epoch that is already over.
+                self._step_save_due = True
+            else:
+                self._checkpoint(epoch, sums)
 
     def batch_hooks(self) -> list[Callable[..., None]]:
         hooks = [cb.on_batch for cb in self.callbacks if hasattr(cb, "on_batch")]
