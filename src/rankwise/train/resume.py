@@ -39,6 +39,8 @@ class Position:
     history: DistributedTrainingHistory | None = None
     sampler: dict[str, Any] | None = None
     precision: dict[str, Any] | None = None  # applied once fit() has built the Precision
+    global_batch: int | None = None  # the saved run's; checked against each fit's config
+    mid_epoch: bool = False  # saved inside an epoch: only a saved sampler cursor continues it
 
 
 def build_state(trainer: DistributedTrainer, epoch: int, sums: EpochSums | None) -> dict[str, Any]:
@@ -106,12 +108,7 @@ def apply_state(trainer: DistributedTrainer, state: dict[str, Any], path: Path |
             f"{path}: checkpoint format {version!r} is not {ck.FORMAT_VERSION}; it was written "
             "by another rankwise version or is not a trainer checkpoint."
         )
-    cfg = trainer.config
     world = rd.get_world_size()
-    if cfg is not None:
-        check_global_batch(
-            int(state["global_batch_size"]), cfg.batch_size, world, cfg.grad_accum_steps
-        )
     ck.load_model_state_dict(trainer.model, state["model"])
     # Before the first fit() an optimizer given as a factory does not exist yet: the next
     # fit builds it fresh (the model weights are what a loaded checkpoint is mostly for).
@@ -131,12 +128,32 @@ def apply_state(trainer: DistributedTrainer, state: dict[str, Any], path: Path |
     ck.set_rng_state(rngs[rd.get_rank()] if len(rngs) == world else state["rng"])
     carried = extra.get("epoch_sums")
     return Position(
+        global_batch=int(state["global_batch_size"]),
+        # the same on every rank: the world's sums of the epoch so far, in the file
+        mid_epoch=bool(carried) and float(carried[1]) > 0,
         epoch=int(state["epoch"]),
         step=int(state["step"]),
         carried=carried if rd.is_master() else None,
         history=DistributedTrainingHistory.from_dict(state["history"]),
         sampler=state.get("sampler"),
         precision=None if trainer.prepared is not None else state["precision"],
+    )
+
+
+def check_resumable(position: Position, sampler: Any) -> None:
+    """Refuse a mid-epoch resume that cannot continue where the run stopped: without a saved
+    rankwise sampler cursor the loader would repeat the epoch from its start (its first part
+    trained, and counted, twice)."""
+    if not position.mid_epoch or (sampler is not None and position.sampler is not None):
+        return
+    missing = "this run's" if sampler is None else "the checkpoint's"
+    raise ValueError(
+        f"cannot resume mid-epoch (epoch {position.epoch}, optimizer step {position.step}): "
+        f"{missing} training data has no rankwise DistributedSampler, so the rest of the epoch "
+        "is unknown and the loader would repeat it from the start. Put "
+        "rankwise.data.DistributedSampler in your DataLoader (or pass the Dataset and let the "
+        "trainer build the loader), or resume from an epoch-end checkpoint "
+        "(checkpoint_every_n_steps=0)."
     )
 
 
