@@ -87,3 +87,49 @@ def test_load_checkpoint_before_fit_still_checks_the_global_batch(tmp_path: Path
     again.load_checkpoint(path)
     with pytest.raises(ValueError, match=r"saved global batch 16 cannot be split over 1 ranks x 3"):
         again.fit(_dataset(), config=_cfg(tmp_path, batch_size=5, grad_accum_steps=3))
+
+
+# -- item: per-rank copies (save_on_master_only=False) ---------------------------------------
+
+
+def _resume(folder: str, resume: str) -> str:
+    cfg = _cfg(folder, save_on_master_only=False, resume=resume, epochs=2)
+    trainer = _trainer()
+    try:
+        trainer.fit(_dataset(), config=cfg)
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return f"resumed, step {trainer.global_step}"
+
+
+def _per_rank(tmp: str) -> dict[str, str]:
+    rank = rd.get_rank()
+    # 48 samples, 2 ranks x 16: 2 steps an epoch (the last one short); saves at steps 1, 2.
+    _trainer().fit(
+        _dataset(), config=_cfg(tmp, save_on_master_only=False, checkpoint_every_n_steps=1)
+    )
+    own = Path(tmp, f"rank-{rank}")
+    out = {"whole": _resume(tmp, "auto")}  # epoch 1 (steps 3, 4) from own copies
+    newest = sorted(own.glob("*.pt"))[-1]
+    missing = own / "missing.pt"
+    # An explicit path that only rank 0 can read: both ranks must raise, none may hang.
+    out["explicit"] = _resume(tmp, str(newest if rank == 0 else missing))
+    rd.barrier()
+    if rank == 1:  # rank 1's newest copy lost: the ranks' newest checkpoints differ
+        for extra in own.glob(newest.name + "*"):
+            extra.unlink()
+        (own / "ckpt-latest.json").unlink()
+    rd.barrier()
+    out["differ"] = _resume(tmp, "auto")
+    return out
+
+
+@pytest.mark.timeout(200)
+def test_per_rank_copies_are_each_ranks_own_and_every_failure_stops_every_rank(
+    tmp_path: Path,
+) -> None:
+    for result in run_distributed(_per_rank, 2, args=(str(tmp_path),), timeout=120):
+        assert result["whole"] == "resumed, step 4"
+        assert result["explicit"].startswith("CheckpointError: cannot resume: rank 1: ")
+        assert "missing.pt" in result["explicit"]
+        assert "rank 0: epoch 2 step 4, rank 1: epoch 1 step 2" in result["differ"], result["differ"]

@@ -231,9 +231,9 @@ class DistributedTrainer:
             base = Path(cfg.checkpoint_dir)
             folder = base if cfg.save_on_master_only else base / f"rank-{rd.get_rank()}"
             self._manager = ck.CheckpointManager(folder, keep_last=cfg.keep_last_checkpoints)
-        path = st.resume_path(cfg.resume, self._manager)
-        if path is not None:
-            position = st.apply_state(self, ck.load_file(path), path)
+        loaded = st.load_resume(cfg.resume, self._manager, not cfg.save_on_master_only)
+        if loaded is not None:
+            position = st.apply_state(self, loaded[1], loaded[0])
         elif self._pending is not None:
             position = self._pending
             if position.precision is not None:
