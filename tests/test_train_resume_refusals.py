@@ -132,4 +132,6 @@ def test_per_rank_copies_are_each_ranks_own_and_every_failure_stops_every_rank(
         assert result["whole"] == "resumed, step 4"
         assert result["explicit"].startswith("CheckpointError: cannot resume: rank 1: ")
         assert "missing.pt" in result["explicit"]
-        assert "rank 0: epoch 2 step 4, rank 1: epoch 1 step 2" in result["differ"], result["differ"]
+        assert "rank 0: epoch 2 step 4, rank 1: epoch 1 step 2" in result["differ"], result[
+            "differ"
+        ]

@@ -258,9 +258,7 @@ def predict_all(
 
 def _gather(parts: list[Any], num_samples: int) -> torch.Tensor:
     if not parts:  # every rank has P = ceil(N / R) positions: none only when N == 0
-        raise ValueError(
-            "predict: the data has no samples (len 0); pass a non-empty data set."
-        )
+        raise ValueError("predict: the data has no samples (len 0); pass a non-empty data set.")
     if not all(isinstance(p, torch.Tensor) for p in parts):
         raise TypeError(
             "predict gathers tensor outputs (or dicts of tensors); the model returned "

@@ -192,7 +192,7 @@ def load_resume(
 
 def _agree(found: tuple[Path, dict[str, Any]] | None, error: str | None) -> None:
     mine = (error, None if found is None else (int(found[1]["epoch"]), int(found[1]["step"])))
-    everyone = [mine]
+    everyone: list[Any] = [mine]
     if rd.get_world_size() > 1 and rd.has_group():
         everyone = [None] * rd.get_world_size()
         dist.all_gather_object(everyone, mine)
