@@ -129,6 +129,7 @@ def train_epoch(
     for i, (batch, ids, final) in enumerate(_micro_batches(source)):
         last = is_sync_step(i, accum, total) if final is None else (final or (i + 1) % accum == 0)
         if i == window_start:  # a new window: how many micro-batches it averages over
+            # (unsized loaders: accum, even for a short last window; docs/train.md says so)
             window = accum if total is None else min(accum, total - i)
         x, y = split_batch(batch if on_cpu else trainer.to_device(batch), needs_target)
         n = batch_length(x)
