@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, Subset
 
 import rankwise.distributed as rd
 from rankwise.data import DistributedSampler, Permutation
@@ -154,33 +154,22 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
     return batch
 
 
-class _Chunks:
-    """A batch sampler over a DistributedSampler: lists of ``batch_size`` indices (the last
-    may be shorter; every rank's count is the same, the sampler pads)."""
+class _IssuedBatches(BatchSampler):
+    """torch's ``BatchSampler(sampler, batch_size, drop_last=False)`` over a rankwise
+    DistributedSampler (the last list may be shorter; every rank's count is the same, the
+    sampler pads), which can also remember the index lists it hands out."""
 
     def __init__(self, sampler: DistributedSampler, batch_size: int, record: bool) -> None:
-        self.sampler, self.batch_size = sampler, batch_size
+        super().__init__(sampler, batch_size, drop_last=False)
         # DataLoader reads index lists ahead of the loop: remember them in order (only when
         # an audit hook wants them) and hand each out when its batch arrives.
         self.issued: collections.deque[list[int]] | None = collections.deque() if record else None
 
-    def __len__(self) -> int:
-        return -(-len(self.sampler) // self.batch_size)
-
     def __iter__(self) -> Iterator[list[int]]:
-        chunk: list[int] = []
-        for index in self.sampler:
-            chunk.append(index)
-            if len(chunk) == self.batch_size:
-                yield self._issue(chunk)
-                chunk = []
-        if chunk:
-            yield self._issue(chunk)
-
-    def _issue(self, chunk: list[int]) -> list[int]:
-        if self.issued is not None:
-            self.issued.append(chunk)
-        return chunk
+        for chunk in super().__iter__():
+            if self.issued is not None:
+                self.issued.append(chunk)
+            yield chunk
 
 
 class TrainBatches:
@@ -205,7 +194,7 @@ class TrainBatches:
         self.sampler = DistributedSampler(len(dataset), shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
         self.record_ids = record_ids
         in_memory = isinstance(dataset, TensorPairs)
-        self.chunks = _Chunks(self.sampler, batch_size, record_ids and not in_memory)
+        self.chunks = _IssuedBatches(self.sampler, batch_size, record_ids and not in_memory)
         self.loader: DataLoader[Any] | None = None
         if not in_memory:
             self.loader = DataLoader(
