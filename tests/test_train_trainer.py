@@ -272,7 +272,9 @@ def test_save_load_checkpoint_gradient_checkpointing_and_sample_ids(tmp_path: Pa
     fresh = mlp(seed=9)
     other = DistributedTrainer(fresh, nn.CrossEntropyLoss(), torch.optim.Adam(fresh.parameters()))
     other.load_checkpoint(tmp_path / "explicit.pt")  # before any fit: evaluate a saved model
-    assert other.evaluate(data) == expected
+    # the same evaluation batches (a fresh trainer has no config to take them from): a float32
+    # forward over 8 rows may round differently from one over 64, which is BLAS, not the model
+    assert other.evaluate(data, batch_size=8) == expected
 
 
 # -- bad input -------------------------------------------------------------------------------

@@ -2,12 +2,13 @@
 
 ``DistributedTrainer`` trains, ``DistributedTrainingConfig`` says what a run does,
 ``DistributedTrainingHistory`` records what it did, ``TrainingLogger`` prints and logs it on
-rank 0. See ``docs/train.md``.
+rank 0; ``AuditLog`` (opt-in) records which samples each rank consumed per step. See ``docs/train.md``.
 
 Checkpoints (:mod:`rankwise.train.checkpoint`): atomic, verified files; a manager with a
 ``latest`` pointer and pruning; model / optimizer / RNG state independent of the wrapping.
 """
 
+from rankwise.train.audit import AuditLog, AuditReport, read_audit
 from rankwise.train.checkpoint import (
     FAULT_POINTS,
     FORMAT_VERSION,
@@ -33,6 +34,8 @@ from rankwise.train.trainer import DistributedTrainer
 __all__ = [
     "FAULT_POINTS",
     "FORMAT_VERSION",
+    "AuditLog",
+    "AuditReport",
     "CheckpointError",
     "CheckpointManager",
     "CheckpointWarning",
@@ -47,6 +50,7 @@ __all__ = [
     "model_state_dict",
     "optimizer_state_dict",
     "parse_overrides",
+    "read_audit",
     "rng_state",
     "save_file",
     "set_rng_state",

@@ -1,0 +1,161 @@
+"""Fault sweep: K random failures, each recovered under ``--max-restarts``, against one
+uninterrupted run (issue 10).
+
+Each trial launches tests/scripts/fault_worker.py on 2 gloo ranks (2 epochs x 12 optimizer
+steps, a checkpoint every 3) with one random fault on the first attempt: a SIGKILL of a random
+rank inside a random step, or (one trial in three) a SIGKILL of the writing rank at a random
+point of a random checkpoint save. Then it reports:
+
+- survived/total: the relaunched job exited 0 and wrote its weights;
+- max parameter difference to the uninterrupted run (goal: 0, same world size);
+- exactly-once violations: samples missing or repeated in an epoch, from the audit logs'
+  committed records (goal: 0);
+- corrupt resumes: a resume that had to skip a checkpoint file or failed to load one (goal: 0);
+- time from the failure to the first micro-batch of the resumed attempt;
+- work lost per failure: optimizer steps done (or in flight) past the checkpoint resumed from
+  (goal: at most one checkpoint interval, 3).
+
+    python benchmarks/faults.py --k 100 --jobs 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rankwise.testing import run_script
+from rankwise.train import FAULT_POINTS, read_audit
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "tests" / "scripts" / "fault_worker.py"
+NUM_SAMPLES, EPOCHS, STEPS, EVERY, SAVES = 192, 2, 24, 3, 10
+
+
+@dataclass
+class Trial:
+    fault: str
+    survived: bool = False
+    max_diff: float = float("nan")
+    violations: int = 0
+    corrupt: int = 0
+    recovery_s: float = float("nan")
+    lost_steps: int = 0
+    note: str = ""
+
+
+def pick_fault(rng: random.Random) -> list[str]:
+    if rng.random() < 1 / 3:
+        point = rng.choice(FAULT_POINTS)
+        index = rng.randrange(SAVES)
+        return ["--kill-in-save", point, "--kill-save-index", str(index)]
+    rank, step = rng.randrange(2), rng.randint(1, STEPS)
+    return ["--kill-rank", str(rank), "--kill-step", str(step)]
+
+
+def run_trial(out: Path, fault: list[str], reference: dict[str, torch.Tensor]) -> Trial:
+    trial = Trial(" ".join(fault))
+    result = run_script(
+        WORKER, 2, script_args=[str(out), *fault], launch_args=["--max-restarts", "2"], timeout=600
+    )
+    trial.corrupt = result.stderr.count("CheckpointWarning") + result.stderr.count(
+        "CheckpointError"
+    )
+    if result.returncode != 0 or not (out / "final.pt").exists():
+        trial.note = result.stderr[-2000:]
+        return trial
+    trial.survived = True
+    params = torch.load(out / "final.pt")
+    trial.max_diff = max((params[k] - reference[k]).abs().max().item() for k in reference)
+    report = read_audit(out / "audit")
+    trial.violations = len(report.violations(NUM_SAMPLES, EPOCHS))
+    if len(report.attempts) >= 2:
+        failed, resumed = report.attempts[0], report.attempts[1]
+        marks = list(out.glob("killed-rank*"))
+        times = [b["time"] for b in failed.batches]
+        failed_at = float(marks[0].read_text()) if marks else max(times, default=failed.started)
+        first = min((b["time"] for b in resumed.batches), default=float("nan"))
+        trial.recovery_s = first - failed_at
+        trial.lost_steps = failed.last_step - resumed.start_step
+    else:
+        trial.note = "no failure happened"  # e.g. a fault point this run never reached
+    return trial
+
+
+def reference_run(workdir: Path) -> dict[str, torch.Tensor]:
+    out = workdir / "reference"
+    result = run_script(WORKER, 2, script_args=[str(out)], timeout=600)
+    if result.returncode != 0:
+        sys.exit(f"the uninterrupted run failed:\n{result.stderr[-3000:]}")
+    return torch.load(out / "final.pt")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--k", type=int, default=10, help="number of failures (trials)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="trials run at once (2 ranks each)")
+    p.add_argument("--reference", type=Path, help="final.pt of an uninterrupted run (reused)")
+    p.add_argument("--workdir", type=Path, help="where runs go (default: a temporary folder)")
+    args = p.parse_args(argv)
+    if args.k < 1 or args.jobs < 1:
+        p.error(f"--k ({args.k}) and --jobs ({args.jobs}) must be >= 1")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rankwise-faults-"))
+    started = time.perf_counter()
+    reference = torch.load(args.reference) if args.reference else reference_run(workdir)
+    rng = random.Random(args.seed)
+    faults = [pick_fault(rng) for _ in range(args.k)]
+    trials: list[Trial] = []
+    with ThreadPoolExecutor(args.jobs) as pool:
+        runs = pool.map(
+            lambda i: run_trial(workdir / f"trial-{i:04d}", faults[i], reference), range(args.k)
+        )
+        for i, trial in enumerate(runs):  # as they finish, in order: a cut-off run keeps these
+            print(trial_line(i, trial), flush=True)
+            trials.append(trial)
+    report(trials, time.perf_counter() - started)
+    ok = all(t.survived and t.violations == 0 and t.corrupt == 0 for t in trials)
+    return 0 if ok else 1
+
+
+def trial_line(i: int, t: Trial) -> str:
+    return (
+        f"trial {i:3d}  {t.fault:<52s} survived={t.survived!s:5s} diff={t.max_diff:.3g} "
+        f"violations={t.violations} corrupt={t.corrupt} lost={t.lost_steps} "
+        f"recovery={t.recovery_s:.1f}s {t.note[:300]!r}"
+    )
+
+
+def report(trials: list[Trial], seconds: float) -> None:
+    survived = [t for t in trials if t.survived]
+    recovered = [t.recovery_s for t in survived if t.recovery_s == t.recovery_s]
+    lost = [t.lost_steps for t in survived]
+    diff = max((t.max_diff for t in survived), default=float("nan"))
+    print()
+    print(f"survived {len(survived)}/{len(trials)}")
+    print(f"max parameter difference {diff:.3g}")
+    print(f"exactly-once violations {sum(t.violations for t in trials)}")
+    print(f"corrupt resumes {sum(t.corrupt for t in trials)}")
+    if recovered:
+        print(
+            f"failure -> first resumed step: median {statistics.median(recovered):.1f} s, "
+            f"max {max(recovered):.1f} s"
+        )
+    if lost:
+        print(
+            f"work lost per failure: mean {statistics.mean(lost):.2f} steps, max {max(lost)} "
+            f"(checkpoint interval {EVERY})"
+        )
+    print(f"total {seconds:.0f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

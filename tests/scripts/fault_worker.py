@@ -1,0 +1,100 @@
+"""A tiny deterministic training run that breaks on purpose (tests/test_faults.py, benchmarks).
+
+Run it under ``rankwise launch``; it trains an MLP on fixed synthetic data through
+``DistributedTrainer`` with ``resume="auto"``, step checkpoints and an :class:`AuditLog` in
+``OUT``, and rank 0 writes the final parameters to ``OUT/final.pt``. The faults strike on the
+first attempt of a launch only (torchrun's restart count), so ``--max-restarts`` recovers:
+
+- ``--kill-rank R --kill-step S``: rank R SIGKILLs itself inside optimizer step S (after the
+  micro-batch's backward, before the optimizer step).
+- ``--kill-in-save POINT[,POINT...] [--kill-save-index N]``: the writing rank is SIGKILLed at
+  POINT of its (N+1)-th checkpoint save (``rankwise.testing.kill_at_checkpoint``); the i-th
+  point strikes on attempt i, so one launch can take several.
+- ``--stall-rank R --stall-step S``: rank R sleeps forever inside step S.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+
+import rankwise.distributed as rd
+from rankwise.testing import kill_at_checkpoint
+from rankwise.train import AuditLog, DistributedTrainer, DistributedTrainingConfig
+
+NUM_SAMPLES = 192
+
+p = argparse.ArgumentParser()
+p.add_argument("out", type=Path)
+p.add_argument("--epochs", type=int, default=2)
+p.add_argument("--batch-size", type=int, default=8, help="per rank")
+p.add_argument("--every", type=int, default=3, help="checkpoint every N optimizer steps")
+p.add_argument("--keep-last", type=int, default=3)
+p.add_argument("--kill-rank", type=int, default=-1)
+p.add_argument("--kill-step", type=int, default=-1)
+p.add_argument("--kill-in-save", default="", help="rankwise.train.FAULT_POINTS names, per attempt")
+p.add_argument("--kill-save-index", type=int, default=0)
+p.add_argument("--stall-rank", type=int, default=-1)
+p.add_argument("--stall-step", type=int, default=-1)
+args = p.parse_args()
+
+config = rd.init()
+first_attempt = config.restart_count == 0
+rank = rd.get_rank()
+args.out.mkdir(parents=True, exist_ok=True)
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(NUM_SAMPLES, 8, generator=g)
+    y = (x[:, :3].sum(1) > 0).long() + (x[:, 3] > 1).long()
+    return x, y
+
+
+def fault(trainer: DistributedTrainer, epoch: int, step: int, ids: object) -> None:
+    """The trainer's per-micro-batch hook; ``step + 1`` is the optimizer step being built."""
+    if not first_attempt:
+        return
+    if rank == args.kill_rank and step + 1 == args.kill_step:
+        (args.out / f"killed-rank{rank}").write_text(f"{time.time()}\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == args.stall_rank and step + 1 == args.stall_step:
+        (args.out / f"stalled-rank{rank}").write_text(f"{time.time()}\n")
+        while True:  # stops participating: the peers' next collective must time out
+            time.sleep(3600)
+
+
+save_faults = [point for point in args.kill_in_save.split(",") if point]
+if config.restart_count < len(save_faults) and rank == 0:  # rank 0 writes the checkpoints
+    kill_at_checkpoint(save_faults[config.restart_count], after=args.kill_save_index)
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+trainer = DistributedTrainer(
+    model,
+    torch.nn.CrossEntropyLoss(),
+    torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+    callbacks=[AuditLog(args.out / "audit")],
+)
+trainer.on_batch = fault
+cfg = DistributedTrainingConfig(
+    epochs=args.epochs,
+    batch_size=args.batch_size,
+    verbose=False,
+    checkpoint_every_n_epochs=1,
+    checkpoint_every_n_steps=args.every,
+    checkpoint_dir=str(args.out / "ckpt"),
+    keep_last_checkpoints=args.keep_last,
+    resume="auto",
+)
+x, y = data()
+trainer.fit(x, y, cfg)
+if rank == 0:
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    torch.save(state, args.out / "final.pt")
+rd.finalize()
