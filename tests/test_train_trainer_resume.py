@@ -41,6 +41,7 @@ def _run(
     grad_accum_steps: int = 1,
     every: int = 3,
     epochs: int = 2,
+    epoch_every: int = 1,
 ) -> dict[str, Any]:
     model = _model(dropout)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -63,6 +64,7 @@ def _run(
         verbose=False,
         checkpoint_dir=str(folder),
         checkpoint_every_n_steps=every,
+        checkpoint_every_n_epochs=epoch_every,
         keep_last_checkpoints=None,
         resume=resume,
     )
@@ -109,6 +111,20 @@ def test_a_run_resumed_mid_epoch_ends_bit_identical(tmp_path: Path) -> None:
         assert result["equal"], "parameters differ from the uninterrupted run"
         # the resumed epoch's loss includes the part before the crash, exactly once
         assert result["resumed_losses"] == pytest.approx(result["full_losses"], rel=1e-12)
+
+
+def test_a_step_checkpoint_on_an_epoch_s_last_step_resumes_at_the_next_epoch(
+    tmp_path: Path,
+) -> None:
+    # 96 samples x 16: 6 steps an epoch, a step checkpoint every 3 (dividing it), no epoch
+    # checkpoints. Stopped in step 7, the last checkpoint is step 6: the end of epoch 0.
+    common: dict[str, Any] = {"batch_size": 16, "every": 3, "epochs": 3, "epoch_every": 0}
+    full = _run(96, tmp_path / "full", **common)
+    assert _run(96, tmp_path / "cut", stop_at=7, **common)["stopped"]
+    resumed = _run(96, tmp_path / "cut", resume="auto", **common)
+    assert resumed["started_at"] == 6
+    assert all(torch.equal(a, b) for a, b in zip(full["params"], resumed["params"], strict=True))
+    assert resumed["losses"] == full["losses"]
 
 
 # -- another world size, the global batch kept; 1 x 64 == 2 x 32 ----------------------------

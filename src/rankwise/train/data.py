@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, Subset
 
 import rankwise.distributed as rd
 from rankwise.data import DistributedSampler, Permutation
@@ -155,33 +154,22 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
     return batch
 
 
-class _Chunks:
-    """A batch sampler over a DistributedSampler: lists of ``batch_size`` indices (the last
-    may be shorter; every rank's count is the same, the sampler pads)."""
+class _IssuedBatches(BatchSampler):
+    """torch's ``BatchSampler(sampler, batch_size, drop_last=False)`` over a rankwise
+    DistributedSampler (the last list may be shorter; every rank's count is the same, the
+    sampler pads), which can also remember the index lists it hands out."""
 
     def __init__(self, sampler: DistributedSampler, batch_size: int, record: bool) -> None:
-        self.sampler, self.batch_size = sampler, batch_size
+        super().__init__(sampler, batch_size, drop_last=False)
         # DataLoader reads index lists ahead of the loop: remember them in order (only when
         # an audit hook wants them) and hand each out when its batch arrives.
         self.issued: collections.deque[list[int]] | None = collections.deque() if record else None
 
-    def __len__(self) -> int:
-        return -(-len(self.sampler) // self.batch_size)
-
     def __iter__(self) -> Iterator[list[int]]:
-        chunk: list[int] = []
-        for index in self.sampler:
-            chunk.append(index)
-            if len(chunk) == self.batch_size:
-                yield self._issue(chunk)
-                chunk = []
-        if chunk:
-            yield self._issue(chunk)
-
-    def _issue(self, chunk: list[int]) -> list[int]:
-        if self.issued is not None:
-            self.issued.append(chunk)
-        return chunk
+        for chunk in super().__iter__():
+            if self.issued is not None:
+                self.issued.append(chunk)
+            yield chunk
 
 
 class TrainBatches:
@@ -206,7 +194,7 @@ class TrainBatches:
         self.sampler = DistributedSampler(len(dataset), shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
         self.record_ids = record_ids
         in_memory = isinstance(dataset, TensorPairs)
-        self.chunks = _Chunks(self.sampler, batch_size, record_ids and not in_memory)
+        self.chunks = _IssuedBatches(self.sampler, batch_size, record_ids and not in_memory)
         self.loader: DataLoader[Any] | None = None
         if not in_memory:
             self.loader = DataLoader(
@@ -292,18 +280,25 @@ def _has_len(obj: Any) -> bool:
     return True
 
 
+def gather_int(value: int) -> list[int]:
+    """Every rank's ``value`` (one all-gather of an int64 on the collective device, so plain
+    NCCL takes it too); ``[value]`` without a group."""
+    world = rd.get_world_size()
+    if world == 1 or not rd.has_group():
+        return [value]
+    device = rd.collective_device()
+    parts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    rd.all_gather(parts, torch.tensor([value], dtype=torch.int64, device=device))
+    return [int(p) for p in parts]
+
+
 def check_even(num_batches: int, what: str = "training") -> None:
     """Stop every rank with the per-rank counts when their batch counts differ.
 
     One all-gather at the start of an epoch: a rank that ran out of batches would otherwise
     wait forever in DDP's all-reduce for peers that are still training.
     """
-    world = rd.get_world_size()
-    if world == 1 or not rd.has_group():
-        return
-    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(counts, torch.tensor([num_batches], dtype=torch.int64))
-    per_rank = [int(c) for c in counts]
+    per_rank = gather_int(num_batches)
     if len(set(per_rank)) > 1:
         raise ValueError(uneven_message(per_rank, what))
 
@@ -322,12 +317,7 @@ def uneven_message(per_rank: list[int], what: str) -> str:
 def has_batch_everywhere(has_batch: bool, step: int) -> bool:
     """For loaders without len(): whether every rank has another batch (one all-gather per
     step); raises with the ranks that ran out when only some have."""
-    world = rd.get_world_size()
-    if world == 1 or not rd.has_group():
-        return has_batch
-    flags = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(flags, torch.tensor([int(has_batch)], dtype=torch.int64))
-    have = [bool(f) for f in flags]
+    have = [bool(f) for f in gather_int(int(has_batch))]
     if all(have):
         return True
     if not any(have):

@@ -222,8 +222,10 @@ def evaluate_exact(
                 sums[3] += real
     finally:
         model.train(was_training)
-    rd.all_reduce(sums.to(device) if device.type == "cuda" else sums)
-    loss_total, count, correct, classed = (float(v) for v in sums)
+    # Read the reduced tensor itself (reducing a copy would leave this rank's sums), and
+    # decide emptiness on the world's totals so every rank raises or none does.
+    totals = rd.all_reduce(sums.to(rd.collective_device())).cpu()
+    loss_total, count, correct, classed = (float(v) for v in totals)
     if count == 0:
         raise ValueError("evaluate: the data has no samples; pass a non-empty data set.")
     accuracy = correct / count if classed == count else None
@@ -255,14 +257,16 @@ def predict_all(
 
 
 def _gather(parts: list[Any], num_samples: int) -> torch.Tensor:
+    if not parts:  # every rank has P = ceil(N / R) positions: none only when N == 0
+        raise ValueError("predict: the data has no samples (len 0); pass a non-empty data set.")
     if not all(isinstance(p, torch.Tensor) for p in parts):
         raise TypeError(
             "predict gathers tensor outputs (or dicts of tensors); the model returned "
             f"{type(parts[0]).__name__}."
         )
-    local = torch.cat(parts)  # [P, ...]: this rank's positions r, r+R, ...
+    local = torch.cat(parts).to(rd.collective_device())  # [P, ...]: positions r, r+R, ...
     world = rd.get_world_size()
     gathered = rd.all_gather([torch.empty_like(local) for _ in range(world)], local)
     # Interleave: global position p = r + k*R is gathered[r][k].
     merged = torch.stack(gathered, dim=1).reshape(-1, *local.shape[1:])
-    return merged[:num_samples]
+    return merged[:num_samples].to(parts[0].device)  # where the model put its outputs

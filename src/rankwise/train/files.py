@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 
-FORMAT_VERSION = 1  # of the checkpoint *content* the trainer builds ({"format": 1, ...})
 _MANIFEST_VERSION = 1
 _MANIFEST_SUFFIX = ".sha256.json"
 _TMP_MARK = ".tmp-"

@@ -59,8 +59,8 @@ class EpochSums:
         return out
 
     def reduced(self) -> torch.Tensor:
-        """The world's sums: one all-reduce."""
-        return rd.all_reduce(self.local())
+        """The world's sums (on the CPU): one all-reduce on the collective device."""
+        return rd.all_reduce(self.local().to(rd.collective_device())).cpu()
 
     def running_loss(self, start: int) -> tuple[float, int]:
         """Sum and count of this rank's losses since ``start`` (rank 0's progress display)."""
@@ -129,6 +129,7 @@ def train_epoch(
     for i, (batch, ids, final) in enumerate(_micro_batches(source)):
         last = is_sync_step(i, accum, total) if final is None else (final or (i + 1) % accum == 0)
         if i == window_start:  # a new window: how many micro-batches it averages over
+            # (unsized loaders: accum, even for a short last window; docs/train.md says so)
             window = accum if total is None else min(accum, total - i)
         x, y = split_batch(batch if on_cpu else trainer.to_device(batch), needs_target)
         n = batch_length(x)
@@ -150,7 +151,8 @@ def train_epoch(
         if last:
             trainer.optimizer_step()
             window_start = i + 1
-            trainer.after_optimizer_step(epoch, sums)
+            ends_epoch = bool(final) if final is not None else i + 1 == total
+            trainer.after_optimizer_step(epoch, sums, ends_epoch)
         if tick and ((i + 1) % tick == 0 or i + 1 == total):
             s, c = sums.running_loss(logged)
             logged, logged_sum, logged_n = len(sums.losses), logged_sum + s, logged_n + c

@@ -39,6 +39,8 @@ class Position:
     history: DistributedTrainingHistory | None = None
     sampler: dict[str, Any] | None = None
     precision: dict[str, Any] | None = None  # applied once fit() has built the Precision
+    global_batch: int | None = None  # the saved run's; checked against each fit's config
+    mid_epoch: bool = False  # saved inside an epoch: only a saved sampler cursor continues it
 
 
 def build_state(trainer: DistributedTrainer, epoch: int, sums: EpochSums | None) -> dict[str, Any]:
@@ -106,12 +108,7 @@ def apply_state(trainer: DistributedTrainer, state: dict[str, Any], path: Path |
             f"{path}: checkpoint format {version!r} is not {ck.FORMAT_VERSION}; it was written "
             "by another rankwise version or is not a trainer checkpoint."
         )
-    cfg = trainer.config
     world = rd.get_world_size()
-    if cfg is not None:
-        check_global_batch(
-            int(state["global_batch_size"]), cfg.batch_size, world, cfg.grad_accum_steps
-        )
     ck.load_model_state_dict(trainer.model, state["model"])
     # Before the first fit() an optimizer given as a factory does not exist yet: the next
     # fit builds it fresh (the model weights are what a loaded checkpoint is mostly for).
@@ -131,6 +128,9 @@ def apply_state(trainer: DistributedTrainer, state: dict[str, Any], path: Path |
     ck.set_rng_state(rngs[rd.get_rank()] if len(rngs) == world else state["rng"])
     carried = extra.get("epoch_sums")
     return Position(
+        global_batch=int(state["global_batch_size"]),
+        # the same on every rank: the world's sums of the epoch so far, in the file
+        mid_epoch=bool(carried) and float(carried[1]) > 0,
         epoch=int(state["epoch"]),
         step=int(state["step"]),
         carried=carried if rd.is_master() else None,
@@ -140,14 +140,80 @@ def apply_state(trainer: DistributedTrainer, state: dict[str, Any], path: Path |
     )
 
 
-def resume_path(resume: str | None, manager: ck.CheckpointManager | None) -> Path | None:
-    """The checkpoint to resume from: rank 0 decides, every rank gets its answer."""
+def check_resumable(position: Position, sampler: Any) -> None:
+    """Refuse a mid-epoch resume that cannot continue where the run stopped: without a saved
+    rankwise sampler cursor the loader would repeat the epoch from its start (its first part
+    trained, and counted, twice)."""
+    if not position.mid_epoch or (sampler is not None and position.sampler is not None):
+        return
+    missing = "this run's" if sampler is None else "the checkpoint's"
+    raise ValueError(
+        f"cannot resume mid-epoch (epoch {position.epoch}, optimizer step {position.step}): "
+        f"{missing} training data has no rankwise DistributedSampler, so the rest of the epoch "
+        "is unknown and the loader would repeat it from the start. Put "
+        "rankwise.data.DistributedSampler in your DataLoader (or pass the Dataset and let the "
+        "trainer build the loader), or resume from an epoch-end checkpoint "
+        "(checkpoint_every_n_steps=0)."
+    )
+
+
+def load_resume(
+    resume: str | None, manager: ck.CheckpointManager | None, per_rank: bool
+) -> tuple[Path, dict[str, Any]] | None:
+    """``(path, state)`` to resume from, or None for a fresh start; collective.
+
+    ``per_rank`` (``save_on_master_only=False``): each rank takes the newest valid copy in its
+    own folder. Otherwise rank 0 picks the newest valid checkpoint (verified once) and the
+    others read the file it names. Every rank's failure becomes an error on every rank, and
+    ranks that found different ``(epoch, step)`` are refused: no rank goes on into the
+    collectives of a resume the others cannot do.
+    """
     if resume is None:
         return None
-    if resume != "auto":
-        return Path(resume)
-    found = manager.latest() if (manager is not None and rd.is_master()) else None
-    return _broadcast_path(found)
+    found: tuple[Path, dict[str, Any]] | None = None
+    error: str | None = None
+    try:
+        if resume != "auto":
+            found = Path(resume), ck.load_file(resume)
+        elif per_rank or rd.is_master():
+            found = manager.load_latest() if manager is not None else None
+    except Exception as e:  # any failure must reach every rank, below
+        error = f"{type(e).__name__}: {e}"
+    if resume == "auto" and not per_rank:
+        path = _broadcast_path(found[0] if found is not None else None)
+        if path is not None and not rd.is_master():
+            try:
+                found = path, ck.load_file(path)
+            except Exception as e:
+                error = f"{type(e).__name__}: {e}"
+    _agree(found, error)
+    return found
+
+
+def _agree(found: tuple[Path, dict[str, Any]] | None, error: str | None) -> None:
+    mine = (error, None if found is None else (int(found[1]["epoch"]), int(found[1]["step"])))
+    everyone: list[Any] = [mine]
+    if rd.get_world_size() > 1 and rd.has_group():
+        everyone = [None] * rd.get_world_size()
+        dist.all_gather_object(everyone, mine)
+    failed = [f"rank {r}: {e}" for r, (e, _) in enumerate(everyone) if e is not None]
+    if failed:
+        raise ck.CheckpointError(
+            "cannot resume: " + "; ".join(failed) + ". Every rank needs a readable checkpoint "
+            "(a shared checkpoint_dir, or each rank's own copy with save_on_master_only=False); "
+            "fix or remove the named files, or start fresh with resume=None."
+        )
+    positions = [p for _, p in everyone]
+    if len(set(positions)) > 1:
+        listed = ", ".join(
+            f"rank {r}: " + ("none" if p is None else f"epoch {p[0]} step {p[1]}")
+            for r, p in enumerate(positions)
+        )
+        raise ck.CheckpointError(
+            f"cannot resume: the ranks' newest valid checkpoints differ ({listed}); every "
+            "rank must resume from the same step. Remove the newer copies so every rank's "
+            "checkpoint_dir/rank-<r> holds the same newest step, or start fresh with resume=None."
+        )
 
 
 def _broadcast_path(path: Path | None) -> Path | None:

@@ -107,6 +107,7 @@ class DistributedTrainer:
         self._pending: st.Position | None = None  # from load_checkpoint() before fit()
         self._epoch = 0
         self._saved_at: int | None = None
+        self._step_save_due = False  # a step checkpoint on an epoch's last step, see below
         self.last_evaluation: dict[str, int] = {}  # samples and correct ones of evaluate()
 
     # -- info --------------------------------------------------------------------------------
@@ -149,6 +150,7 @@ class DistributedTrainer:
         world = rd.get_world_size()
         self.history.effective_batch_size = cfg.effective_batch_size(world)
         self.history.world_size = world
+        self._step_save_due = False
         self._call("on_fit_start", self)
         self.logger = TrainingLogger(
             cfg.log_dir, cfg.verbose, cfg.log_every_n_batches, rd.is_master(), epochs=cfg.epochs
@@ -167,8 +169,9 @@ class DistributedTrainer:
                 metrics = self._end_epoch(epoch, loss, acc, val_set, t0)
                 self._call("on_epoch_end", self, epoch, metrics)
                 every = cfg.checkpoint_every_n_epochs
-                if every and (epoch + 1) % every == 0:
+                if (every and (epoch + 1) % every == 0) or self._step_save_due:
                     self._checkpoint(epoch + 1, None)
+                self._step_save_due = False
             if self._saved_at != self.global_step:
                 self._checkpoint(max(self._epoch + 1, position.epoch), None)
         finally:
@@ -228,9 +231,9 @@ class DistributedTrainer:
             base = Path(cfg.checkpoint_dir)
             folder = base if cfg.save_on_master_only else base / f"rank-{rd.get_rank()}"
             self._manager = ck.CheckpointManager(folder, keep_last=cfg.keep_last_checkpoints)
-        path = st.resume_path(cfg.resume, self._manager)
-        if path is not None:
-            position = st.apply_state(self, ck.load_file(path), path)
+        loaded = st.load_resume(cfg.resume, self._manager, not cfg.save_on_master_only)
+        if loaded is not None:
+            position = st.apply_state(self, loaded[1], loaded[0])
         elif self._pending is not None:
             position = self._pending
             if position.precision is not None:
@@ -239,7 +242,12 @@ class DistributedTrainer:
             seed_everything(cfg.seed, rd.get_rank())
             return st.Position()
         self._pending = None
+        if position.global_batch is not None:  # also after load_checkpoint() before fit()
+            st.check_global_batch(
+                position.global_batch, cfg.batch_size, rd.get_world_size(), cfg.grad_accum_steps
+            )
         sampler = getattr(self.train_source, "sampler", None)
+        st.check_resumable(position, sampler)
         saved = position.sampler
         if sampler is not None and saved is not None and saved["epoch"] == position.epoch:
             sampler.load_state_dict(saved)  # re-split over this world size; mid-epoch
@@ -288,10 +296,16 @@ class DistributedTrainer:
         if self.scheduler is not None and cfg.scheduler_interval == "step":
             self.scheduler.step()
 
-    def after_optimizer_step(self, epoch: int, sums: EpochSums) -> None:
+    def after_optimizer_step(self, epoch: int, sums: EpochSums, ends_epoch: bool = False) -> None:
         every = self.config.checkpoint_every_n_steps if self.config else 0
         if every and self.global_step % every == 0:
-            self._checkpoint(epoch, sums)
+            if ends_epoch:
+                # Saved once the epoch is closed (history, epoch scheduler, validation), as
+                # the start of the next epoch: saved here, the sampler would have nothing left
+                # and a resume would re-enter an epoch that is already over.
+                self._step_save_due = True
+            else:
+                self._checkpoint(epoch, sums)
 
     def batch_hooks(self) -> list[Callable[..., None]]:
         hooks = [cb.on_batch for cb in self.callbacks if hasattr(cb, "on_batch")]
