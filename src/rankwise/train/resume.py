@@ -26,6 +26,7 @@ from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loop import EpochSums
 
 if TYPE_CHECKING:
+    from rankwise.train.config import DistributedTrainingConfig
     from rankwise.train.trainer import DistributedTrainer
 
 
@@ -138,6 +139,22 @@ def apply_state(trainer: DistributedTrainer, state: dict[str, Any], path: Path |
         sampler=state.get("sampler"),
         precision=None if trainer.prepared is not None else state["precision"],
     )
+
+
+def continue_data(position: Position, cfg: DistributedTrainingConfig, sampler: Any) -> None:
+    """Check that ``position`` can continue under ``cfg`` on this world, then move the
+    sampler to where the run stopped (the rest of the epoch re-split over this world size).
+
+    Runs for a resume and after ``load_checkpoint()`` before ``fit()`` alike.
+    """
+    if position.global_batch is not None:
+        check_global_batch(
+            position.global_batch, cfg.batch_size, rd.get_world_size(), cfg.grad_accum_steps
+        )
+    check_resumable(position, sampler)
+    saved = position.sampler
+    if sampler is not None and saved is not None and saved["epoch"] == position.epoch:
+        sampler.load_state_dict(saved)
 
 
 def check_resumable(position: Position, sampler: Any) -> None:

@@ -242,15 +242,7 @@ class DistributedTrainer:
             seed_everything(cfg.seed, rd.get_rank())
             return st.Position()
         self._pending = None
-        if position.global_batch is not None:  # also after load_checkpoint() before fit()
-            st.check_global_batch(
-                position.global_batch, cfg.batch_size, rd.get_world_size(), cfg.grad_accum_steps
-            )
-        sampler = getattr(self.train_source, "sampler", None)
-        st.check_resumable(position, sampler)
-        saved = position.sampler
-        if sampler is not None and saved is not None and saved["epoch"] == position.epoch:
-            sampler.load_state_dict(saved)  # re-split over this world size; mid-epoch
+        st.continue_data(position, cfg, getattr(self.train_source, "sampler", None))
         self._saved_at = position.step
         return position
 
