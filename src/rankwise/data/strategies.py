@@ -91,7 +91,7 @@ class BlockShuffling:
     fetch are shuffled again in memory. ``drop_last`` drops a final short block.
 
     Reads stay contiguous (one slice per block) while batches mix rows from many blocks:
-    10 rows, block_size=4 -> blocks [0-3] [4-7] [8-9], visited e.g. as [8 9] [0 1 2 3] [4 5 6 7].
+    10 rows, block_size=4 -> blocks ``[0-3] [4-7] [8-9]``, visited e.g. as ``[8 9] [0 1 2 3] [4 5 6 7]``.
 
     >>> s = BlockShuffling(block_size=4)
     >>> s.epoch_length(10), BlockShuffling(4, drop_last=True).epoch_length(10)
