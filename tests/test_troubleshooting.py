@@ -8,9 +8,12 @@ documented message ``<NAME>`` stands for a part that changes from run to run (a 
 
 from __future__ import annotations
 
+import argparse
 import functools
 import re
 import socket
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,13 +22,16 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import rankwise.augment as ra
 import rankwise.data as rdata
 import rankwise.distributed as rd
 import rankwise.parallel as rp
 from rankwise.distributed import DistributedConfig
-from rankwise.testing import free_port, run_distributed
+from rankwise.launch import check_args
+from rankwise.testing import child_env, free_port, run_distributed, run_isolated
+from rankwise.train import DistributedTrainer, DistributedTrainingConfig, load_file, save_file
 
 TABLE = Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md"
 
@@ -79,6 +85,11 @@ def _sampler_state_missing_key() -> BaseException:
     return _raised(rdata.DistributedSampler(100, num_replicas=2, rank=0).load_state_dict, old)
 
 
+def _sampler_state_version() -> BaseException:
+    state = {**rdata.DistributedSampler(100, num_replicas=2, rank=0).state_dict(), "version": 99}
+    return _raised(rdata.DistributedSampler(100, num_replicas=2, rank=0).load_state_dict, state)
+
+
 def _drop_last_empty() -> BaseException:
     return _raised(
         rdata.FetchDataset,
@@ -91,8 +102,60 @@ def _drop_last_empty() -> BaseException:
     )
 
 
+def _launch(script: str = "train.py", nproc: str = "2", nnodes: str = "1") -> BaseException:
+    args = argparse.Namespace(training_script=script, nproc_per_node=nproc, nnodes=nnodes)
+    return _raised(check_args, args)
+
+
+def _damaged_checkpoint(damage: str) -> BaseException:
+    """A saved checkpoint, then truncated, bit-flipped or stripped of its manifest."""
+    path = Path(tempfile.mkdtemp()) / "ckpt.pt"
+    save_file({"x": torch.ones(100)}, path)
+    data = path.read_bytes()
+    if damage == "torn":
+        path.write_bytes(data[:-10])
+    elif damage == "flip":
+        path.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    else:
+        Path(f"{path}.sha256.json").unlink()
+    return _raised(load_file, path)
+
+
+def _trainer() -> DistributedTrainer:
+    model = nn.Linear(2, 2)
+    return DistributedTrainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+_X, _Y = np.zeros((8, 2), np.float32), np.zeros((8, 2), np.float32)
+
+
+def _resume_missing_file() -> BaseException:
+    config = DistributedTrainingConfig(epochs=1, batch_size=4, resume="/no/such/ckpt.pt")
+    return _raised(_trainer().fit, _X, _Y, config)
+
+
+def _checkpoint_format() -> BaseException:
+    path = Path(tempfile.mkdtemp()) / "other.pt"
+    save_file({"format": 99, "epoch": 0, "step": 0}, path)
+    return _raised(_trainer().load_checkpoint, path)
+
+
+def _global_batch_changed() -> BaseException:
+    folder = tempfile.mkdtemp()
+    first = DistributedTrainingConfig(epochs=1, batch_size=4, checkpoint_dir=folder, verbose=False)
+    _trainer().fit(_X, _Y, first)  # saved global batch: 4 x 1 rank x 1 step
+    again = DistributedTrainingConfig(
+        epochs=2, batch_size=1, grad_accum_steps=3, checkpoint_dir=folder, resume="auto"
+    )
+    return _raised(_trainer().fit, _X, _Y, again)
+
+
 def _already_wrapped() -> BaseException:
     return _raised(rp.wrap_model, nn.DataParallel(nn.Linear(2, 2)))
+
+
+# srun started this task (SLURM_STEP_ID) but neither MASTER_ADDR nor a node list is there.
+_SLURM = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_LOCALID": "0"}
 
 
 def _on_ranks(case: str) -> BaseException:
@@ -109,6 +172,12 @@ def _rank_errors() -> dict[str, tuple[str, str]]:
 def _rank_cases() -> dict[str, tuple[str, str]]:
     rank = rd.get_rank()
     cases: dict[str, Callable[[], object]] = {
+        "uneven_batches": lambda: _trainer().fit(  # rank 0: 3 batches of 2, rank 1: 2
+            DataLoader(
+                TensorDataset(torch.zeros(6 - 2 * rank, 2), torch.zeros(6 - 2 * rank, 2)), 2
+            ),
+            config=DistributedTrainingConfig(epochs=1, batch_size=2, verbose=False),
+        ),
         "metric_names": lambda: rd.reduce_metrics(
             {"loss": 1.0} if rank == 0 else {"loss": 1.0, "acc": 0.5}
         ),
@@ -133,9 +202,25 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "env-not-integer": lambda: _from_environment(RANK="one", WORLD_SIZE="2"),
     "env-rank-without-world": lambda: _from_environment(RANK="1"),
     "env-world-without-rank": lambda: _from_environment(WORLD_SIZE="2"),
+    "slurm-no-master-addr": lambda: _from_environment(**_SLURM),
+    "slurm-nodelist": lambda: _from_environment(**_SLURM, SLURM_JOB_NODELIST="node[1-2"),
+    "launcher-variable-missing": lambda: _from_environment(TORCHELASTIC_RUN_ID="1", RANK="0"),
+    "mpi-no-local-rank": lambda: _from_environment(
+        OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="4"
+    ),
+    "mpi-no-master-addr": lambda: _from_environment(
+        OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="4", OMPI_COMM_WORLD_LOCAL_RANK="0"
+    ),
+    "local-rank-across-machines": lambda: _from_environment(
+        RANK="0", WORLD_SIZE="2", MASTER_ADDR="10.9.9.9"
+    ),
     "rank-beyond-world": lambda: _raised(DistributedConfig, rank=4, world_size=4),
     "port-range": lambda: _raised(DistributedConfig, master_port=70000),
     "backend-unknown": lambda: _raised(DistributedConfig, backend="mpi"),
+    "timeout-ms": lambda: _raised(DistributedConfig, timeout_ms=0),
+    "launch-nproc": lambda: _launch(nproc="two"),
+    "launch-nnodes": lambda: _launch(nnodes="3:2"),
+    "launch-script-missing": lambda: _launch(script="no_such_train.py"),
     "port-in-use": _port_in_use,
     "peer-timeout": _peer_never_arrives,
     "master-unreachable": _master_unreachable,
@@ -144,6 +229,12 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "allreduce-mean-int": lambda: _raised(rd.all_reduce, torch.ones(1, dtype=torch.int64), "mean"),
     "sampler-state-other-dataset": _sampler_state_other_dataset,
     "sampler-state-missing-key": _sampler_state_missing_key,
+    "sampler-rank": lambda: _raised(rdata.DistributedSampler, 10, num_replicas=2, rank=2),
+    "sampler-state-version": _sampler_state_version,
+    "splitter-world-size": lambda: _raised(rdata.DistributedRangeSplitter, 23, 0),
+    "splitter-sample-id": lambda: _raised(
+        rdata.DistributedRangeSplitter(23, 4).get_rank_for_sample, 23
+    ),
     "fetch-drop-last-empty": _drop_last_empty,
     "block-size": lambda: _raised(rdata.BlockShuffling, block_size=0),
     "augment-range": lambda: _raised(ra.AugmentationConfig, scale_range=(1.2, 0.8)),
@@ -154,6 +245,18 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "precision-mode": lambda: _raised(rp.Precision, "fp8"),
     "accumulation-steps": lambda: _raised(rp.is_sync_step, 0, accumulation_steps=0),
     "sync-check-empty": lambda: _raised(rp.check_parameters_in_sync, nn.ReLU()),
+    "config-int": lambda: _raised(DistributedTrainingConfig, epochs=0),
+    "config-choice": lambda: _raised(DistributedTrainingConfig, precision="fp8"),
+    "config-unknown-field": lambda: _raised(DistributedTrainingConfig.from_dict, {"epoch": 3}),
+    "config-override": lambda: _raised(DistributedTrainingConfig().with_overrides, ["epochs"]),
+    "config-lr-scaling": lambda: _raised(DistributedTrainingConfig, lr_scaling="linear"),
+    "checkpoint-torn": lambda: _damaged_checkpoint("torn"),
+    "checkpoint-corrupt": lambda: _damaged_checkpoint("flip"),
+    "checkpoint-no-manifest": lambda: _damaged_checkpoint("manifest"),
+    "checkpoint-format": _checkpoint_format,
+    "resume-missing-file": _resume_missing_file,
+    "resume-global-batch": _global_batch_changed,
+    "train-uneven-batches": lambda: _on_ranks("uneven_batches"),
     "consistency-dataset-length": lambda: _on_ranks("dataset_length"),
 }
 
@@ -185,6 +288,18 @@ def test_every_row_has_a_trigger_and_every_trigger_a_row() -> None:
     rows = _rows()
     assert len(rows) >= 20
     assert sorted(rows) == sorted(TRIGGERS)
+
+
+def test_launch_refuses_bad_flags_before_starting() -> None:
+    """The launch rows' errors reach the user as argparse's do: one line, exit 2, no rank."""
+    proc = run_isolated(
+        [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node=two", "train.py"],
+        env=child_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    _, message = _rows()["launch-nproc"]
+    assert proc.stderr.strip() == f"rankwise launch: error: {message}"
 
 
 @pytest.mark.parametrize("row_id", sorted(TRIGGERS))

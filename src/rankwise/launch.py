@@ -88,8 +88,50 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+# The words torchrun's --nproc-per-node takes besides a number (one process per CPU / device).
+_NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse options torchrun would only reject after starting (with a traceback, a bare
+    ``AssertionError``, or N ranks failing to open the script); ``ValueError`` names the fix.
+
+    >>> check_args(argparse.Namespace(nproc_per_node="two", nnodes="1"))
+    Traceback (most recent call last):
+    ...
+    ValueError: --nproc-per-node ('two') must be a whole number >= 1 or one of ...
+    """
+    nproc = str(args.nproc_per_node).strip()
+    if nproc not in _NPROC_WORDS and not (nproc.isdigit() and int(nproc) >= 1):
+        raise ValueError(
+            f"--nproc-per-node ({nproc!r}) must be a whole number >= 1 or one of "
+            f"{', '.join(map(repr, _NPROC_WORDS))}; e.g. --nproc-per-node 2."
+        )
+    try:
+        low, high = parse_min_max_nnodes(str(args.nnodes))
+    except (ValueError, RuntimeError):
+        low = high = 0
+    if not 1 <= low <= high:
+        raise ValueError(
+            f"--nnodes ({args.nnodes!r}) must be N or MIN:MAX with 1 <= MIN <= MAX; e.g. "
+            "--nnodes 2, or --nnodes 1:4 for a job that runs on 1 to 4 machines."
+        )
+    script = getattr(args, "training_script", None)
+    direct = not (getattr(args, "module", False) or getattr(args, "no_python", False))
+    if script is not None and direct and not os.path.isfile(script):
+        raise ValueError(
+            f"training script {script!r} does not exist; pass the path of a Python file "
+            "(relative to the current directory), or -m for a module."
+        )
+
+
 def run_launch(args: argparse.Namespace) -> int:
     """Launch with torchrun; return the exit code of the job (0 when every rank succeeded)."""
+    try:
+        check_args(args)
+    except ValueError as exc:  # argparse's way: a usage error exits 2, no traceback
+        print(f"rankwise launch: error: {exc}", file=sys.stderr)
+        return 2
     apply_defaults(args)
     # Read by the c10d rendezvous in this (agent) process: a fresh store per attempt.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")

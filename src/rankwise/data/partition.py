@@ -60,7 +60,10 @@ def contiguous_owner(total: int, world_size: int, index: int) -> int:
     _check(total, world_size)
     index = check_int("sample_id", index)  # 2.5 or True is a mistake, not sample 0
     if index >= total:
-        raise ValueError(f"sample_id ({index}) must be in [0, {total}).")
+        raise ValueError(
+            f"sample_id ({index}) must be in [0, {total}): ids are 0-based positions among "
+            f"total_samples ({total}); pass an id below {total}."
+        )
     base, extra = divmod(int(total), int(world_size))
     boundary = extra * (base + 1)  # indices below it live in the larger blocks
     if index < boundary:

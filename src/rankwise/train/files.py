@@ -224,6 +224,12 @@ def _check_plain(value: Any, where: str) -> None:
         )
 
 
+# The fix every verification failure names: the previous good file is what a resume needs.
+_USE_ANOTHER = (
+    "load an earlier checkpoint, or resume='auto' to take the newest valid one in checkpoint_dir"
+)
+
+
 def verify_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Check ``path`` against its manifest; return the manifest or raise
     :class:`CheckpointError` saying what is wrong (missing manifest, truncated, corrupt)."""
@@ -237,7 +243,8 @@ def verify_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     except FileNotFoundError:
         raise CheckpointError(
             f"checkpoint {path} has no manifest ({mpath.name}): its save did not finish, or "
-            "it was copied without it; it cannot be verified, so it is not used."
+            "it was copied without it; it cannot be verified, so it is not used. Copy it "
+            f"together with {mpath.name}, or {_USE_ANOTHER}."
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(
@@ -246,7 +253,10 @@ def verify_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     actual = path.stat().st_size
     if actual != size:
         what = "truncated (torn write)" if actual < size else "longer than written"
-        raise CheckpointError(f"checkpoint {path} is {what}: {actual} bytes, expected {size}.")
+        raise CheckpointError(
+            f"checkpoint {path} is {what}: {actual} bytes, expected {size}; it is not used: "
+            f"{_USE_ANOTHER}."
+        )
     sha = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
@@ -254,7 +264,8 @@ def verify_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if sha.hexdigest() != digest:
         raise CheckpointError(
             f"checkpoint {path} is corrupt: SHA-256 {sha.hexdigest()[:16]}... does not match "
-            f"the manifest's {digest[:16]}... (bytes changed after it was written)."
+            f"the manifest's {digest[:16]}... (bytes changed after it was written); it is not "
+            f"used: {_USE_ANOTHER}."
         )
     return dict(manifest)
 

@@ -107,7 +107,9 @@ def apply_state(trainer: DistributedTrainer, state: dict[str, Any], path: Path |
     if version != ck.FORMAT_VERSION:
         raise ck.CheckpointError(
             f"{path}: checkpoint format {version!r} is not {ck.FORMAT_VERSION}; it was written "
-            "by another rankwise version or is not a trainer checkpoint."
+            "by another rankwise version or is not a trainer checkpoint. Load it with the "
+            "rankwise version that wrote it, pass a checkpoint this trainer saved, or start "
+            "fresh with resume=None."
         )
     world = rd.get_world_size()
     ck.load_model_state_dict(trainer.model, state["model"])
@@ -213,7 +215,8 @@ def _agree(found: tuple[Path, dict[str, Any]] | None, error: str | None) -> None
     if rd.get_world_size() > 1 and rd.has_group():
         everyone = [None] * rd.get_world_size()
         dist.all_gather_object(everyone, mine)
-    failed = [f"rank {r}: {e}" for r, (e, _) in enumerate(everyone) if e is not None]
+    # rstrip: each error ends in a full stop, and the list is followed by one.
+    failed = [f"rank {r}: {e.rstrip('.')}" for r, (e, _) in enumerate(everyone) if e is not None]
     if failed:
         raise ck.CheckpointError(
             "cannot resume: " + "; ".join(failed) + ". Every rank needs a readable checkpoint "
