@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from rankwise.testing import child_env, run_isolated, run_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 for _module in ("mkdocs", "material", "mkdocstrings_handlers.python"):
@@ -40,3 +42,43 @@ def test_api_reference_renders_the_docstrings(site: Path) -> None:
     assert 'class="gp">&gt;&gt;&gt; </span>' in html
     assert not re.search(r"<p>&gt;&gt;&gt;", html)
     assert ":func:`" not in html and ":class:`" not in html
+
+
+# -- the quick start's code runs as the page says (docs/quickstart.md includes these files) ----
+
+EXAMPLES = ROOT / "examples"
+
+
+def _one_process(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_isolated(
+        [sys.executable, str(EXAMPLES / script), *args], env=child_env(), timeout=170
+    )
+
+
+@pytest.mark.timeout(400)
+def test_quickstart_trainer_resumes_on_two_ranks(tmp_path: Path) -> None:
+    first = _one_process("quickstart_trainer.py", f"--out={tmp_path}", "--epochs=1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "epoch 1/1 done" in first.stdout and "epochs 1 steps 43 ranks 1" in first.stdout
+    args = [f"--out={tmp_path}", "--epochs=2", "--batch-size=16"]
+    second = run_script(EXAMPLES / "quickstart_trainer.py", 2, script_args=args, timeout=170)
+    assert second.returncode == 0, second.stderr[-3000:]
+    # Resumed: only the second epoch ran, on 2 ranks; the global batch (32) was kept, so no
+    # warning and the same 43 steps per epoch.
+    assert "epoch 1/2" not in second.stdout and "epoch 2/2 done" in second.stdout
+    assert "epochs 2 steps 86 ranks 2" in second.stdout
+    assert "global batch" not in second.stderr
+
+
+@pytest.mark.timeout(400)
+def test_quickstart_loop_resumes_mid_epoch_on_two_ranks(tmp_path: Path) -> None:
+    first = _one_process("quickstart_loop.py", f"--out={tmp_path}", "--epochs=1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert re.search(r"^epoch 0 step 57 loss [\d.]+ consumed 1797$", first.stdout, re.M)
+    args = [f"--out={tmp_path}", "--epochs=2"]
+    second = run_script(EXAMPLES / "quickstart_loop.py", 2, script_args=args, timeout=170)
+    assert second.returncode == 0, second.stderr[-3000:]
+    # The last checkpoint was step 50 (1,600 of 1,797 consumed); the 197 left make 4 steps of
+    # 2 ranks (99 each, padded); then a whole epoch of 1797 / 2 ranks / 32 = 29 steps.
+    lines = re.findall(r"^epoch (\d) step (\d+) loss [\d.]+ consumed (\d+)$", second.stdout, re.M)
+    assert lines == [("0", "54", "1797"), ("1", "83", "1797")], second.stdout
