@@ -55,6 +55,7 @@ def _one_process(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_quickstart_trainer_resumes_on_two_ranks(tmp_path: Path) -> None:
     first = _one_process("quickstart_trainer.py", f"--out={tmp_path}", "--epochs=1")
@@ -70,6 +71,7 @@ def test_quickstart_trainer_resumes_on_two_ranks(tmp_path: Path) -> None:
     assert "global batch" not in second.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_quickstart_loop_resumes_mid_epoch_on_two_ranks(tmp_path: Path) -> None:
     first = _one_process("quickstart_loop.py", f"--out={tmp_path}", "--epochs=1")
