@@ -283,8 +283,7 @@ def kill_at_checkpoint(point: str, after: int = 0) -> None:
     ``point`` is one of :data:`rankwise.train.checkpoint.FAULT_POINTS` (``"mid-write"``,
     ``"before-rename"``, ``"before-manifest"``, ``"before-pointer"``, ``"before-prune"``);
     the first ``after`` passes through it are let go. Call it inside the process to kill (a
-    rank, a child script); :func:`rankwise.train.checkpoint.set_fault_hook(None)
-    <rankwise.train.checkpoint.set_fault_hook>` undoes it.
+    rank, a child script); ``rankwise.train.checkpoint.set_fault_hook(None)`` undoes it.
     """
     from rankwise.train.files import FAULT_POINTS, set_fault_hook
 
