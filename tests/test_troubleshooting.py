@@ -290,15 +290,21 @@ def test_every_row_has_a_trigger_and_every_trigger_a_row() -> None:
     assert sorted(rows) == sorted(TRIGGERS)
 
 
-def test_launch_refuses_bad_flags_before_starting() -> None:
+@pytest.mark.parametrize(
+    ("row_id", "flags"),
+    [
+        ("launch-nproc", ["--nproc-per-node=two", "train.py"]),
+        ("launch-nnodes", ["--nnodes=3:2", "train.py"]),
+        ("launch-script-missing", ["--nproc-per-node=2", "no_such_train.py"]),
+    ],
+)
+def test_launch_refuses_bad_flags_before_starting(row_id: str, flags: list[str]) -> None:
     """The launch rows' errors reach the user as argparse's do: one line, exit 2, no rank."""
     proc = run_isolated(
-        [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node=two", "train.py"],
-        env=child_env(),
-        timeout=60,
+        [sys.executable, "-m", "rankwise.cli", "launch", *flags], env=child_env(), timeout=60
     )
     assert proc.returncode == 2, proc.stderr
-    _, message = _rows()["launch-nproc"]
+    _, message = _rows()[row_id]
     assert proc.stderr.strip() == f"rankwise launch: error: {message}"
 
 
