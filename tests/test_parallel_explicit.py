@@ -50,10 +50,11 @@ def _accumulate_then_sync() -> dict[str, object]:
     torch.optim.SGD(ref.parameters(), lr=0.5).step()
     return {
         "local": local,
-        "grad_diff": max((a - b).abs().max().item() for a, b in zip(synced, expected)),
-        "again_diff": max((a - b).abs().max().item() for a, b in zip(synced, again)),
+        "grad_diff": max((a - b).abs().max().item() for a, b in zip(synced, expected, strict=True)),
+        "again_diff": max((a - b).abs().max().item() for a, b in zip(synced, again, strict=True)),
         "param_diff": max(
-            (a - b).abs().max().item() for a, b in zip(net.parameters(), ref.parameters())
+            (a - b).abs().max().item()
+            for a, b in zip(net.parameters(), ref.parameters(), strict=True)
         ),
         "cleared": all(p.grad is None for p in net.parameters()),
     }
@@ -67,7 +68,8 @@ def test_accumulated_sync_equals_one_big_batch_on_two_ranks() -> None:
         assert r["again_diff"] == 0.0 and r["cleared"]
     # Nothing was exchanged in the backward passes: the local gradients differ by rank.
     assert any(
-        not torch.allclose(a, b) for a, b in zip(results[0]["local"], results[1]["local"])
+        not torch.allclose(a, b)
+        for a, b in zip(results[0]["local"], results[1]["local"], strict=True)
     )
 
 
@@ -84,7 +86,7 @@ def _start_from_rank0(broadcast: bool) -> list[torch.Tensor]:
 @pytest.mark.parametrize("broadcast", [True, False])
 def test_broadcast_parameters(broadcast: bool) -> None:
     first, second = run_distributed(_start_from_rank0, 2, args=(broadcast,), timeout=90)
-    same = all(torch.equal(a, b) for a, b in zip(first, second))
+    same = all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
     assert same is broadcast
 
 

@@ -180,7 +180,9 @@ def test_timeout_waiting_for_peers_is_a_clear_error() -> None:
 
 
 def test_launcher_runs_any_command_on_n_ranks(tmp_path: Path) -> None:
-    out = launch_sh(2, "sh", "-c", 'echo "rank $RANK of $WORLD_SIZE local $LOCAL_RANK"', cwd=tmp_path)
+    out = launch_sh(
+        2, "sh", "-c", 'echo "rank $RANK of $WORLD_SIZE local $LOCAL_RANK"', cwd=tmp_path
+    )
     assert sorted(re.findall(r"rank \d of \d local \d", out)) == [
         "rank 0 of 2 local 0",
         "rank 1 of 2 local 1",

@@ -33,7 +33,12 @@ target = torch.randint(0, 5, (8,), generator=g)  # the labels of every micro-bat
 
 def build():  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
-    return cx.SequentialModel().add(cx.LinearModule(20, 16)).add(cx.ReLUModule()).add(cx.LinearModule(16, 5))
+    return (
+        cx.SequentialModel()
+        .add(cx.LinearModule(20, 16))
+        .add(cx.ReLUModule())
+        .add(cx.LinearModule(16, 5))
+    )
 
 
 model = build()
@@ -57,11 +62,21 @@ for i, batch in enumerate(batches):
 reference = build()
 sgd = torch.optim.SGD(reference.parameters(), lr=0.5)
 for window in range(2):
-    rows = all_batches[:, window * 4 : (window + 1) * 4].reshape(-1, 20)  # every rank's 4 micro-batches
+    rows = all_batches[:, window * 4 : (window + 1) * 4].reshape(
+        -1, 20
+    )  # every rank's 4 micro-batches
     torch.nn.functional.cross_entropy(reference(rows), target.repeat(world * 4)).backward()
     sgd.step()
     sgd.zero_grad()
-diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
-moved = max((a - b).abs().max().item() for a, b in zip(model.parameters(), build().parameters()))
-print(f"rank {rank}/{world}: max abs diff vs one big batch {diff:.3g}, parameters moved {moved:.3g}")
+diff = max(
+    (a - b).abs().max().item()
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True)
+)
+moved = max(
+    (a - b).abs().max().item()
+    for a, b in zip(model.parameters(), build().parameters(), strict=True)
+)
+print(
+    f"rank {rank}/{world}: max abs diff vs one big batch {diff:.3g}, parameters moved {moved:.3g}"
+)
 cx.distributed.finalize()

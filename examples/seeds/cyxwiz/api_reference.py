@@ -41,13 +41,13 @@ print(f"rank {config.rank}: after finalize {cx.distributed.is_initialized()}")  
 
 # --- DistributedConfig ---
 config = cx.distributed.DistributedConfig()
-config.rank = 0                    # Global rank
-config.world_size = 4              # Total processes
-config.local_rank = 0              # GPU index on this machine
-config.master_addr = "127.0.0.1"   # IP of rank 0
-config.master_port = 29500         # Communication port
+config.rank = 0  # Global rank
+config.world_size = 4  # Total processes
+config.local_rank = 0  # GPU index on this machine
+config.master_addr = "127.0.0.1"  # IP of rank 0
+config.master_port = 29500  # Communication port
 config.backend = cx.distributed.BackendType.CPU  # or NCCL
-config.timeout_ms = 30000          # Connection timeout
+config.timeout_ms = 30000  # Connection timeout
 print(f"rank {os.environ['RANK']}: set {config.validate()}")  # port
 
 # Create from environment
@@ -60,4 +60,6 @@ config.backend = cx.distributed.BackendType.CPU
 
 # NCCL Backend (Linux + NVIDIA GPUs, fastest)
 config.backend = cx.distributed.BackendType.NCCL
-print(f"rank {config.rank}: backends {cx.distributed.BackendType.CPU.value} {config.backend_name}")  # port
+print(
+    f"rank {config.rank}: backends {cx.distributed.BackendType.CPU.value} {config.backend_name}"
+)  # port

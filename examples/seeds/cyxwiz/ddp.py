@@ -18,7 +18,9 @@ import rankwise.compat.cyxwiz as cx
 cx.distributed.init()
 rank = cx.distributed.get_rank()
 torch.manual_seed(rank)  # a different initial model on every rank, on purpose
-model = cx.SequentialModel().add(cx.LinearModule(6, 4)).add(cx.ReLUModule()).add(cx.LinearModule(4, 3))
+model = (
+    cx.SequentialModel().add(cx.LinearModule(6, 4)).add(cx.ReLUModule()).add(cx.LinearModule(4, 3))
+)
 input_tensor = torch.randn(5, 6)
 grad_tensor = torch.full((5, 3), 0.2)  # d loss / d output of a loss = 0.2 * output.sum()
 optimizer = cx.AdamOptimizer(0.01)
@@ -27,8 +29,8 @@ first_layer = model[0].weight  # port
 
 # Configuration
 ddp_config = cx.distributed.DDPConfig()
-ddp_config.broadcast_parameters = True   # Sync params from rank 0
-ddp_config.bucket_size_mb = 25           # Gradient bucket size
+ddp_config.broadcast_parameters = True  # Sync params from rank 0
+ddp_config.bucket_size_mb = 25  # Gradient bucket size
 ddp_config.find_unused_parameters = False
 
 # Wrap model
@@ -38,8 +40,8 @@ start = first_layer.detach().sum().item()  # port
 # Training methods
 output = ddp.forward(input_tensor)
 grad_output = ddp.backward(grad_tensor)
-synced_grads = ddp.sync_gradients()      # AllReduce gradients
-ddp.update_parameters(optimizer)          # Sync + update
+synced_grads = ddp.sync_gradients()  # AllReduce gradients
+ddp.update_parameters(optimizer)  # Sync + update
 
 # Info methods
 print(  # port: the info methods, and what the test compares across ranks

@@ -32,11 +32,7 @@ model.add(cx.ReLUModule())
 model.add(cx.LinearModule(256, 10))
 
 # Create trainer
-trainer = cx.distributed.DistributedTrainer(
-    model,
-    cx.CrossEntropyLoss(),
-    cx.AdamOptimizer(0.001)
-)
+trainer = cx.distributed.DistributedTrainer(model, cx.CrossEntropyLoss(), cx.AdamOptimizer(0.001))
 
 # Configure and train
 config = cx.distributed.DistributedTrainingConfig()

@@ -21,21 +21,21 @@ dataset = list(range(10))  # port: 10 samples, so 2 ranks with drop_last get 5 e
 
 # Create sampler
 sampler = cx.distributed.DistributedSampler(
-    dataset_size=10000,
-    shuffle=True,
-    seed=42,
-    drop_last=False
+    dataset_size=10000, shuffle=True, seed=42, drop_last=False
 )
 
 # Per-epoch methods
-sampler.set_epoch(epoch)     # IMPORTANT: call at start of each epoch
+sampler.set_epoch(epoch)  # IMPORTANT: call at start of each epoch
 indices = sampler.get_indices()  # Get this rank's indices
 
 # Info methods
-sampler.local_size()    # Samples for this rank
-sampler.total_size()    # Total dataset size
-sampler.padded_size()   # Padded size (divisible by world_size)
-print(f"rank {rank}: sizes {sampler.local_size()} {sampler.total_size()} {sampler.padded_size()}", flush=True)  # port
+sampler.local_size()  # Samples for this rank
+sampler.total_size()  # Total dataset size
+sampler.padded_size()  # Padded size (divisible by world_size)
+print(
+    f"rank {rank}: sizes {sampler.local_size()} {sampler.total_size()} {sampler.padded_size()}",
+    flush=True,
+)  # port
 with open(f"indices_rank{rank}.json", "w") as f:  # port: too long to print (5000 indices)
     json.dump(indices, f)
 
@@ -55,7 +55,9 @@ batch_iter.reset(epoch=1)
 
 # Info
 batch_iter.num_batches()  # Total batches per epoch
-print(f"rank {rank}: batches {len(seen)} last {seen[-1]} num_batches {batch_iter.num_batches()}")  # port
+print(
+    f"rank {rank}: batches {len(seen)} last {seen[-1]} num_batches {batch_iter.num_batches()}"
+)  # port
 
 # --- Best practice 1: Always Set Epoch in Sampler ---
 for epoch in range(num_epochs):
@@ -67,7 +69,7 @@ for epoch in range(num_epochs):
 # Use drop_last=True for consistent batch sizes
 sampler = cx.distributed.DistributedSampler(
     dataset_size=len(dataset),
-    drop_last=True  # Ensures all ranks have same number of batches
+    drop_last=True,  # Ensures all ranks have same number of batches
 )
 print(f"rank {rank}: drop_last {sampler.get_indices()} padded {sampler.padded_size()}")  # port
 cx.distributed.finalize()  # port

@@ -12,6 +12,7 @@ starts with ``history = trainer.fit(...)``, its ``...`` standing for the argumen
 port reads the history of the fit with validation data instead of fitting a third time.
 """
 
+# ruff: noqa: B018  (port: the guide lists the history fields as bare expressions)
 import numpy as np  # port
 
 import rankwise.compat.cyxwiz as cx
@@ -24,7 +25,12 @@ X_train, y_train = X_all[:400], y_all[:400]
 X_val, y_val = X_all[400:500], y_all[400:500]
 X_test, y_test = X_all[500:], y_all[500:]
 cx.distributed.init()
-model = cx.SequentialModel().add(cx.LinearModule(20, 32)).add(cx.ReLUModule()).add(cx.LinearModule(32, 4))
+model = (
+    cx.SequentialModel()
+    .add(cx.LinearModule(20, 32))
+    .add(cx.ReLUModule())
+    .add(cx.LinearModule(32, 4))
+)
 loss_fn = cx.CrossEntropyLoss()
 optimizer = cx.AdamOptimizer(0.01)
 # --- end of port setup ---
@@ -35,7 +41,7 @@ trainer = cx.distributed.DistributedTrainer(model, loss_fn, optimizer)
 # Configure
 config = cx.distributed.DistributedTrainingConfig()
 config.epochs = 10
-config.batch_size = 64              # Per-GPU
+config.batch_size = 64  # Per-GPU
 config.shuffle = True
 config.seed = 42
 config.verbose = True
@@ -47,7 +53,9 @@ config.validation_split = 0.1
 
 # Train
 history = trainer.fit(X_train, y_train, config)
-print(f"rank {trainer.get_rank()}: split val_losses {len(history.val_losses)} {history.val_losses[-1]!r}")  # port
+print(
+    f"rank {trainer.get_rank()}: split val_losses {len(history.val_losses)} {history.val_losses[-1]!r}"
+)  # port
 # Or with validation data:
 history = trainer.fit(X_train, y_train, X_val, y_val, config)
 
@@ -68,14 +76,14 @@ trainer.get_world_size()
 # --- DistributedTrainingHistory ---
 # history = trainer.fit(...)   port: the history of the fit above
 
-history.train_losses        # List[float] - per epoch
-history.train_accuracies    # List[float] - per epoch
-history.val_losses          # List[float] - per epoch
-history.val_accuracies      # List[float] - per epoch
+history.train_losses  # List[float] - per epoch
+history.train_accuracies  # List[float] - per epoch
+history.val_losses  # List[float] - per epoch
+history.val_accuracies  # List[float] - per epoch
 history.total_time_seconds  # float
 history.samples_per_second  # float - throughput
 history.effective_batch_size  # int - batch_size * world_size
-history.world_size          # int
+history.world_size  # int
 print(  # port
     f"rank {trainer.get_rank()}: history {len(history.train_losses)} {history.train_losses[0]!r} "
     f"{history.train_losses[-1]!r} {history.val_accuracies[-1]!r} {history.total_time_seconds > 0} "

@@ -83,7 +83,11 @@ class ExplicitDDP:
         """The model's output for ``inputs``; kept for the next :meth:`backward`."""
         first = inputs[0] if inputs else None
         self._input = None
-        if isinstance(first, torch.Tensor) and first.is_floating_point() and torch.is_grad_enabled():
+        if (
+            isinstance(first, torch.Tensor)
+            and first.is_floating_point()
+            and torch.is_grad_enabled()
+        ):
             # A leaf that requires grad, so backward() can return d(output)/d(input) as the
             # guide's backward does (one extra matmul in the first layer).
             self._input = first.detach().requires_grad_(True)
@@ -180,11 +184,7 @@ def gradient_buckets(grads: list[torch.Tensor], bucket_size_mb: float) -> list[l
     for g in grads:
         nbytes = g.numel() * g.element_size()
         last = buckets[-1][-1] if buckets else None
-        if (
-            last is None
-            or (last.dtype, last.device) != (g.dtype, g.device)
-            or size + nbytes > cap
-        ):
+        if last is None or (last.dtype, last.device) != (g.dtype, g.device) or size + nbytes > cap:
             buckets.append([])
             size = 0.0
         buckets[-1].append(g)

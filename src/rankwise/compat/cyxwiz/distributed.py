@@ -38,8 +38,8 @@ from rankwise.distributed import (
 )
 from rankwise.distributed import barrier as barrier
 from rankwise.parallel import DDPConfig, ExplicitDDP
-from rankwise.train import DistributedTrainingConfig, DistributedTrainingHistory
 from rankwise.train import DistributedTrainer as _CoreTrainer
+from rankwise.train import DistributedTrainingConfig, DistributedTrainingHistory
 
 __all__ = [
     "BackendType",
