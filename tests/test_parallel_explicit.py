@@ -111,14 +111,23 @@ def test_errors_name_the_fix() -> None:
         ExplicitDDP(nn.Linear(3, 1), DDPConfig(compression="fp16"))
 
 
+class _OneBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = nn.Linear(2, 1), nn.Linear(2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)  # self.unused gets no gradient
+
+
 def test_unused_parameters_average_as_zeros_when_allowed() -> None:
-    net = nn.ModuleDict({"used": nn.Linear(2, 1), "unused": nn.Linear(2, 1)})
+    net = _OneBranch()
     ddp = ExplicitDDP(net, DDPConfig(find_unused_parameters=True))
-    ddp.model = net["used"]  # the forward touches one branch only
     ddp.forward(torch.ones(1, 2))
     ddp.backward(torch.ones(1, 1))
     grads = ddp.sync_gradients()
-    assert len(grads) == 4 and torch.equal(net["unused"].weight.grad, torch.zeros(1, 2))
+    assert len(grads) == 4 and torch.equal(net.unused.weight.grad, torch.zeros(1, 2))
+    assert torch.equal(net.used.weight.grad, torch.ones(1, 2))
 
 
 def test_buckets_split_by_size_and_dtype() -> None:
