@@ -17,6 +17,7 @@
 
 from rankwise.data.batches import DistributedBatchIterator
 from rankwise.data.blocks import FetchDataset, default_fetch, rank_fetches, rows_per_rank
+from rankwise.data.fetch_io import dense_tensor
 from rankwise.data.partition import (
     DistributedRangeSplitter,
     contiguous_owner,
@@ -44,6 +45,7 @@ __all__ = [
     "contiguous_owner",
     "contiguous_range",
     "default_fetch",
+    "dense_tensor",
     "permutation_keys",
     "rank_fetches",
     "rows_per_rank",
