@@ -118,7 +118,9 @@ def per_rank(
     return {"samples_per_s": count / seconds, "batches_per_rank": batches}
 
 
-def compare_released(adata: Any, rows: int, batch_size: int, ranks: int) -> list[dict[str, Any]]:
+def compare_released(
+    adata: Any, rows: int, batch_size: int, ranks: int, repeats: int = 3
+) -> list[dict[str, Any]]:
     """The released scdataset and rankwise's compat scDataset on the same file and strategies."""
     try:
         import scdataset
@@ -134,12 +136,18 @@ def compare_released(adata: Any, rows: int, batch_size: int, ranks: int) -> list
         ("BlockShuffling", 16, {"block_size": 16}),
         ("BlockWeightedSampling", 16, {"block_size": 16, "weights": weights}),
     ):
-        for package, module in (("scdataset 0.3.0", scdataset), ("rankwise", rw)):
-            res = per_rank(module, adata, getattr(module, name)(**args), batch_size, 16, ranks)
+        best: dict[str, dict[str, Any]] = {}
+        for _ in range(repeats):  # interleaved, best of `repeats`: the machine's load varies
+            for package, module in (("scdataset 0.3.0", scdataset), ("rankwise", rw)):
+                strategy = getattr(module, name)(**args)
+                res = per_rank(module, adata, strategy, batch_size, 16, ranks)
+                if package not in best or res["samples_per_s"] > best[package]["samples_per_s"]:
+                    best[package] = res
+        for package, res in best.items():
             cases.append({"package": package, "strategy": name, "block_size": block, **res})
     print(
         f"\nthe same epoch on each of {ranks} ranks, fetch_factor 16, batch_size {batch_size}, "
-        "rows read by the same callback\n"
+        f"rows read by the same callback; best of {repeats} interleaved runs\n"
     )
     print("| package | strategy | block size | samples/s | batches per rank |")
     print("|---|---|---|---|---|")
