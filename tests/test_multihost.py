@@ -170,6 +170,28 @@ def assert_equal(params: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) 
         assert torch.equal(params[name], ref[name]), name
 
 
+def _in_namespace(host: Host, code: str) -> str:
+    cmd = ["ip", "netns", "exec", host.netns, sys.executable, "-c", code]
+    result = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip()
+
+
+def test_each_host_names_itself_by_its_veth_address_and_interface(hosts):
+    # What the launcher and init() derive on each "host" from the routing table alone; torch's
+    # defaults give the hostname here, which resolves to 127.0.0.1 in every namespace.
+    a, b = hosts
+    code = (
+        "from rankwise.cli import build_parser; from rankwise.launch import apply_defaults; "
+        "from rankwise.distributed.interfaces import interface_towards; "
+        "args = apply_defaults(build_parser().parse_args(['launch', '--nnodes=2', "
+        f"'--rdzv-backend=c10d', '--rdzv-endpoint={a.addr}:{RDZV_PORT}', 't.py'])); "
+        f"print(args.local_addr, args.rdzv_conf or '-', interface_towards('{a.addr}'))"
+    )
+    assert _in_namespace(a, code) == f"{a.addr} is_host=1 {a.veth}"
+    assert _in_namespace(b, code) == f"{b.addr} - {b.veth}"
+
+
 def test_two_hosts_train_to_the_single_machine_result(hosts, reference, tmp_path):
     out = tmp_path / "run"
     params = finished(launch_two_hosts(hosts, out), out)
