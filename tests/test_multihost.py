@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import os
 import signal
 import subprocess
@@ -71,7 +72,7 @@ def _pair_addresses(pid: int) -> tuple[str, str]:
     ('10.255.255.253', '10.255.255.254')
     """
     base = (10 << 24) | ((pid & 0x3FFFFF) << 2)  # pids are below 2**22 on Linux
-    return tuple(".".join(str(a >> s & 255) for s in (24, 16, 8, 0)) for a in (base + 1, base + 2))  # type: ignore[return-value]
+    return str(ipaddress.IPv4Address(base + 1)), str(ipaddress.IPv4Address(base + 2))
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +81,8 @@ def hosts() -> Iterator[tuple[Host, Host]]:
     addr_a, addr_b = _pair_addresses(pid)
     a = Host(f"rwns{pid}a", f"rw{pid}a", addr_a)
     b = Host(f"rwns{pid}b", f"rw{pid}b", addr_b)
+    for netns in (a.netns, b.netns):  # left by a killed run whose pid this one reuses
+        _ip("netns", "del", netns)
     created = _ip("netns", "add", a.netns)
     if created.returncode != 0:
         error = created.stderr.strip()
@@ -107,8 +110,12 @@ def hosts() -> Iterator[tuple[Host, Host]]:
 
 def launch_two_hosts(
     hosts: tuple[Host, Host], out: Path, *worker_args: str, restarts: int = 0
-) -> list[tuple[int, str]]:
-    """One agent per namespace; return each host's (exit code, log). Nothing outlives it."""
+) -> list[tuple[int | None, str]]:
+    """One agent per namespace; each host's (exit code, ``None`` if it hung; log).
+
+    Nothing outlives the call: an agent still running at the deadline is killed with its
+    session, and everything left in either namespace (the ranks run in sessions of their own).
+    """
     master = hosts[0]
     logs, procs = [], []
     try:
@@ -131,19 +138,26 @@ def launch_two_hosts(
                     )
                 )
         deadline = time.monotonic() + LAUNCH_SECONDS
-        codes = [proc.wait(timeout=max(deadline - time.monotonic(), 1)) for proc in procs]
+        codes: list[int | None] = []
+        for proc in procs:
+            try:
+                codes.append(proc.wait(timeout=max(deadline - time.monotonic(), 1)))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
     finally:
-        for proc, host in zip(procs, hosts):
+        for proc in procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
-            _kill_namespace_processes(host.netns)  # ranks run in sessions of their own
-    return [(code, log.read_text()) for code, log in zip(codes, logs)]
+        for host in hosts:
+            _kill_namespace_processes(host.netns)
+    return [(code, log.read_text()) for code, log in zip(codes, logs, strict=True)]
 
 
-def finished(results: list[tuple[int, str]], out: Path) -> dict[str, torch.Tensor]:
+def finished(results: list[tuple[int | None, str]], out: Path) -> dict[str, torch.Tensor]:
     for host, (code, log) in enumerate(results):
+        assert code is not None, f"host {host} hung past {LAUNCH_SECONDS} s:\n{log[-5000:]}"
         assert code == 0, f"host {host} exited {code}:\n{log[-5000:]}"
     return torch.load(out / "final.pt")
 

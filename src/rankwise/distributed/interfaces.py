@@ -31,7 +31,7 @@ def resolve(host: str) -> str | None:
     '127.0.0.1'
     """
     try:
-        return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+        return str(socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
     except (OSError, UnicodeError, IndexError):
         return None
 
