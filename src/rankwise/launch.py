@@ -10,6 +10,11 @@ settings that make it reliable by default:
   every attempt a fresh store, so ``--max-restarts`` re-rendezvouses every time.
 - **Ports.** On one node with no ``--master-port``, the rendezvous listens on a port the OS
   picks (port 0), so two jobs on one machine never collide.
+- **Addresses across nodes.** torchrun names a node by its hostname, which may resolve to a
+  loopback address or another NIC than the one the nodes share. With ``--nnodes`` above 1,
+  each node is named by the address it routes from towards the rendezvous endpoint
+  (``--local-addr``), and the node holding the endpoint's address hosts the rendezvous store
+  (``--rdzv-conf is_host=1``) even where its hostname does not say so.
 
 Everything else is torchrun's: any torchrun flag can be given and passes through unchanged.
 """
