@@ -6,6 +6,11 @@ BlockShuffling at several block sizes and fetch factors. Diversity of a batch = 
 of which batch-sized segment of the file its rows come from: log2(batch_size) for a uniform
 shuffle, 0 for rows read in order. Prints a table, writes benchmarks/out/blocks.json.
 
+Then, when the released ``scdataset`` is installed (the ``dev`` extra), the same epoch with
+``scdataset.scDataset`` and ``rankwise.compat.scdataset.scDataset`` side by side, for every rank
+of ``--ranks`` (simulated with ``rank=`` / ``world_size=``, one after the other), both reading
+rows through the same callback: samples/s and the batches each rank yields.
+
     python benchmarks/blocks.py                       # 100k rows, a few minutes at most
     python benchmarks/blocks.py --rows 1000000 --cols 256
 """
@@ -79,6 +84,83 @@ def fetch_dataset(
     return {"samples_per_s": count / seconds, "diversity_bits": float(np.mean(entropies))}
 
 
+def read_rows(adata: Any, indices: np.ndarray) -> np.ndarray:
+    """Rows of X, one h5py slice per run; repeated rows (the released package's weighted
+    draws reach the callback with repeats, which h5py refuses) are read once."""
+    from rankwise.data import default_fetch
+
+    unique, where = np.unique(indices, return_inverse=True)
+    data = default_fetch(adata.X, unique)
+    return data if len(unique) == len(indices) else data[where]
+
+
+def per_rank(
+    module: Any, adata: Any, strategy: Any, batch_size: int, fetch_factor: int, ranks: int
+) -> dict[str, Any]:
+    """One epoch of ``module.scDataset`` on each of ``ranks`` ranks: samples/s, batches."""
+    batches, count, seconds = [], 0, 0.0
+    for rank in range(ranks):
+        ds = module.scDataset(
+            adata,
+            strategy,
+            batch_size,
+            fetch_factor=fetch_factor,
+            fetch_callback=read_rows,  # the same reads for both
+            rank=rank,
+            world_size=ranks,
+            seed=0,
+        )
+        t0 = time.perf_counter()
+        got = [len(b) for b in ds]
+        seconds += time.perf_counter() - t0
+        batches.append(len(got))
+        count += sum(got)
+    return {"samples_per_s": count / seconds, "batches_per_rank": batches}
+
+
+def compare_released(
+    adata: Any, rows: int, batch_size: int, ranks: int, repeats: int = 3
+) -> list[dict[str, Any]]:
+    """The released scdataset and rankwise's compat scDataset on the same file and strategies."""
+    try:
+        import scdataset
+    except ImportError:
+        print("\nscdataset is not installed: no comparison (pip install scDataset==0.3.0)")
+        return []
+    import rankwise.compat.scdataset as rw
+
+    weights = np.random.default_rng(2).random(rows) + 0.1
+    cases = []
+    for name, block, args in (
+        ("Streaming", 0, {}),
+        ("BlockShuffling", 16, {"block_size": 16}),
+        ("BlockWeightedSampling", 16, {"block_size": 16, "weights": weights}),
+    ):
+        best: dict[str, dict[str, Any]] = {}
+        for _ in range(repeats):  # interleaved, best of `repeats`: the machine's load varies
+            for package, module in (("scdataset 0.3.0", scdataset), ("rankwise", rw)):
+                strategy = getattr(module, name)(**args)
+                res = per_rank(module, adata, strategy, batch_size, 16, ranks)
+                if package not in best or res["samples_per_s"] > best[package]["samples_per_s"]:
+                    best[package] = res
+        for package, res in best.items():
+            cases.append({"package": package, "strategy": name, "block_size": block, **res})
+    print(
+        f"\nthe same epoch on each of {ranks} ranks, fetch_factor 16, batch_size {batch_size}, "
+        f"rows read by the same callback; best of {repeats} interleaved runs\n"
+    )
+    print("| package | strategy | block size | samples/s | batches per rank |")
+    print("|---|---|---|---|---|")
+    for c in cases:
+        counts = ", ".join(map(str, c["batches_per_rank"]))
+        flag = "" if len(set(c["batches_per_rank"])) == 1 else " (unequal: DDP hangs)"
+        print(
+            f"| {c['package']} | {c['strategy']} | {c['block_size'] or '-'} | "
+            f"{c['samples_per_s']:,.0f} | {counts}{flag} |"
+        )
+    return cases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -91,6 +173,9 @@ def main() -> None:
     )
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     parser.add_argument("--fetch-factors", type=int, nargs="+", default=[4, 16, 64])
+    parser.add_argument(
+        "--ranks", type=int, default=4, help="ranks of the scdataset comparison (0 to skip)"
+    )
     parser.add_argument(
         "--plot",
         type=Path,
@@ -145,8 +230,10 @@ def main() -> None:
             f"| {c['method']} | {c['block_size'] or '-'} | {c['fetch_factor'] or '-'} | "
             f"{c['samples_per_s']:,.0f} | {c['speedup']:.0f}x | {c['diversity_bits']:.2f} |"
         )
+    released = compare_released(adata, args.rows, b, args.ranks) if args.ranks else []
     meta = {"rows": args.rows, "cols": args.cols, "batch_size": b, "cpus": os.cpu_count()}
-    (OUT / "blocks.json").write_text(json.dumps({"meta": meta, "cases": cases}, indent=2))
+    result = {"meta": meta, "cases": cases, "released": released}
+    (OUT / "blocks.json").write_text(json.dumps(result, indent=2))
     print(f"\nwrote {OUT / 'blocks.json'}")
     if str(args.plot):
         plot(cases, meta, args.plot)

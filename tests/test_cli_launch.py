@@ -43,6 +43,18 @@ class TestLaunchPolicy:
         # c10d numbers nodes by arrival: a given --node-rank is not silently dropped
         assert "--node-rank 1 is not used" in capsys.readouterr().err
 
+    def test_multi_node_names_this_node_by_its_route_to_the_endpoint(self) -> None:
+        # torchrun would announce the FQDN, which may resolve to a loopback address.
+        endpoint = ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29555"]
+        args = _launch_args(*endpoint)
+        assert args.local_addr == "127.0.0.1"  # type: ignore[attr-defined]
+        assert args.rdzv_conf == ""  # type: ignore[attr-defined]  # torch knows loopback hosts
+        given = _launch_args(*endpoint, "--local-addr=10.9.8.7", "--rdzv-conf=is_host=0")
+        assert given.local_addr == "10.9.8.7"  # type: ignore[attr-defined]
+        assert given.rdzv_conf == "is_host=0"  # type: ignore[attr-defined]
+        one_node = _launch_args("--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29555")
+        assert one_node.local_addr is None  # type: ignore[attr-defined]
+
     def test_explicit_static_rendezvous_is_kept(self) -> None:
         args = _launch_args("--rdzv-backend=static", "--master-port=29600", "--node-rank=0")
         assert args.rdzv_backend == "static"  # type: ignore[attr-defined]

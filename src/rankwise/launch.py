@@ -10,6 +10,11 @@ settings that make it reliable by default:
   every attempt a fresh store, so ``--max-restarts`` re-rendezvouses every time.
 - **Ports.** On one node with no ``--master-port``, the rendezvous listens on a port the OS
   picks (port 0), so two jobs on one machine never collide.
+- **Addresses across nodes.** torchrun names a node by its hostname, which may resolve to a
+  loopback address or another NIC than the one the nodes share. With ``--nnodes`` above 1,
+  each node is named by the address it routes from towards the rendezvous endpoint
+  (``--local-addr``), and the node holding the endpoint's address hosts the rendezvous store
+  (``--rdzv-conf is_host=1``) even where its hostname does not say so.
 
 Everything else is torchrun's: any torchrun flag can be given and passes through unchanged.
 """
@@ -23,8 +28,16 @@ import uuid
 from collections.abc import Sequence
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.utils import (
+    _matches_machine_hostname,
+    _parse_rendezvous_config,
+    parse_rendezvous_endpoint,
+)
 from torch.distributed.run import get_args_parser, parse_min_max_nnodes
 from torch.distributed.run import run as torchrun_run
+
+from rankwise.distributed.interfaces import is_local_address, route_source
+from rankwise.distributed.rendezvous import port_is_free
 
 DESCRIPTION = """\
 Run a training script on N processes per node through torchrun, with rankwise's defaults:
@@ -85,6 +98,8 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
             )
     if args.node_rank is None:
         args.node_rank = 0
+    if max_nodes > 1 and args.rdzv_backend == "c10d" and args.rdzv_endpoint:
+        _address_this_node(args)
     return args
 
 
@@ -123,6 +138,26 @@ def check_args(args: argparse.Namespace) -> None:
             f"training script {script!r} does not exist; pass the path of a Python file "
             "(relative to the current directory), or -m for a module."
         )
+
+
+def _address_this_node(args: argparse.Namespace) -> None:
+    """Tell torchrun this node's address as the rendezvous host sees it (see module doc).
+
+    torchrun names a node by its FQDN and decides whether it hosts the rendezvous store by
+    comparing the endpoint with the hostname's addresses. Where the hostname resolves to a
+    loopback address or another NIC, the peers are sent to ``127.0.0.1`` and no node hosts
+    the store. The address the kernel routes from towards the endpoint is right on every
+    node; an explicit ``--local-addr`` or ``--rdzv-conf is_host=...`` wins.
+    """
+    host, port = parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)
+    if args.local_addr is None:
+        args.local_addr = route_source(host)
+    if "is_host" in _parse_rendezvous_config(args.rdzv_conf or ""):
+        return
+    # This node holds the endpoint's address, which torch's hostname check missed. (A busy
+    # port: another agent on this machine hosts it, and torch's answer, "no", is right.)
+    if is_local_address(host) and not _matches_machine_hostname(host) and port_is_free(port):
+        args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf, "is_host=1"]))
 
 
 def run_launch(args: argparse.Namespace) -> int:

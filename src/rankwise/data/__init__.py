@@ -8,13 +8,16 @@
   ``Stateful`` for torchdata's ``StatefulDataLoader``.
 - :mod:`~rankwise.data.batches`: :class:`DistributedBatchIterator`.
 - :mod:`~rankwise.data.blocks` / :mod:`~rankwise.data.strategies`: :class:`FetchDataset`,
-  block-shuffled batches from on-disk sources (:class:`Streaming`, :class:`BlockShuffling`);
+  block-shuffled batches from on-disk sources (:class:`Streaming`, :class:`BlockShuffling`;
+  :mod:`~rankwise.data.weighted`: :class:`BlockWeightedSampling`,
+  :class:`ClassBalancedSampling`);
   :mod:`~rankwise.data.fetch_plan` / :mod:`~rankwise.data.fetch_state`: who reads which fetch,
   and the rest of an epoch after a stop (its resumable state).
 """
 
 from rankwise.data.batches import DistributedBatchIterator
 from rankwise.data.blocks import FetchDataset, default_fetch, rank_fetches, rows_per_rank
+from rankwise.data.fetch_io import dense_tensor
 from rankwise.data.partition import (
     DistributedRangeSplitter,
     contiguous_owner,
@@ -25,10 +28,13 @@ from rankwise.data.partition import (
 from rankwise.data.permutation import ORDER_VERSION, Permutation, permutation_keys
 from rankwise.data.sampler import DistributedSampler
 from rankwise.data.strategies import BlockShuffling, Strategy, Streaming
+from rankwise.data.weighted import BlockWeightedSampling, ClassBalancedSampling
 
 __all__ = [
     "ORDER_VERSION",
     "BlockShuffling",
+    "BlockWeightedSampling",
+    "ClassBalancedSampling",
     "DistributedBatchIterator",
     "DistributedRangeSplitter",
     "DistributedSampler",
@@ -39,6 +45,7 @@ __all__ = [
     "contiguous_owner",
     "contiguous_range",
     "default_fetch",
+    "dense_tensor",
     "permutation_keys",
     "rank_fetches",
     "rows_per_rank",

@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
-__all__ = ["default_fetch", "probe_default_fetch", "source_len"]
+__all__ = ["default_fetch", "dense_tensor", "probe_default_fetch", "source_len"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -66,3 +67,30 @@ def source_len(source: Any) -> int:
             f"source ({type(source).__name__}) must have a len() or a shape; FetchDataset "
             "needs to know how many rows it has."
         ) from None
+
+
+def dense_tensor(data: Any, dtype: torch.dtype | None = torch.float32) -> torch.Tensor:
+    """Fetched rows as one dense tensor: an AnnData (backed or not, a view or not) gives its
+    ``X``; a scipy sparse matrix, an h5py dataset, an anndata backed sparse dataset or an
+    array gives its values. ``dtype`` (float32 by default, what ``nn.Linear`` takes; None
+    keeps the data's own) is applied in the same copy.
+
+    >>> dense_tensor(np.eye(2, dtype=np.float64))
+    tensor([[1., 0.],
+            [0., 1.]])
+    """
+    x = data.X if _is_anndata(data) else data
+    if x is None:
+        raise ValueError(
+            "the AnnData has no X matrix; read a layer instead, e.g. "
+            "fetch_callback=lambda a, idx: dense_tensor(a[idx].layers['counts'])."
+        )
+    if callable(getattr(x, "to_memory", None)):  # anndata's backed sparse dataset
+        x = x.to_memory()
+    if callable(getattr(x, "toarray", None)):  # scipy sparse
+        x = x.toarray()
+    return torch.as_tensor(np.asarray(x), dtype=dtype)
+
+
+def _is_anndata(data: Any) -> bool:
+    return any(c.__name__ == "AnnData" for c in type(data).__mro__) and hasattr(data, "X")

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from rankwise.data.permutation import Permutation
 
-__all__ = ["BlockShuffling", "Strategy", "Streaming"]
+__all__ = ["BlockShuffling", "Strategy", "Streaming", "block_order", "check_block_size"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -65,6 +65,17 @@ def _base_length(n: int, indices: IntArray | None) -> int:
     return len(indices)
 
 
+def check_block_size(block_size: object) -> int:
+    """``block_size`` as an int >= 1, or a ValueError naming the fix."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int | np.integer):
+        raise ValueError(f"block_size ({block_size!r}) must be an integer >= 1.")
+    if block_size < 1:
+        raise ValueError(
+            f"block_size ({block_size}) must be >= 1; use 1 for a full row-level shuffle."
+        )
+    return int(block_size)
+
+
 class Streaming:
     """Rows in order (of ``indices`` if given); ``shuffle=True`` shuffles within each fetch.
 
@@ -103,13 +114,7 @@ class BlockShuffling:
     def __init__(
         self, block_size: int = 8, indices: npt.ArrayLike | None = None, drop_last: bool = False
     ) -> None:
-        if isinstance(block_size, bool) or not isinstance(block_size, int | np.integer):
-            raise ValueError(f"block_size ({block_size!r}) must be an integer >= 1.")
-        if block_size < 1:
-            raise ValueError(
-                f"block_size ({block_size}) must be >= 1; use 1 for a full row-level shuffle."
-            )
-        self.block_size = int(block_size)
+        self.block_size = check_block_size(block_size)
         self.indices = _subset(indices)
         self.drop_last = bool(drop_last)
 
@@ -121,23 +126,35 @@ class BlockShuffling:
         # Called once per fetch: no O(M) validation here (epoch_length did it, once, when the
         # dataset was built), or an epoch would cost O(M^2 / fetch size).
         m = n if self.indices is None else len(self.indices)
-        bs = self.block_size
-        full, rem = divmod(m, bs)
-        if self.drop_last or rem == 0:
-            perm = Permutation(full, seed, epoch)
-            rows = perm[positions // bs] * bs + positions % bs
-        else:
-            # The short last block (id `full`, `rem` rows) sits at some slot of the shuffled
-            # block order; positions after it are shifted back by bs - rem.
-            perm = Permutation(full + 1, seed, epoch)
-            cut = int(perm.inverse(full)) * bs
-            after = positions >= cut + rem
-            shifted = np.where(after, positions - rem + bs, positions)
-            inside = (positions >= cut) & ~after
-            slot = np.where(inside, cut // bs, shifted // bs)
-            offset = np.where(inside, positions - cut, shifted % bs)
-            rows = perm[slot] * bs + offset
+        rows = block_order(m, self.block_size, positions, seed, epoch, self.drop_last)
         return rows if self.indices is None else self.indices[rows]
 
     def __repr__(self) -> str:
         return f"BlockShuffling(block_size={self.block_size}, drop_last={self.drop_last})"
+
+
+def block_order(
+    m: int, block_size: int, positions: IntArray, seed: int, epoch: int, drop_last: bool = False
+) -> IntArray:
+    """The item of ``[0, m)`` at each epoch position when blocks of ``block_size`` consecutive
+    items are visited in a shuffled order (``Permutation`` of the blocks, keyed by seed and
+    epoch); a short last block takes a shuffled slot too unless ``drop_last``.
+
+    >>> block_order(6, 2, np.arange(6), seed=1, epoch=0).tolist()   # blocks [0 1] [2 3] [4 5]
+    [0, 1, 4, 5, 2, 3]
+    """
+    bs = block_size
+    full, rem = divmod(m, bs)
+    if drop_last or rem == 0:
+        perm = Permutation(full, seed, epoch)
+        return perm[positions // bs] * bs + positions % bs
+    # The short last block (id `full`, `rem` items) sits at some slot of the shuffled block
+    # order; positions after it are shifted back by bs - rem.
+    perm = Permutation(full + 1, seed, epoch)
+    cut = int(perm.inverse(full)) * bs
+    after = positions >= cut + rem
+    shifted = np.where(after, positions - rem + bs, positions)
+    inside = (positions >= cut) & ~after
+    slot = np.where(inside, cut // bs, shifted // bs)
+    offset = np.where(inside, positions - cut, shifted % bs)
+    return perm[slot] * bs + offset

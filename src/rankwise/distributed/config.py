@@ -67,7 +67,21 @@ _DIAGNOSTIC_VARS = (
     "MPI_LOCALRANKID",
     "CUDA_VISIBLE_DEVICES",
     "OMP_NUM_THREADS",
+    "GLOO_SOCKET_IFNAME",
 )
+
+# torch's gloo reads it when it builds a group: the network interface its sockets bind to.
+GLOO_IFNAME_VAR = "GLOO_SOCKET_IFNAME"
+
+
+def gloo_interface() -> str | None:
+    """The interface the user chose for gloo (``GLOO_SOCKET_IFNAME``), or ``None``."""
+    return os.environ.get(GLOO_IFNAME_VAR) or None
+
+
+def set_gloo_interface(name: str) -> None:
+    """Choose gloo's interface for the groups this process builds from now on."""
+    os.environ[GLOO_IFNAME_VAR] = name
 
 
 def environment_variables() -> dict[str, str | None]:

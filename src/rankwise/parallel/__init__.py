@@ -22,6 +22,10 @@ step::
             optimizer.zero_grad()
     assert rp.check_parameters_in_sync(model), "ranks diverged"
 
+Where gradients must be synchronised after the backward passes rather than inside them (the
+CyxWiz guide's ``backward`` / ``sync_gradients`` / ``update_parameters``), :class:`ExplicitDDP`
+accumulates locally and all-reduces once per ``sync_gradients()``.
+
 See ``docs/parallel.md`` for each piece.
 """
 
@@ -43,6 +47,7 @@ from rankwise.parallel.ddp import (
     load_comm_state_dict,
     wrap_model,
 )
+from rankwise.parallel.explicit import ExplicitDDP, gradient_buckets
 from rankwise.parallel.fsdp import FSDPConfig, shard_model
 from rankwise.parallel.hooks import CommStats, allreduce_hook, bf16_hook, fp16_hook, powersgd_hook
 from rankwise.parallel.precision import Precision, clip_grad_norm
@@ -53,6 +58,7 @@ __all__ = [
     "STRATEGIES",
     "CommStats",
     "DDPConfig",
+    "ExplicitDDP",
     "FSDPConfig",
     "InconsistentRanksError",
     "Mismatch",
@@ -69,6 +75,7 @@ __all__ = [
     "enable_gradient_checkpointing",
     "find_blocks",
     "fp16_hook",
+    "gradient_buckets",
     "is_sync_step",
     "load_comm_state_dict",
     "model_signature",

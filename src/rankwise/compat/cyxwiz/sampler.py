@@ -1,6 +1,6 @@
-"""The CyxWiz guide's names: ``import rankwise.compat.cyxwiz as cx``.
+"""The CyxWiz guide's ``cx.distributed.DistributedSampler`` (also ``cx.DistributedSampler``).
 
-Only the sampler so far. The guide's method-style sizes (``total_size()`` meaning N,
+The guide's method-style sizes (``total_size()`` meaning N,
 ``local_size()``, ``padded_size()``, ``get_indices()``) clash with the attributes of torch's
 ``DistributedSampler`` (``total_size`` is the padded length there), so they live on this
 subclass; :class:`rankwise.data.DistributedSampler` keeps torch's shape.
@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rankwise.data import DistributedBatchIterator
 from rankwise.data import DistributedSampler as _CoreSampler
 
-__all__ = ["DistributedBatchIterator", "DistributedSampler"]
+__all__ = ["DistributedSampler"]
 
 
 class DistributedSampler(_CoreSampler):

@@ -1,0 +1,136 @@
+"""ExplicitDDP: gradients accumulate locally through any number of backward passes and are
+averaged once by sync_gradients(); the update equals one big batch's (2 real gloo ranks)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from rankwise.parallel import DDPConfig, ExplicitDDP, gradient_buckets
+from rankwise.testing import run_distributed
+
+MICRO, ROWS, FEATURES, CLASSES = 4, 8, 6, 3
+
+
+def _data(world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's micro-batches: x[rank, i] is rank's i-th micro-batch of ROWS rows."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(world, MICRO, ROWS, FEATURES, generator=g)
+    y = torch.randint(0, CLASSES, (world, MICRO, ROWS), generator=g)
+    return x, y
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(FEATURES, 5), nn.Tanh(), nn.Linear(5, CLASSES))
+
+
+def _accumulate_then_sync() -> dict[str, object]:
+    import rankwise.distributed as rd
+
+    rank, world = rd.get_rank(), rd.get_world_size()
+    x, y = _data(world)
+    net = _net()
+    ddp = ExplicitDDP(net, DDPConfig(bucket_size_mb=0.0001))  # several buckets
+    loss_fn = nn.CrossEntropyLoss()
+    for i in range(MICRO):
+        out = ddp.forward(x[rank, i])
+        loss = loss_fn(out, y[rank, i]) / MICRO
+        ddp.backward(torch.autograd.grad(loss, out)[0])
+    local = [p.grad.clone() for p in net.parameters()]
+    synced = [g.clone() for g in ddp.sync_gradients()]
+    again = ddp.sync_gradients()  # no backward since: nothing more to average
+    # The reference: one batch of every rank's every micro-batch, in one process.
+    ref = _net()
+    loss_fn(ref(x.reshape(-1, FEATURES)), y.reshape(-1)).backward()
+    expected = [p.grad for p in ref.parameters()]
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
+    ddp.step(optimizer)
+    torch.optim.SGD(ref.parameters(), lr=0.5).step()
+    return {
+        "local": local,
+        "grad_diff": max((a - b).abs().max().item() for a, b in zip(synced, expected, strict=True)),
+        "again_diff": max((a - b).abs().max().item() for a, b in zip(synced, again, strict=True)),
+        "param_diff": max(
+            (a - b).abs().max().item()
+            for a, b in zip(net.parameters(), ref.parameters(), strict=True)
+        ),
+        "cleared": all(p.grad is None for p in net.parameters()),
+    }
+
+
+@pytest.mark.timeout(120)
+def test_accumulated_sync_equals_one_big_batch_on_two_ranks() -> None:
+    results = run_distributed(_accumulate_then_sync, 2, timeout=90)
+    for r in results:
+        assert r["grad_diff"] < 1e-6 and r["param_diff"] < 1e-6
+        assert r["again_diff"] == 0.0 and r["cleared"]
+    # Nothing was exchanged in the backward passes: the local gradients differ by rank.
+    assert any(
+        not torch.allclose(a, b)
+        for a, b in zip(results[0]["local"], results[1]["local"], strict=True)
+    )
+
+
+def _start_from_rank0(broadcast: bool) -> list[torch.Tensor]:
+    import rankwise.distributed as rd
+
+    torch.manual_seed(rd.get_rank())  # a different initial model on every rank
+    net = nn.Linear(4, 2)
+    ExplicitDDP(net, DDPConfig(broadcast_parameters=broadcast))
+    return [p.detach().clone() for p in net.parameters()]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_broadcast_parameters(broadcast: bool) -> None:
+    first, second = run_distributed(_start_from_rank0, 2, args=(broadcast,), timeout=90)
+    same = all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    assert same is broadcast
+
+
+def test_world_of_one_backward_returns_the_input_gradient() -> None:
+    net = nn.Linear(3, 1, bias=False)
+    ddp = ExplicitDDP(net)
+    assert ddp.model is net  # nothing to wrap without a group
+    ddp.forward(torch.ones(2, 3))
+    grad_input = ddp.backward(torch.ones(2, 1))
+    assert grad_input is not None and torch.equal(grad_input, net.weight.detach().expand(2, 3))
+    (grad,) = ddp.sync_gradients()
+    assert torch.equal(grad, torch.full((1, 3), 2.0))  # summed over the 2 rows, world of one
+
+
+def test_errors_name_the_fix() -> None:
+    ddp = ExplicitDDP(nn.Linear(3, 1))
+    with pytest.raises(RuntimeError, match=r"needs the output of a forward\(\) first"):
+        ddp.backward(torch.ones(1, 1))
+    with pytest.raises(ValueError, match=r"no gradient .*find_unused_parameters = True"):
+        ddp.sync_gradients()
+    with pytest.raises(ValueError, match=r"compression='fp16'.* does not use"):
+        ExplicitDDP(nn.Linear(3, 1), DDPConfig(compression="fp16"))
+
+
+class _OneBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = nn.Linear(2, 1), nn.Linear(2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)  # self.unused gets no gradient
+
+
+def test_unused_parameters_average_as_zeros_when_allowed() -> None:
+    net = _OneBranch()
+    ddp = ExplicitDDP(net, DDPConfig(find_unused_parameters=True))
+    ddp.forward(torch.ones(1, 2))
+    ddp.backward(torch.ones(1, 1))
+    grads = ddp.sync_gradients()
+    assert len(grads) == 4 and torch.equal(net.unused.weight.grad, torch.zeros(1, 2))
+    assert torch.equal(net.used.weight.grad, torch.ones(1, 2))
+
+
+def test_buckets_split_by_size_and_dtype() -> None:
+    grads = [torch.zeros(100), torch.zeros(100), torch.zeros(3, dtype=torch.float64)]
+    assert [len(b) for b in gradient_buckets(grads, bucket_size_mb=1)] == [2, 1]
+    assert [len(b) for b in gradient_buckets(grads, bucket_size_mb=0.0005)] == [1, 1, 1]
