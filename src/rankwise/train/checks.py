@@ -77,14 +77,18 @@ def check_sync(trainer: DistributedTrainer) -> None:
 
 
 def optimizer_settings(optimizer: Any) -> dict[str, Any]:
-    """The optimizer's class and per-group settings (lr, momentum, ...), without the params.
+    """The optimizer's class and each param group's settings (lr, momentum, ...), flat, so a
+    mismatch names the setting: ``'param_groups[0].lr': 0.2 instead of 0.1``.
 
     >>> import torch
-    >>> optimizer_settings(torch.optim.SGD([torch.zeros(1)], lr=0.1))["groups"][0]["lr"]
+    >>> optimizer_settings(torch.optim.SGD([torch.zeros(1)], lr=0.1))["param_groups[0].lr"]
     0.1
     """
-    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    return {"class": type(optimizer).__name__, "groups": groups}
+    settings: dict[str, Any] = {"class": type(optimizer).__name__}
+    for i, group in enumerate(optimizer.param_groups):
+        settings[f"param_groups[{i}].params"] = len(group["params"])
+        settings.update({f"param_groups[{i}].{k}": v for k, v in group.items() if k != "params"})
+    return settings
 
 
 _HINTS = {
