@@ -66,10 +66,12 @@ def check_sync(trainer: DistributedTrainer) -> None:
     with trainer.progress.operation(f"check_parameters_in_sync at step {step}"):
         report = check_parameters_in_sync(trainer.model)
     if not report:
+        differ = f"{len(report.mismatches)} of {report.checked} tensors differ: "
+        detail = "; ".join(str(m) for m in report.mismatches)
         raise OutOfSyncError(
             f"parameters out of sync after optimizer step {step} "
-            f"(check_sync_every_n_steps={every}): {report}\n"
-            "The ranks must hold equal parameters after every step: something changed them on "
+            f"(check_sync_every_n_steps={every}): "
+            f"{str(report) if report.structure_error else differ + detail}. The ranks must hold equal parameters after every step: something changed them on "
             "some ranks only (a callback or hook that edits weights on one rank, a rank-seeded "
             "random update, a non-deterministic custom op). Make such changes on every rank "
             "alike, or broadcast the parameters from rank 0 afterwards."
