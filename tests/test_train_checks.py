@@ -194,4 +194,5 @@ def test_progress_is_an_identity_in_a_world_of_one():
         rd.all_reduce(torch.ones(1))
     assert progress.current == "all_reduce of nothing"
     assert rd.is_timeout(RuntimeError("[gloo] Timed out waiting 3000ms for recv operation"))
-    assert not rd.is_timeout(RuntimeError("Connection closed by peer"))
+    assert not rd.is_timeout(RuntimeError("[gloo] Connection closed by peer"))
+    assert not rd.is_timeout(RuntimeError("DataLoader timed out after 5 seconds"))

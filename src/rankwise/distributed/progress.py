@@ -30,6 +30,7 @@ from rankwise.distributed.group import collective_timeout_ms, get_rank, get_worl
 
 # What gloo (and torch's store and work objects) say when an operation ran out of time.
 _TIMEOUT_WORDS = ("timed out", "timeout")
+_BACKENDS = ("gloo", "nccl", "c10d")
 _instances = itertools.count()  # each Progress gets keys of its own (equal order on all ranks)
 
 
@@ -124,11 +125,22 @@ class Progress:
 
 
 def is_timeout(exc: BaseException) -> bool:
-    """Whether ``exc`` is torch's (gloo's, the store's) report of an operation out of time."""
-    if isinstance(exc, TimeoutError):
-        return True
+    """Whether ``exc`` is torch's report of a collective or store operation out of time.
+
+    gloo raises a plain ``RuntimeError`` naming its source file; torch's own errors are
+    ``DistError`` s. Other timeouts (a DataLoader worker's) are left alone.
+
+    >>> is_timeout(RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting"))
+    True
+    >>> is_timeout(RuntimeError("DataLoader timed out after 5 seconds"))
+    False
+    """
     text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and any(w in text for w in _TIMEOUT_WORDS)
+    if not any(word in text for word in _TIMEOUT_WORDS):
+        return False
+    return isinstance(exc, dist.DistError) or (
+        isinstance(exc, RuntimeError) and any(b in text for b in _BACKENDS)
+    )
 
 
 def _describe_behind(
