@@ -117,9 +117,9 @@ def test_crash_on_two_ranks_then_one_rank_past_torn_and_bit_flipped_files(refere
 
 
 def test_stalled_rank_times_out_and_the_job_restarts(reference, tmp_path):
-    # Rank 1 sleeps forever inside step 5; rank 0's next collective gives up after the
-    # configured 10 s (room for a checkpoint save on a loaded machine), torchrun restarts
-    # both, and the second attempt finishes.
+    # Rank 1 sleeps forever inside step 5; rank 0's next collective (step 6's gradient
+    # all-reduce) gives up after the configured 10 s (room for a checkpoint save on a loaded
+    # machine) naming rank 1, torchrun restarts both, and the second attempt finishes.
     result = launch(
         tmp_path,
         "--stall-rank",
@@ -131,6 +131,12 @@ def test_stalled_rank_times_out_and_the_job_restarts(reference, tmp_path):
     )
     assert (tmp_path / "stalled-rank1").exists()
     assert "Timed out waiting 10000ms for recv operation" in result.stderr, result.stderr[-3000:]
+    # rank 0 names the operation it was stuck in and the rank that never arrived
+    assert (
+        "DistributedTimeoutError: the all_reduce of the gradients at step 6 (epoch 0) timed out "
+        "on rank 0 after 10000 ms: rank 1 did not arrive (last operation entered: rank 1: the "
+        "all_reduce of the gradients at step 5 (epoch 0))."
+    ) in result.stderr, result.stderr[-3000:]
     params = finished(result, tmp_path)
     assert exactly_once(tmp_path, attempts=2) == [0, 3]
     assert_equal(params, reference)

@@ -49,6 +49,8 @@ BAD_VALUES: list[tuple[dict[str, Any], list[str]]] = [
     ({"compression": "bf16", "strategy": "fsdp"}, ["compression ('bf16')", "strategy='ddp'"]),
     ({"gradient_checkpointing": "on"}, ["gradient_checkpointing ('on')", "True or False"]),
     ({"log_dir": b"logs"}, ["log_dir (b'logs')", "path"]),
+    ({"check_sync_every_n_steps": 0}, ["check_sync_every_n_steps (0)", ">= 1", "None for no"]),
+    ({"check_sync_every_n_steps": 2.5}, ["check_sync_every_n_steps (2.5)", "integer"]),
 ]
 
 
@@ -106,6 +108,7 @@ def test_defaults_are_the_agreed_ones() -> None:
         "compression": None,
         "gradient_checkpointing": False,
         "log_dir": None,
+        "check_sync_every_n_steps": None,
     }
 
 

@@ -198,6 +198,76 @@ def _rank_cases() -> dict[str, tuple[str, str]]:
     return out
 
 
+# -- the trainer's consistency checks and named stalls (on real ranks; two runs for all) --------
+
+
+def _train_error(case: str) -> BaseException:
+    kind, message = _train_errors()[case]
+    return type(kind, (Exception,), {})(message)
+
+
+@functools.cache
+def _train_errors() -> dict[str, tuple[str, str]]:
+    errors = dict(run_distributed(_train_cases, 2, timeout=120)[0])
+    short = {"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "2000"}
+    errors["timeout"] = run_distributed(_train_stall, 2, timeout=120, env=short)[0]
+    return errors
+
+
+def _train_fit(hidden: int = 8, seed: int = 42, hook: Any = None, every: int | None = None) -> Any:
+    from rankwise.train import DistributedTrainer, DistributedTrainingConfig
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Linear(hidden, 3))
+    trainer = DistributedTrainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters()))
+    trainer.on_batch = hook
+    cfg = DistributedTrainingConfig(
+        epochs=1, batch_size=4, verbose=False, checkpoint_dir=None, seed=seed,
+        check_sync_every_n_steps=every,
+    )  # fmt: skip
+    x = torch.randn(32, 4, generator=torch.Generator().manual_seed(1))
+    return trainer.fit(x, (x[:, 0] > 0).long(), cfg)
+
+
+def _move_rank1(trainer: Any, epoch: int, step: int, ids: Any) -> None:
+    if rd.get_rank() == 1 and step == 1:
+        with torch.no_grad():
+            trainer.module[2].bias.add_(1.0)
+
+
+def _stall_rank1(trainer: Any, epoch: int, step: int, ids: Any) -> None:
+    if rd.get_rank() == 1 and step == 1:
+        import time
+
+        time.sleep(8)  # rank 0 gives up after 2 s
+        raise RuntimeError("rank 1 stalled on purpose")
+
+
+def _train_cases() -> dict[str, tuple[str, str]]:
+    odd = rd.get_rank() == 1
+    cases: dict[str, Callable[[], object]] = {
+        "config": lambda: _train_fit(seed=7 if odd else 42),
+        "model": lambda: _train_fit(hidden=6 if odd else 8),
+        "out_of_sync": lambda: _train_fit(hook=_move_rank1, every=2),
+    }
+    out = {}
+    for name, call in cases.items():
+        try:
+            call()
+            out[name] = ("NoError", "no error")
+        except Exception as exc:
+            out[name] = (type(exc).__name__, str(exc))
+    return out
+
+
+def _train_stall() -> tuple[str, str]:
+    try:
+        _train_fit(hook=_stall_rank1)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    return "NoError", "no error"
+
+
 TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "env-not-integer": lambda: _from_environment(RANK="one", WORLD_SIZE="2"),
     "env-rank-without-world": lambda: _from_environment(RANK="1"),
@@ -258,6 +328,10 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "resume-global-batch": _global_batch_changed,
     "train-uneven-batches": lambda: _on_ranks("uneven_batches"),
     "consistency-dataset-length": lambda: _on_ranks("dataset_length"),
+    "train-config-differs": lambda: _train_error("config"),
+    "train-model-differs": lambda: _train_error("model"),
+    "train-parameters-out-of-sync": lambda: _train_error("out_of_sync"),
+    "train-collective-timeout": lambda: _train_error("timeout"),
 }
 
 

@@ -37,6 +37,7 @@ from rankwise.distributed.group import (
     is_master,
     select_backend,
 )
+from rankwise.distributed.progress import Progress, is_timeout
 
 __all__ = [
     "BackendType",
@@ -45,6 +46,7 @@ __all__ = [
     "DistributedConnectionError",
     "DistributedStateError",
     "DistributedTimeoutError",
+    "Progress",
     "all_gather",
     "all_reduce",
     "barrier",
@@ -61,6 +63,7 @@ __all__ = [
     "init",
     "is_initialized",
     "is_master",
+    "is_timeout",
     "normalize_backend",
     "reduce_metrics",
     "scatter",

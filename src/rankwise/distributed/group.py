@@ -260,6 +260,11 @@ def get_local_rank() -> int:
     return 0
 
 
+def collective_timeout_ms() -> int | None:
+    """How long one collective may take on the group rankwise built; None for other groups."""
+    return _session.config.collective_timeout_ms if _session and _session.owns_group else None
+
+
 def is_master() -> bool:
     """True on rank 0, the rank that logs and writes checkpoints."""
     return get_rank() == 0

@@ -51,7 +51,12 @@ from rankwise.parallel.explicit import ExplicitDDP, gradient_buckets
 from rankwise.parallel.fsdp import FSDPConfig, shard_model
 from rankwise.parallel.hooks import CommStats, allreduce_hook, bf16_hook, fp16_hook, powersgd_hook
 from rankwise.parallel.precision import Precision, clip_grad_norm
-from rankwise.parallel.sync_check import Mismatch, SyncReport, check_parameters_in_sync
+from rankwise.parallel.sync_check import (
+    Mismatch,
+    OutOfSyncError,
+    SyncReport,
+    check_parameters_in_sync,
+)
 
 __all__ = [
     "COMPRESSIONS",
@@ -62,6 +67,7 @@ __all__ = [
     "FSDPConfig",
     "InconsistentRanksError",
     "Mismatch",
+    "OutOfSyncError",
     "Precision",
     "SyncReport",
     "accumulate",

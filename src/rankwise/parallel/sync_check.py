@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from torch.distributed.tensor import Placement
 
 
+class OutOfSyncError(RuntimeError):
+    """Parameters that must be equal on every rank are not; raised on every rank alike."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Mismatch:
     """One tensor that is not the same everywhere: ``groups`` lists ranks that agree.

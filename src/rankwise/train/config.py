@@ -50,6 +50,7 @@ _INTS: dict[str, tuple[int, str]] = {
 _OPTIONAL_INTS: dict[str, tuple[int, str]] = {
     "keep_last_checkpoints": (1, "e.g. 3, or None to keep every checkpoint"),
     "base_batch_size": (1, "the global batch size the learning rate was tuned for, e.g. 64"),
+    "check_sync_every_n_steps": (1, "counted in optimizer steps, e.g. 100, or None for no check"),
 }
 _BOOLS = ("shuffle", "verbose", "save_on_master_only", "gradient_checkpointing")
 _OPTIONAL_PATHS: dict[str, str] = {
@@ -102,6 +103,7 @@ class DistributedTrainingConfig:
     compression: str | None = None  # None | "fp16" | "bf16" | "powersgd"
     gradient_checkpointing: bool = False
     log_dir: str | None = None  # CSV (+ TensorBoard if installed); None = off
+    check_sync_every_n_steps: int | None = None  # compare parameters across ranks; None = off
 
     def __post_init__(self) -> None:
         self.validate()

@@ -99,6 +99,12 @@ def _micro_batches(source: Any) -> Iterator[tuple[Any, Any, bool | None]]:
         step += 1
 
 
+def _sync_name(strategy: str) -> str:
+    if strategy == "fsdp":
+        return "the forward/backward of FSDP (all_gather, reduce_scatter)"
+    return "the all_reduce of the gradients" if strategy == "ddp" else "the forward/backward"
+
+
 def train_epoch(
     trainer: DistributedTrainer, source: Any, epoch: int, sums: EpochSums
 ) -> tuple[float, float | None, int]:
@@ -126,6 +132,7 @@ def train_epoch(
     classes: bool | None = None  # decided on the first batch: the data set does not change
     started, logged, logged_sum, logged_n = time.perf_counter(), 0, 0.0, 0
     window_start = 0
+    progress, sync = trainer.progress, _sync_name(cfg.strategy)
     for i, (batch, ids, final) in enumerate(_micro_batches(source)):
         last = is_sync_step(i, accum, total) if final is None else (final or (i + 1) % accum == 0)
         if i == window_start:  # a new window: how many micro-batches it averages over
@@ -133,6 +140,10 @@ def train_epoch(
             window = accum if total is None else min(accum, total - i)
         x, y = split_batch(batch if on_cpu else trainer.to_device(batch), needs_target)
         n = batch_length(x)
+        # One store set (no reply awaited): a peer whose collective times out reads it.
+        step = trainer.global_step + 1
+        what = f"{sync} at step {step}" if last else f"micro-batch {i} (no sync) of step {step}"
+        progress.mark(f"{what} (epoch {epoch})")
         with accumulate(model, is_last=last):
             with precision.autocast():
                 out = model(x)
@@ -158,6 +169,7 @@ def train_epoch(
             logged, logged_sum, logged_n = len(sums.losses), logged_sum + s, logged_n + c
             rate = logged_n * rd.get_world_size() / max(time.perf_counter() - started, 1e-9)
             trainer.logger.step(i + 1, trainer.global_step, logged_sum / max(logged_n, 1), rate)
+    progress.mark(f"the all_reduce of the epoch's metrics (epoch {epoch})")
     totals = sums.reduced()
     mean_loss, accuracy = summarize(totals)
     return mean_loss, accuracy, int(totals[1])

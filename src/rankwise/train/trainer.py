@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 
 import rankwise.distributed as rd
 from rankwise.train import checkpoint as ck
+from rankwise.train import checks
 from rankwise.train import resume as st
 from rankwise.train.config import DistributedTrainingConfig
 from rankwise.train.data import (
@@ -109,6 +110,7 @@ class DistributedTrainer:
         self._saved_at: int | None = None
         self._step_save_due = False  # a step checkpoint on an epoch's last step, see below
         self.last_evaluation: dict[str, int] = {}  # samples and correct ones of evaluate()
+        self.progress = rd.Progress()  # marks each collective: a timeout names who is behind
 
     # -- info --------------------------------------------------------------------------------
 
@@ -142,6 +144,8 @@ class DistributedTrainer:
         cfg, train, val_data = parse_fit_args(args, config, val)
         self.config = cfg.validate()
         train_set, val_set = self._datasets(train, val_data, cfg)
+        self.progress = rd.Progress()
+        checks.check_start(self, cfg, train_set, val_set)
         self._setup(cfg)
         self.train_source = self._source(train_set, cfg)
         position = self._start(cfg)
@@ -174,6 +178,10 @@ class DistributedTrainer:
                 self._step_save_due = False
             if self._saved_at != self.global_step:
                 self._checkpoint(max(self._epoch + 1, position.epoch), None)
+        except RuntimeError as exc:
+            if not rd.is_timeout(exc):
+                raise
+            raise self.progress.timeout_error(exc) from exc
         finally:
             self.logger.close()
         self.history.total_time_seconds += time.perf_counter() - started
@@ -251,13 +259,10 @@ class DistributedTrainer:
     ) -> dict[str, float | None]:
         val_loss = val_acc = None
         if val_set is not None:
+            self.progress.mark(f"the evaluation on the validation data after epoch {epoch}")
             val_loss, val_acc = self.evaluate(val_set)
-        scheduler = self.scheduler
-        if (
-            scheduler is not None
-            and self.config is not None
-            and self.config.scheduler_interval == "epoch"
-        ):
+        scheduler, cfg = self.scheduler, self.config
+        if scheduler is not None and cfg is not None and cfg.scheduler_interval == "epoch":
             if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
                 scheduler.step(val_loss if val_loss is not None else loss)
             else:
@@ -289,6 +294,7 @@ class DistributedTrainer:
             self.scheduler.step()
 
     def after_optimizer_step(self, epoch: int, sums: EpochSums, ends_epoch: bool = False) -> None:
+        checks.check_sync(self)  # every check_sync_every_n_steps optimizer steps
         every = self.config.checkpoint_every_n_steps if self.config else 0
         if every and self.global_step % every == 0:
             if ends_epoch:
@@ -343,6 +349,7 @@ class DistributedTrainer:
         cfg = self.config
         if cfg is None or self._manager is None:
             return None
+        self.progress.mark(f"the checkpoint save at step {self.global_step} (broadcast, barrier)")
         state = st.build_state(self, epoch, sums)
         path = None
         if rd.is_master() or not cfg.save_on_master_only:
