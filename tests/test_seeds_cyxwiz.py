@@ -24,7 +24,7 @@ import rankwise.distributed as rd
 import rankwise.parallel as rp
 import rankwise.train as rt
 from rankwise.data import DistributedBatchIterator
-from rankwise.testing import child_env, free_port, run_distributed, run_isolated
+from rankwise.testing import child_env, run_by_hand, run_distributed, run_isolated
 
 ROOT = Path(__file__).parent.parent
 CX = ROOT / "examples" / "seeds" / "cyxwiz"
@@ -34,14 +34,11 @@ NUM = r"-?\d+\.\d+(?:e[-+]?\d+)?"
 
 def launch_sh(nproc: int, *cmd: str, cwd: Path) -> str:
     """``scripts/launch_distributed.sh N cmd...`` in ``cwd``; its stdout (it must succeed)."""
-    proc = subprocess.run(
+    proc = run_isolated(
         [str(LAUNCHER), str(nproc), *cmd],
         cwd=cwd,
         env=child_env({"PYTHON": sys.executable}),
-        capture_output=True,
-        text=True,
         timeout=240,
-        start_new_session=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -49,41 +46,10 @@ def launch_sh(nproc: int, *cmd: str, cwd: Path) -> str:
 
 def manual_launch(script: str, world: int, cwd: Path) -> list[str]:
     """The guide's manual launch: ``RANK=r WORLD_SIZE=N ... python script &`` per rank."""
-    port = str(free_port())
-    procs = []
-    for rank in range(world):
-        env = child_env(
-            {
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
-            }
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(CX / script)],
-                cwd=cwd,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-        )
-    outputs = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=200)
-            assert proc.returncode == 0, err[-3000:]
-            outputs.append(out)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    return outputs
+    procs = run_by_hand([sys.executable, str(CX / script)], world, cwd=cwd, timeout=200)
+    for proc in procs:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return [proc.stdout for proc in procs]
 
 
 # ------------------------------------------------------------------------------- the names
@@ -189,7 +155,34 @@ def test_launcher_runs_any_command_on_n_ranks(tmp_path: Path) -> None:
     ]
 
 
-@pytest.mark.parametrize("args", [["x", "python", "t.py"], ["0", "python", "t.py"], ["2"]])
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["python", "-u", "rank.py", "u"],
+        ["python", "-c", "import os; print('rank', os.environ['RANK'], 'c')"],
+    ],
+)
+def test_launcher_passes_python_options_to_python(cmd: list[str], tmp_path: Path) -> None:
+    (tmp_path / "rank.py").write_text(
+        "import os, sys; print('rank', os.environ['RANK'], *sys.argv[1:])\n"
+    )
+    # `python` is looked up on PATH, as when a user types the command.
+    path = os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", "")))
+    proc = run_isolated(
+        [str(LAUNCHER), "2", *cmd],
+        cwd=tmp_path,
+        env=child_env({"PYTHON": sys.executable, "PATH": path}),
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    flag = cmd[-1] if cmd[1] == "-u" else "c"
+    assert sorted(re.findall(r"rank \d \w", proc.stdout)) == [f"rank 0 {flag}", f"rank 1 {flag}"]
+
+
+@pytest.mark.parametrize(
+    "args", [["x", "python", "t.py"], ["0", "python", "t.py"], ["00", "python", "t.py"], ["2"]]
+)
 def test_launcher_usage_errors(args: list[str]) -> None:
     proc = run_isolated([str(LAUNCHER), *args], env=child_env(), timeout=30)
     assert proc.returncode == 2 and "usage:" in proc.stderr
