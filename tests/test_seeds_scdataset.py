@@ -37,12 +37,15 @@ def run_plain(name: str) -> str:
     return out.getvalue()
 
 
-def torchrun(script: str, cwd: Path, nproc: int = 2) -> str:
-    """``torchrun --nproc_per_node=N script`` in ``cwd`` on a free port; its stdout."""
+def torchrun(script: str, cwd: Path, nproc: int = 2, *, tmp: Path | None = None) -> str:
+    """``torchrun --nproc_per_node=N script`` in ``cwd`` on a free port; its stdout. The ports
+    write their data to ``cwd`` (SCDATASET_EXAMPLE_DIR) or, with ``tmp``, to a temporary
+    folder there (TMPDIR), as a user's run without the variable would."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
     cmd += [f"--master_port={free_port()}", str(SC / script)]
     shell = f"cd {shlex.quote(str(cwd))} && exec {shlex.join(cmd)}"
-    env = child_env({"SCDATASET_EXAMPLE_DIR": str(cwd)})
+    extra = {"TMPDIR": str(tmp)} if tmp else {"SCDATASET_EXAMPLE_DIR": str(cwd)}
+    env = {k: v for k, v in child_env(extra).items() if not (tmp and k == "SCDATASET_EXAMPLE_DIR")}
     proc = run_isolated(["sh", "-c", shell], env=env, timeout=270)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -177,7 +180,9 @@ def test_ddp_loop_finishes_on_rankwise_and_breaks_on_the_released_package() -> N
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_basic_ddp_splits_each_epoch_over_two_ranks(tmp_path: Path) -> None:
-    epochs = epochs_of(torchrun("basic_ddp.py", tmp_path))
+    (tmp_path / "tmp").mkdir()
+    epochs = epochs_of(torchrun("basic_ddp.py", tmp_path, tmp=tmp_path / "tmp"))
+    assert not list(tmp_path.glob("**/*.h5ad"))  # the temporary data set was deleted
     assert sorted(epochs) == [0, 1, 2]
     orders = []
     for per_rank in epochs.values():
