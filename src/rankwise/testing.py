@@ -323,31 +323,31 @@ def run_by_hand(
     port = free_port()
     procs: list[tuple[subprocess.Popen[bytes], Any, Any]] = []
     deadline = time.monotonic() + timeout
-    try:
-        for rank in range(world_size):
-            # Files, not pipes: a rank blocked on a full pipe that nobody reads yet would hang
-            # its peers in their next collective.
-            out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-            proc = subprocess.Popen(
-                list(cmd),
-                env=rank_env(rank, world_size, port, env),
-                cwd=cwd,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
-            procs.append((proc, out, err))
-        for proc, _, _ in procs:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        return [_completed(cmd, *entry) for entry in procs]
-    finally:
-        for proc, out, err in procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            out.close()
-            err.close()
+    with contextlib.ExitStack() as files:
+        try:
+            for rank in range(world_size):
+                # Files, not pipes: a rank blocked on a full pipe that nobody reads yet would
+                # hang its peers in their next collective.
+                out = files.enter_context(tempfile.TemporaryFile())
+                err = files.enter_context(tempfile.TemporaryFile())
+                proc = subprocess.Popen(
+                    list(cmd),
+                    env=rank_env(rank, world_size, port, env),
+                    cwd=cwd,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
+                procs.append((proc, out, err))
+            for proc, _, _ in procs:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            return [_completed(cmd, *entry) for entry in procs]
+        finally:
+            for proc, _, _ in procs:
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
 
 
 def _completed(

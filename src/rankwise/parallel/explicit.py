@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import rankwise.distributed as rd
 from rankwise.parallel.ddp import DDPConfig, wrap_model
+from rankwise.parallel.recipes import OptimizerRecipe, as_optimizer
 
 __all__ = ["ExplicitDDP", "gradient_buckets"]
 
@@ -192,9 +193,11 @@ class ExplicitDDP:
             if p.grad is None and c > 0:  # used elsewhere: this rank contributes zeros
                 p.grad = torch.zeros_like(p)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer: torch.optim.Optimizer | OptimizerRecipe) -> None:
         """Sync (unless :meth:`sync_gradients` already did), ``optimizer.step()``, then clear
-        the gradients for the next accumulation window."""
+        the gradients for the next accumulation window. An :class:`OptimizerRecipe` is bound to
+        this model's parameters on the first step."""
+        optimizer = as_optimizer(optimizer, self.module.parameters())
         self.sync_gradients()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
