@@ -59,9 +59,9 @@ def units(source: str, *, drop_port: bool = True) -> list[str]:
     marked = _marked_lines(source) if drop_port else set()
     tree = ast.parse(source)
     body = tree.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        if isinstance(body[0].value.value, str):
-            body = body[1:]  # the module docstring
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        body = body[1:] if isinstance(first.value.value, str) else body  # the docstring
     out: list[str] = []
     _walk(body, marked, out)
     return out
