@@ -64,7 +64,9 @@ def units(source: str, *, drop_port: bool = True) -> list[str]:
         body = body[1:] if isinstance(first.value.value, str) else body  # the docstring
     out: list[str] = []
     _walk(body, marked, out)
-    return out
+    # Imports compare as a set (a formatter sorts them, and the names inside them).
+    imports = sorted(u for u in out if u.startswith(("import ", "from ")))
+    return imports + [u for u in out if not u.startswith(("import ", "from "))]
 
 
 def _walk(body: list[ast.stmt], marked: set[int], out: list[str]) -> None:
@@ -74,13 +76,17 @@ def _walk(body: list[ast.stmt], marked: set[int], out: list[str]) -> None:
             for name in ("body", "orelse", "finalbody")
             if getattr(stmt, name, None)
         ]
-        if not blocks or isinstance(stmt, ast.FunctionDef | ast.ClassDef):
+        if not blocks:
             end = stmt.end_lineno or stmt.lineno
             if not marked & set(range(stmt.lineno, end + 1)):
+                if isinstance(stmt, ast.ImportFrom):
+                    stmt.names = sorted(stmt.names, key=lambda a: a.name)
                 out.append(ast.unparse(stmt))
             continue
-        header_end = blocks[0][0].lineno - 1
-        if marked & set(range(stmt.lineno, header_end + 1)):
+        # A def's header runs from its first decorator to its body.
+        first = min([stmt.lineno, *(d.lineno for d in getattr(stmt, "decorator_list", []))])
+        header_end = max(first, blocks[0][0].lineno - 1)
+        if marked & set(range(first, header_end + 1)):
             continue
         out.append(ast.unparse(stmt).splitlines()[0])
         for block in blocks:
@@ -110,14 +116,15 @@ def expected_units(
     code: str, imports: dict[str, str], replaced: list[str], needed_import: str
 ) -> list[str]:
     """The guide's ``code`` as its port must read: ``imports`` swapped (guide line -> port
-    line), ``needed_import`` first if the guide's snippet has none, and the ``replaced``
-    statements (each the first occurrence left) removed: those the port replaces with a marked
-    line of its own, each a documented difference."""
+    line), ``needed_import`` added if the guide's snippet lacks it (a port must import what it
+    runs), and the ``replaced`` statements removed, each once: those the port replaces with a
+    marked line of its own, each a documented difference."""
     for old, new in imports.items():
         code = re.sub(rf"^{re.escape(old)}$", new, code, flags=re.M)
+    (needed,) = units(needed_import, drop_port=False)
+    if needed not in units(code, drop_port=False):
+        code = needed_import + "\n" + code
     got = units(code, drop_port=False)
-    if ast.unparse(ast.parse(needed_import)) not in got:
-        got.insert(0, ast.unparse(ast.parse(needed_import)))
     for statement in replaced:
-        got.remove(statement)  # ValueError if the guide does not have it: the list drifted
+        got.remove(ast.unparse(ast.parse(statement)))  # ValueError: the guide lacks it
     return got

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import rankwise.data as rd
+import seed_ports
 from rankwise.compat import scdataset as sc
 from rankwise.compat.scdataset.transforms import fetch_transform_adata
 from rankwise.testing import RankFailedError, child_env, free_port, run_distributed, run_isolated
@@ -250,3 +251,72 @@ def test_set_epoch_gives_a_new_order_each_epoch() -> None:
         "distinct orders: 100",
         "without set_epoch: the order of epoch 99 again: True",
     ]
+
+
+# ------------------------------------------------------------------ ports vs the guide
+
+GUIDE = "scdataset-distributed-guide.rst"
+SWAP = {
+    "from scdataset import scDataset, BlockShuffling": (
+        "from rankwise.compat.scdataset import scDataset, BlockShuffling"
+    ),
+    "from scdataset.transforms import fetch_transform_adata": (
+        "from rankwise.compat.scdataset.transforms import fetch_transform_adata"
+    ),
+}
+# What runs on one GPU per rank in the guide runs on gloo and the CPU without CUDA: the ports
+# replace these statements with marked lines of their own (see each port's docstring).
+ON_GPU = [
+    "dist.init_process_group(backend='nccl')",
+    "torch.cuda.set_device(local_rank)",
+    "model = DDP(model, device_ids=[local_rank])",
+    "batch = batch.to(local_rank)",
+]
+# port: (guide section, the import its snippet needs, the statements the port replaces)
+PORTS: dict[str, tuple[str, str, list[str]]] = {
+    "basic_ddp.py": (
+        "Basic DDP Setup",
+        "from rankwise.compat.scdataset import scDataset, BlockShuffling",
+        [*ON_GPU, "model = YourModel().to(local_rank)", "pass"],  # pass: one DDP step
+    ),
+    "manual_rank.py": (
+        "Manual Rank Configuration",
+        "from rankwise.compat.scdataset import scDataset, BlockShuffling",
+        [],
+    ),
+    "partitioning.py": (
+        "Data Partitioning",
+        "from rankwise.compat.scdataset import scDataset, Streaming",
+        [],
+    ),
+    "set_epoch.py": (
+        "The ``set_epoch()`` Method",
+        "from rankwise.compat.scdataset import scDataset, BlockShuffling",
+        [],
+    ),
+    "complete_training.py": (
+        "Complete Training Example",
+        "from rankwise.compat.scdataset import scDataset, BlockShuffling",
+        [
+            *ON_GPU,
+            "model = nn.Sequential(nn.Linear(adata.n_vars, 256), nn.ReLU(), "
+            "nn.Linear(256, 128)).to(local_rank)",
+            "print(f'Epoch {epoch}, Batch {batch_idx}, Loss: {loss.item():.4f}')",  # flushed
+        ],
+    ),
+}
+
+
+def test_every_port_is_listed() -> None:
+    assert sorted(PORTS) == sorted(p.name for p in SC.glob("*.py"))
+
+
+@pytest.mark.skipif(not seed_ports.SEEDS.exists(), reason="the seed guides are not here")
+@pytest.mark.parametrize("port", sorted(PORTS))
+def test_ports_change_only_the_imports(port: str) -> None:
+    # The port's unmarked code, statement by statement, is the guide's with the imports swapped.
+    section, needed, replaced = PORTS[port]
+    heading = f"{section}\n{'-' * len(section)}"
+    guide = seed_ports.guide_code(GUIDE, heading)
+    expected = seed_ports.expected_units(guide, SWAP, replaced, needed)
+    assert seed_ports.units((SC / port).read_text()) == expected

@@ -18,7 +18,7 @@ Lines marked "port:" are not the guide's:
 """
 
 import os
-import tempfile
+import tempfile  # port
 
 import anndata as ad  # port
 import numpy as np  # port
