@@ -119,7 +119,15 @@ def test_class_balanced_global_vs_subset_labels() -> None:
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda: BlockWeightedSampling(weights=[1, -1]), "finite and >= 0"),
+        (
+            lambda: BlockWeightedSampling(weights=[1, -1]),
+            r"finite and >= 0, but weights\[1\] is -1",
+        ),
+        (
+            lambda: BlockWeightedSampling(weights=[1, 2, np.nan, -1]),
+            r"weights\[2\] is nan \(2 such entries\)",
+        ),
+        (lambda: BlockWeightedSampling(weights=[np.inf]), r"weights\[0\] is inf"),
         (lambda: BlockWeightedSampling(weights=[0, 0]), "sum to 0"),
         (lambda: BlockWeightedSampling(block_size=0), r"block_size \(0\) must be >= 1"),
         (lambda: BlockWeightedSampling(replace=False), "needs sampling_size"),
@@ -136,6 +144,12 @@ def test_bad_arguments_name_the_fix(make: Any, match: str) -> None:
 def test_bad_sizes_are_refused_when_the_dataset_is_built() -> None:
     with pytest.raises(ValueError, match=r"weights has 3 entries .* the source's 5 rows"):
         FetchDataset(np.arange(5), BlockWeightedSampling(weights=[1, 1, 1]), batch_size=2)
+    # Labels are checked as labels, not as the weights derived from them.
+    with pytest.raises(ValueError, match=r"^labels has 3 entries .* the source's 5 rows"):
+        FetchDataset(np.arange(5), ClassBalancedSampling([0, 1, 0]), batch_size=2)
+    subset = ClassBalancedSampling([0, 1, 0], indices=[0, 1])
+    with pytest.raises(ValueError, match=r"^labels has 3 entries .* 5 rows or the 2 indices"):
+        FetchDataset(np.arange(5), subset, batch_size=2)
     few = BlockWeightedSampling(weights=[1, 1, 0, 0], replace=False, sampling_size=3)
     with pytest.raises(ValueError, match="only 2 rows have a positive weight"):
         FetchDataset(np.arange(4), few, batch_size=2)

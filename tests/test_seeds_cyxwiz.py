@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,25 +22,26 @@ import rankwise.compat.cyxwiz as cx
 import rankwise.distributed as rd
 import rankwise.parallel as rp
 import rankwise.train as rt
+import seed_ports
 from rankwise.data import DistributedBatchIterator
-from rankwise.testing import child_env, free_port, run_distributed, run_isolated
+from rankwise.testing import child_env, free_port, run_by_hand, run_distributed, run_isolated
 
 ROOT = Path(__file__).parent.parent
 CX = ROOT / "examples" / "seeds" / "cyxwiz"
 LAUNCHER = ROOT / "scripts" / "launch_distributed.sh"
 NUM = r"-?\d+\.\d+(?:e[-+]?\d+)?"
+GUIDE = "cyxwiz-distributed-guide.md"
+IMPORT_GUIDE, IMPORT = "import pycyxwiz as cx", "import rankwise.compat.cyxwiz as cx"
+QUERIES = ("is_initialized", "get_rank", "get_world_size", "get_local_rank", "is_master")
 
 
 def launch_sh(nproc: int, *cmd: str, cwd: Path) -> str:
     """``scripts/launch_distributed.sh N cmd...`` in ``cwd``; its stdout (it must succeed)."""
-    proc = subprocess.run(
+    proc = run_isolated(
         [str(LAUNCHER), str(nproc), *cmd],
         cwd=cwd,
         env=child_env({"PYTHON": sys.executable}),
-        capture_output=True,
-        text=True,
         timeout=240,
-        start_new_session=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -49,41 +49,10 @@ def launch_sh(nproc: int, *cmd: str, cwd: Path) -> str:
 
 def manual_launch(script: str, world: int, cwd: Path) -> list[str]:
     """The guide's manual launch: ``RANK=r WORLD_SIZE=N ... python script &`` per rank."""
-    port = str(free_port())
-    procs = []
-    for rank in range(world):
-        env = child_env(
-            {
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
-            }
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(CX / script)],
-                cwd=cwd,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-        )
-    outputs = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=200)
-            assert proc.returncode == 0, err[-3000:]
-            outputs.append(out)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    return outputs
+    procs = run_by_hand([sys.executable, str(CX / script)], world, cwd=cwd, timeout=200)
+    for proc in procs:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return [proc.stdout for proc in procs]
 
 
 # ------------------------------------------------------------------------------- the names
@@ -189,7 +158,43 @@ def test_launcher_runs_any_command_on_n_ranks(tmp_path: Path) -> None:
     ]
 
 
-@pytest.mark.parametrize("args", [["x", "python", "t.py"], ["0", "python", "t.py"], ["2"]])
+# Each rank records its rank, its arguments and python's -O flag in a file of its own (the
+# ranks share one stdout, where unbuffered prints interleave).
+_RECORD = (
+    "import os, sys; open('rank' + os.environ['RANK'], 'w').write("
+    "repr((os.environ['RANK'], sys.argv[1:], sys.flags.optimize)))"
+)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("cmd", "argv", "optimize"),
+    [
+        (["python", "-u", "-O", "rank.py", "x"], ["x"], 1),
+        (["python", "-c", _RECORD, "y"], ["y"], 0),
+        (["python", "rank.py", "z"], ["z"], 0),
+    ],
+)
+def test_launcher_passes_python_options_to_python(
+    cmd: list[str], argv: list[str], optimize: int, tmp_path: Path
+) -> None:
+    (tmp_path / "rank.py").write_text(_RECORD + "\n")
+    # `python` is looked up on PATH, as when a user types the command.
+    path = os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", "")))
+    proc = run_isolated(
+        [str(LAUNCHER), "2", *cmd],
+        cwd=tmp_path,
+        env=child_env({"PYTHON": sys.executable, "PATH": path}),
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in ("0", "1"):
+        assert (tmp_path / f"rank{rank}").read_text() == repr((rank, argv, optimize))
+
+
+@pytest.mark.parametrize(
+    "args", [["x", "python", "t.py"], ["0", "python", "t.py"], ["00", "python", "t.py"], ["2"]]
+)
 def test_launcher_usage_errors(args: list[str]) -> None:
     proc = run_isolated([str(LAUNCHER), *args], env=child_env(), timeout=30)
     assert proc.returncode == 2 and "usage:" in proc.stderr
@@ -317,9 +322,56 @@ def test_trainer_example(tmp_path: Path) -> None:
     assert (tmp_path / "model.ckpt").exists() and (tmp_path / "checkpoint.ckpt").exists()
 
 
-def test_examples_change_only_the_import() -> None:
-    # Every port imports rankwise.compat.cyxwiz as cx, never pycyxwiz.
-    for script in CX.glob("*.py"):
-        text = script.read_text()
-        assert "import rankwise.compat.cyxwiz as cx" in text and "pycyxwiz" not in text
+# Each port: the guide's sections it ports, and the guide's statements it replaces with marked
+# lines of its own (the reasons are in the port's docstring and docs/seeds/cyxwiz.md).
+PORTS: dict[str, tuple[list[str], list[str]]] = {
+    "quick_start.py": (["### 2. Write Training Script"], []),
+    "api_reference.py": (
+        ["### Initialization Functions", "### DistributedConfig", "### Backend Selection"],
+        ["config.rank = 0", "config.world_size = 4"]  # the launch's rank and size instead
+        + [f"cx.distributed.{q}()" for q in QUERIES],  # printed
+    ),
+    "ddp.py": (
+        ["### DistributedDataParallel (DDP)"],
+        ["ddp.is_master()", "ddp.get_rank()", "ddp.get_world_size()", "ddp.get_model()"],
+    ),
+    "sampler.py": (
+        [
+            "### DistributedSampler",
+            "### DistributedBatchIterator",
+            "### 1. Always Set Epoch in Sampler",
+            "### 5. Handle Uneven Data Sizes",
+        ],
+        [],
+    ),
+    "trainer.py": (
+        [
+            "### DistributedTrainer (High-Level API)",
+            "### DistributedTrainingHistory",
+            "### 2. Only Save/Log on Master",
+            "### 3. Scale Learning Rate with Batch Size",
+        ],
+        ["history = trainer.fit(...)"],  # the history of the fit above
+    ),
+    "accumulation.py": (
+        ["### 4. Use Gradient Accumulation for Large Models"],
+        ["ddp.backward(loss_fn.backward(...))"],  # the scaled loss for the elided argument
+    ),
+}
+
+
+def test_every_port_is_listed() -> None:
+    assert sorted(PORTS) == sorted(p.name for p in CX.glob("*.py"))
+
+
+@pytest.mark.skipif(not seed_ports.SEEDS.exists(), reason="the seed guides are not here")
+@pytest.mark.parametrize("port", sorted(PORTS))
+def test_examples_change_only_the_import(port: str) -> None:
+    # The port's unmarked code, statement by statement, is the guide's with the import swapped.
+    headings, replaced = PORTS[port]
+    guide = "\n".join(seed_ports.guide_code(GUIDE, h) for h in headings)
+    text = (CX / port).read_text()
+    assert "pycyxwiz" not in text
+    expected = seed_ports.expected_units(guide, {IMPORT_GUIDE: IMPORT}, replaced, IMPORT)
+    assert seed_ports.units(text) == expected
     assert os.access(LAUNCHER, os.X_OK)

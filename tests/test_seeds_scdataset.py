@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import rankwise.data as rd
+import seed_ports
 from rankwise.compat import scdataset as sc
 from rankwise.compat.scdataset.transforms import fetch_transform_adata
 from rankwise.testing import RankFailedError, child_env, free_port, run_distributed, run_isolated
@@ -37,12 +38,15 @@ def run_plain(name: str) -> str:
     return out.getvalue()
 
 
-def torchrun(script: str, cwd: Path, nproc: int = 2) -> str:
-    """``torchrun --nproc_per_node=N script`` in ``cwd`` on a free port; its stdout."""
+def torchrun(script: str, cwd: Path, nproc: int = 2, *, tmp: Path | None = None) -> str:
+    """``torchrun --nproc_per_node=N script`` in ``cwd`` on a free port; its stdout. The ports
+    write their data to ``cwd`` (SCDATASET_EXAMPLE_DIR) or, with ``tmp``, to a temporary
+    folder there (TMPDIR), as a user's run without the variable would."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
     cmd += [f"--master_port={free_port()}", str(SC / script)]
     shell = f"cd {shlex.quote(str(cwd))} && exec {shlex.join(cmd)}"
-    env = child_env({"SCDATASET_EXAMPLE_DIR": str(cwd)})
+    extra = {"TMPDIR": str(tmp)} if tmp else {"SCDATASET_EXAMPLE_DIR": str(cwd)}
+    env = {k: v for k, v in child_env(extra).items() if not (tmp and k == "SCDATASET_EXAMPLE_DIR")}
     proc = run_isolated(["sh", "-c", shell], env=env, timeout=270)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -177,7 +181,9 @@ def test_ddp_loop_finishes_on_rankwise_and_breaks_on_the_released_package() -> N
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_basic_ddp_splits_each_epoch_over_two_ranks(tmp_path: Path) -> None:
-    epochs = epochs_of(torchrun("basic_ddp.py", tmp_path))
+    (tmp_path / "tmp").mkdir()
+    epochs = epochs_of(torchrun("basic_ddp.py", tmp_path, tmp=tmp_path / "tmp"))
+    assert not list(tmp_path.glob("**/*.h5ad"))  # the temporary data set was deleted
     assert sorted(epochs) == [0, 1, 2]
     orders = []
     for per_rank in epochs.values():
@@ -245,3 +251,72 @@ def test_set_epoch_gives_a_new_order_each_epoch() -> None:
         "distinct orders: 100",
         "without set_epoch: the order of epoch 99 again: True",
     ]
+
+
+# ------------------------------------------------------------------ ports vs the guide
+
+GUIDE = "scdataset-distributed-guide.rst"
+SWAP = {
+    "from scdataset import scDataset, BlockShuffling": (
+        "from rankwise.compat.scdataset import scDataset, BlockShuffling"
+    ),
+    "from scdataset.transforms import fetch_transform_adata": (
+        "from rankwise.compat.scdataset.transforms import fetch_transform_adata"
+    ),
+}
+# What runs on one GPU per rank in the guide runs on gloo and the CPU without CUDA: the ports
+# replace these statements with marked lines of their own (see each port's docstring).
+ON_GPU = [
+    "dist.init_process_group(backend='nccl')",
+    "torch.cuda.set_device(local_rank)",
+    "model = DDP(model, device_ids=[local_rank])",
+    "batch = batch.to(local_rank)",
+]
+# port: (guide section, the import its snippet needs, the statements the port replaces)
+PORTS: dict[str, tuple[str, str, list[str]]] = {
+    "basic_ddp.py": (
+        "Basic DDP Setup",
+        "from rankwise.compat.scdataset import scDataset, BlockShuffling",
+        [*ON_GPU, "model = YourModel().to(local_rank)", "pass"],  # pass: one DDP step
+    ),
+    "manual_rank.py": (
+        "Manual Rank Configuration",
+        "from rankwise.compat.scdataset import scDataset, BlockShuffling",
+        [],
+    ),
+    "partitioning.py": (
+        "Data Partitioning",
+        "from rankwise.compat.scdataset import scDataset, Streaming",
+        [],
+    ),
+    "set_epoch.py": (
+        "The ``set_epoch()`` Method",
+        "from rankwise.compat.scdataset import scDataset, BlockShuffling",
+        [],
+    ),
+    "complete_training.py": (
+        "Complete Training Example",
+        "from rankwise.compat.scdataset import scDataset, BlockShuffling",
+        [
+            *ON_GPU,
+            "model = nn.Sequential(nn.Linear(adata.n_vars, 256), nn.ReLU(), "
+            "nn.Linear(256, 128)).to(local_rank)",
+            "print(f'Epoch {epoch}, Batch {batch_idx}, Loss: {loss.item():.4f}')",  # flushed
+        ],
+    ),
+}
+
+
+def test_every_port_is_listed() -> None:
+    assert sorted(PORTS) == sorted(p.name for p in SC.glob("*.py"))
+
+
+@pytest.mark.skipif(not seed_ports.SEEDS.exists(), reason="the seed guides are not here")
+@pytest.mark.parametrize("port", sorted(PORTS))
+def test_ports_change_only_the_imports(port: str) -> None:
+    # The port's unmarked code, statement by statement, is the guide's with the imports swapped.
+    section, needed, replaced = PORTS[port]
+    heading = f"{section}\n{'-' * len(section)}"
+    guide = seed_ports.guide_code(GUIDE, heading)
+    expected = seed_ports.expected_units(guide, SWAP, replaced, needed)
+    assert seed_ports.units((SC / port).read_text()) == expected

@@ -4,7 +4,8 @@
 process group (free port, gloo, a timeout on the whole run) and returns each rank's result in
 rank order. A rank that raises fails the call with that rank's traceback; ranks that never
 finish fail it with their numbers. :func:`run_script` does the same for a script through
-``rankwise launch``. :func:`hygiene` restores the environment and destroys any process group a
+``rankwise launch``, and :func:`run_by_hand` starts a command once per rank with the rank
+variables set, as the guides' manual launches do. :func:`hygiene` restores the environment and destroys any process group a
 test left behind.
 
 Processes come from a ``forkserver`` that has imported torch once, so each rank starts in
@@ -29,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -61,6 +63,27 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra or {})
     return env
+
+
+def rank_env(
+    rank: int, world_size: int, port: int, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """:func:`child_env` plus what a launcher gives rank ``rank`` of ``world_size`` on this host.
+
+    >>> {k: rank_env(1, 2, 29555)[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    {'RANK': '1', 'WORLD_SIZE': '2', 'LOCAL_RANK': '1', 'MASTER_PORT': '29555'}
+    """
+    return child_env(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            **(extra or {}),
+        }
+    )
 
 
 def _context(start_method: str) -> Any:
@@ -132,26 +155,23 @@ def run_distributed(
     procs: list[Any] = []
     conns: dict[mpc.Connection, int] = {}
     for rank in range(world_size):
-        rank_env = child_env(
+        env_r = rank_env(
+            rank,
+            world_size,
+            port,
             {
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world_size),
-                "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
                 "DISTRIBUTED_BACKEND": backend,
                 "DISTRIBUTED_TIMEOUT_MS": str(timeout_ms),
                 "DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": str(int(timeout * 1000)),
-                "OMP_NUM_THREADS": "1",
                 **(env or {}),
-            }
+            },
         )
         parent, child = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_rank_main,
             args=(
                 fn,
-                rank_env,
+                env_r,
                 init_group,
                 tuple(args),
                 dict(kwargs or {}),
@@ -251,9 +271,13 @@ def run_script(
 
 
 def run_isolated(
-    cmd: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float,
+    cwd: str | os.PathLike[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run(cmd, capture_output=True, text=True)`` in a session of its own.
+    """``subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)`` in a session of its own.
 
     On timeout the whole session is killed — the launcher *and* the ranks it started; killing
     only the launcher (what ``subprocess.run`` does) leaves hung ranks behind — and
@@ -262,6 +286,7 @@ def run_isolated(
     with subprocess.Popen(
         list(cmd),
         env=None if env is None else dict(env),
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -275,6 +300,64 @@ def run_isolated(
             proc.communicate()
             raise
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+
+
+def run_by_hand(
+    cmd: Sequence[str],
+    world_size: int = 2,
+    *,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> list[subprocess.CompletedProcess[str]]:
+    """Start ``cmd`` once per rank with :func:`rank_env` (a fresh free port) plus ``env``: the
+    guides' manual launch, ``RANK=r WORLD_SIZE=N ... python train.py &`` for each rank.
+
+    Returns each rank's ``CompletedProcess`` in rank order; never raises for the command's own
+    failure (check ``returncode``). Each rank runs in a session of its own; when they do not
+    all finish within ``timeout`` seconds, every session is killed (the ranks and anything
+    they started) and ``subprocess.TimeoutExpired`` is raised.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size ({world_size}) must be >= 1.")
+    port = free_port()
+    procs: list[tuple[subprocess.Popen[bytes], Any, Any]] = []
+    deadline = time.monotonic() + timeout
+    with contextlib.ExitStack() as files:
+        try:
+            for rank in range(world_size):
+                # Files, not pipes: a rank blocked on a full pipe that nobody reads yet would
+                # hang its peers in their next collective.
+                out = files.enter_context(tempfile.TemporaryFile())
+                err = files.enter_context(tempfile.TemporaryFile())
+                proc = subprocess.Popen(
+                    list(cmd),
+                    env=rank_env(rank, world_size, port, env),
+                    cwd=cwd,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
+                procs.append((proc, out, err))
+            for proc, _, _ in procs:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            return [_completed(cmd, *entry) for entry in procs]
+        finally:
+            for proc, _, _ in procs:
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+
+def _completed(
+    cmd: Sequence[str], proc: subprocess.Popen[bytes], out: Any, err: Any
+) -> subprocess.CompletedProcess[str]:
+    texts = []
+    for f in (out, err):
+        f.seek(0)
+        texts.append(f.read().decode(errors="replace"))
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, texts[0], texts[1])
 
 
 def kill_at_checkpoint(point: str, after: int = 0) -> None:

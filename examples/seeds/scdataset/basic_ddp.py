@@ -8,8 +8,8 @@ Lines marked "port:" are not the guide's:
 
 - It leaves ``load_adata``, ``my_fetch_fn``, ``YourModel`` and ``num_epochs`` undefined: the
   port writes a tiny backed .h5ad (1,000 cells x 16 genes, column 0 holding the row id; path
-  from SCDATASET_EXAMPLE_DIR, else a temporary folder), reads rows as a dense tensor, uses a
-  linear model and runs 3 epochs.
+  from SCDATASET_EXAMPLE_DIR, else the temporary folder, where rank 0 deletes it after a
+  final barrier), reads rows as a dense tensor, uses a linear model and runs 3 epochs.
 - ``backend="nccl"``, ``torch.cuda.set_device`` and ``device_ids=[local_rank]`` need one GPU
   per rank: without CUDA the port uses gloo and the CPU.
 - Its training code is ``pass``; the port takes one DDP step per batch (DDP all-reduces the
@@ -18,7 +18,7 @@ Lines marked "port:" are not the guide's:
 """
 
 import os
-import tempfile
+import tempfile  # port
 
 import anndata as ad  # port
 import numpy as np  # port
@@ -35,9 +35,13 @@ num_epochs = 3  # port
 N_CELLS, N_GENES = 1000, 16  # port
 
 
-def load_adata():  # port: a tiny backed .h5ad, written once by rank 0
+def adata_path():  # port
     folder = os.environ.get("SCDATASET_EXAMPLE_DIR") or tempfile.gettempdir()
-    path = os.path.join(folder, f"scdataset_basic_{os.environ['MASTER_PORT']}.h5ad")
+    return os.path.join(folder, f"scdataset_basic_{os.environ['MASTER_PORT']}.h5ad")
+
+
+def load_adata():  # port: a tiny backed .h5ad, written once by rank 0
+    path = adata_path()
     if dist.get_rank() == 0:
         x = np.random.default_rng(0).random((N_CELLS, N_GENES), dtype=np.float32)
         x[:, 0] = np.arange(N_CELLS)  # the row id, so the test can see who read what
@@ -48,6 +52,12 @@ def load_adata():  # port: a tiny backed .h5ad, written once by rank 0
 
 def my_fetch_fn(adata, idx):  # port: the fetched rows as one dense tensor
     return torch.as_tensor(adata[idx].X)
+
+
+def remove_adata():  # port: no file left in the temporary folder once every rank is done
+    dist.barrier()
+    if dist.get_rank() == 0 and not os.environ.get("SCDATASET_EXAMPLE_DIR"):
+        os.remove(adata_path())
 
 
 def YourModel():  # port
@@ -106,6 +116,7 @@ def main():
             f"rank {rank}/{world_size} epoch {epoch} batches {batches} rows {rows}", flush=True
         )  # port: one write, one line
 
+    remove_adata()  # port
     dist.destroy_process_group()
 
 

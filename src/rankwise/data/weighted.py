@@ -230,15 +230,31 @@ class ClassBalancedSampling(BlockWeightedSampling):
             )
         super().__init__(block_size, indices, weights, total_size, replace, sampling_size)
 
+    def _weights_for(self, n: int) -> FloatArray | None:
+        # The weights are derived from labels: a length mismatch is the labels' to report.
+        m = _base_length(n, self.indices)
+        if len(self.labels) not in (n, m):
+            sizes = f"the source's {n} rows" + (
+                "" if self.indices is None else f" or the {m} indices"
+            )
+            raise ValueError(
+                f"labels has {len(self.labels)} entries but must have one per row: {sizes}; "
+                "pass one label per row of the source (or one per index, to balance within "
+                "the subset)."
+            )
+        return super()._weights_for(n)
+
 
 def _check_weights(weights: npt.ArrayLike) -> FloatArray:
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1:
         raise ValueError(f"weights must be 1-D, one per row (got shape {w.shape}).")
-    if not np.isfinite(w).all() or (w < 0).any():
+    bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
+    if bad.size:
         raise ValueError(
-            f"weights must be finite and >= 0 (got a minimum of {w.min()!r}); pass one "
-            "non-negative weight per row."
+            f"weights must be finite and >= 0, but weights[{int(bad[0])}] is "
+            f"{float(w[bad[0]])} ({bad.size} such entries); pass one finite, non-negative "
+            "weight per row."
         )
     if w.size and not w.sum() > 0:
         raise ValueError("weights sum to 0; give at least one row a positive weight.")

@@ -24,7 +24,9 @@ step::
 
 Where gradients must be synchronised after the backward passes rather than inside them (the
 CyxWiz guide's ``backward`` / ``sync_gradients`` / ``update_parameters``), :class:`ExplicitDDP`
-accumulates locally and all-reduces once per ``sync_gradients()``.
+accumulates locally and all-reduces once per ``sync_gradients()``; :class:`OptimizerRecipe` (an
+optimizer named before its model exists) and :class:`OutputGradientMixin` (a loss whose
+``backward(loss)`` gives d loss / d output) go with it.
 
 See ``docs/parallel.md`` for each piece.
 """
@@ -51,6 +53,7 @@ from rankwise.parallel.explicit import ExplicitDDP, gradient_buckets
 from rankwise.parallel.fsdp import FSDPConfig, shard_model
 from rankwise.parallel.hooks import CommStats, allreduce_hook, bf16_hook, fp16_hook, powersgd_hook
 from rankwise.parallel.precision import Precision, clip_grad_norm
+from rankwise.parallel.recipes import OptimizerRecipe, OutputGradientMixin, as_optimizer
 from rankwise.parallel.sync_check import (
     Mismatch,
     OutOfSyncError,
@@ -67,11 +70,14 @@ __all__ = [
     "FSDPConfig",
     "InconsistentRanksError",
     "Mismatch",
+    "OptimizerRecipe",
     "OutOfSyncError",
+    "OutputGradientMixin",
     "Precision",
     "SyncReport",
     "accumulate",
     "allreduce_hook",
+    "as_optimizer",
     "bf16_hook",
     "check_consistent",
     "check_parameters_in_sync",

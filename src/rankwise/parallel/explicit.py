@@ -5,8 +5,9 @@ caller must know *before* the backward whether it is the last micro-batch of a w
 CyxWiz guide's API decides *after*: ``forward`` / ``backward(grad_output)`` any number of times,
 then ``sync_gradients()`` and an optimizer step. :class:`ExplicitDDP` gives that contract on
 torch's own pieces: the model is wrapped by :func:`rankwise.parallel.wrap_model` (so rank 0's
-parameters are broadcast at the start, its shapes checked, buffers kept in sync), every forward
-and backward runs under DDP's ``no_sync()`` (gradients accumulate locally), and
+parameters are broadcast at the start, its shapes checked), every forward re-broadcasts rank 0's
+buffers as DDP's own forward does (``DDPConfig.broadcast_buffers``), every forward and backward
+runs under DDP's ``no_sync()`` (gradients accumulate locally), and
 :meth:`ExplicitDDP.sync_gradients` averages them with ``torch.distributed.all_reduce``, one call
 per bucket of ``DDPConfig.bucket_size_mb``. One all-reduce per window, whatever its length::
 
@@ -32,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import rankwise.distributed as rd
 from rankwise.parallel.ddp import DDPConfig, wrap_model
+from rankwise.parallel.recipes import OptimizerRecipe, as_optimizer
 
 __all__ = ["ExplicitDDP", "gradient_buckets"]
 
@@ -39,9 +41,12 @@ __all__ = ["ExplicitDDP", "gradient_buckets"]
 class ExplicitDDP:
     """``model`` over all ranks, its gradients averaged by :meth:`sync_gradients` only.
 
-    ``config`` is a :class:`DDPConfig`: ``broadcast_parameters``, ``broadcast_buffers``,
-    ``bucket_size_mb`` (the size of each all-reduce) and ``find_unused_parameters`` (a
-    parameter without a gradient joins the average as zeros instead of being an error) apply.
+    ``config`` is a :class:`DDPConfig`: ``broadcast_parameters``, ``broadcast_buffers`` (rank
+    0's buffers, e.g. BatchNorm statistics, before every forward), ``bucket_size_mb`` (the size
+    of each all-reduce) and ``find_unused_parameters`` apply. With the latter, a parameter some
+    rank used and another did not joins the average as zeros on the ranks that did not, and one
+    no rank used keeps ``grad = None`` (the optimizer skips it, as in one process); without
+    it, a parameter that lacks a gradient on any rank is a ``ValueError`` on every rank.
     ``compression`` and ``count_bytes`` configure DDP's per-backward hook, which never runs
     here, so they are refused rather than ignored. In a world of one nothing is wrapped and
     :meth:`sync_gradients` only collects the gradients.
@@ -66,7 +71,8 @@ class ExplicitDDP:
         self.module = model
         self.model = wrap_model(model, cfg)  # DDP with a group; the module itself without
         self._output: Any = None
-        self._input: torch.Tensor | None = None
+        self._input_grad: list[torch.Tensor] = []
+        self._input_hook: Any = None
         self._synced = False
 
     @contextlib.contextmanager
@@ -81,20 +87,38 @@ class ExplicitDDP:
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """The model's output for ``inputs``; kept for the next :meth:`backward`."""
+        inputs = self._watch_input(inputs)
+        if isinstance(self.model, DistributedDataParallel):
+            # DDP's forward broadcasts rank 0's buffers only while require_forward_param_sync is
+            # set, and a forward under no_sync() clears it; without this the BatchNorm
+            # statistics of the ranks drift apart. DDP itself still honours broadcast_buffers.
+            self.model.require_forward_param_sync = True
+        with self._local():
+            self._output = self.model(*inputs, **kwargs)
+        return self._output
+
+    def _watch_input(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        # backward() returns d(output)/d(first input), as the guide's backward does: a hook
+        # records the gradient that reaches the input in that backward pass.
+        if self._input_hook is not None:
+            self._input_hook.remove()
+        self._input_hook = None
+        self._input_grad = []
         first = inputs[0] if inputs else None
-        self._input = None
-        if (
+        if not (
             isinstance(first, torch.Tensor)
             and first.is_floating_point()
             and torch.is_grad_enabled()
         ):
-            # A leaf that requires grad, so backward() can return d(output)/d(input) as the
-            # guide's backward does (one extra matmul in the first layer).
-            self._input = first.detach().requires_grad_(True)
-            inputs = (self._input, *inputs[1:])
-        with self._local():
-            self._output = self.model(*inputs, **kwargs)
-        return self._output
+            return inputs
+        if not first.requires_grad:
+            # A leaf of its own (one extra matmul in the first layer); nothing upstream.
+            first = first.detach().requires_grad_(True)
+            inputs = (first, *inputs[1:])
+        # An input that already requires grad stays in the graph, so the modules that produced
+        # it still get their gradients.
+        self._input_hook = first.register_hook(self._input_grad.append)
+        return inputs
 
     __call__ = forward
 
@@ -114,8 +138,11 @@ class ExplicitDDP:
         with self._local():
             torch.autograd.backward(output, grad_output)
         self._synced = False
-        grad_input = self._input.grad if self._input is not None else None
-        self._input = None
+        if self._input_hook is not None:
+            self._input_hook.remove()
+            self._input_hook = None
+        grad_input = self._input_grad[0] if self._input_grad else None
+        self._input_grad = []
         return grad_input
 
     def sync_gradients(self) -> list[torch.Tensor]:
@@ -139,24 +166,38 @@ class ExplicitDDP:
         return [p.grad for p in params if p.grad is not None]
 
     def _fill_missing(self) -> None:
-        missing = [
-            n for n, p in self.module.named_parameters() if p.requires_grad and p.grad is None
+        # One small all-reduce tells every rank which parameters any rank has a gradient for,
+        # so all ranks take the same decision (raise, fill, or skip) and build the same buckets.
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        if not named:
+            return
+        counts = torch.tensor([p.grad is not None for _, p in named], dtype=torch.int32)
+        world = rd.get_world_size()
+        if rd.has_group() and world > 1:
+            rd.all_reduce(counts)
+        else:
+            world = 1
+        lacking = [
+            (n, world - int(c)) for (n, _), c in zip(named, counts, strict=True) if c < world
         ]
-        if not missing:
+        if not lacking:
             return
         if not self.config.find_unused_parameters:
+            listed = ", ".join(f"{n} (no gradient on {k} of {world} ranks)" for n, k in lacking[:5])
             raise ValueError(
-                f"parameters {missing[:5]} have no gradient to synchronise (unused in the "
-                "forward, or no backward since the last step); set "
-                "DDPConfig.find_unused_parameters = True to average them as zeros."
+                f"parameters {listed} have no gradient to synchronise (unused in the forward, "
+                "or no backward since the last step); set DDPConfig.find_unused_parameters = "
+                "True to average them as zeros."
             )
-        for name, p in self.module.named_parameters():
-            if name in missing:
+        for (_, p), c in zip(named, counts, strict=True):
+            if p.grad is None and c > 0:  # used elsewhere: this rank contributes zeros
                 p.grad = torch.zeros_like(p)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer: torch.optim.Optimizer | OptimizerRecipe) -> None:
         """Sync (unless :meth:`sync_gradients` already did), ``optimizer.step()``, then clear
-        the gradients for the next accumulation window."""
+        the gradients for the next accumulation window. An :class:`OptimizerRecipe` is bound to
+        this model's parameters on the first step."""
+        optimizer = as_optimizer(optimizer, self.module.parameters())
         self.sync_gradients()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

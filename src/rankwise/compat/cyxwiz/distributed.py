@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankwise.compat.cyxwiz.nn import _Recipe
 from rankwise.compat.cyxwiz.sampler import DistributedSampler
 from rankwise.data import DistributedBatchIterator
 from rankwise.distributed import (
@@ -37,7 +36,7 @@ from rankwise.distributed import (
     is_master,
 )
 from rankwise.distributed import barrier as barrier
-from rankwise.parallel import DDPConfig, ExplicitDDP
+from rankwise.parallel import DDPConfig, ExplicitDDP, OptimizerRecipe, as_optimizer
 from rankwise.train import DistributedTrainer as _CoreTrainer
 from rankwise.train import DistributedTrainingConfig, DistributedTrainingHistory
 
@@ -62,11 +61,6 @@ __all__ = [
 ]
 
 
-def _bound(optimizer: Any, params: Any) -> Any:
-    """A ``cx.AdamOptimizer`` recipe becomes its torch optimizer over ``params``."""
-    return optimizer.bind(params) if isinstance(optimizer, _Recipe) else optimizer
-
-
 class DistributedDataParallel(ExplicitDDP):
     """The guide's ``DistributedDataParallel(model, ddp_config)``: :class:`ExplicitDDP` with the
     guide's names. ``backward(grad_output)`` accumulates locally, ``sync_gradients()``
@@ -87,11 +81,11 @@ class DistributedDataParallel(ExplicitDDP):
     def __init__(self, model: nn.Module, ddp_config: DDPConfig | None = None) -> None:
         super().__init__(model, ddp_config)
 
-    def update_parameters(self, optimizer: torch.optim.Optimizer | _Recipe) -> None:
-        """Sync (unless ``sync_gradients()`` already did), step ``optimizer`` (a torch
-        optimizer, or a ``cx.AdamOptimizer`` recipe bound here to this model), clear the
-        gradients."""
-        self.step(_bound(optimizer, self.module.parameters()))
+    def update_parameters(self, optimizer: torch.optim.Optimizer | OptimizerRecipe) -> None:
+        """:meth:`ExplicitDDP.step`: sync (unless ``sync_gradients()`` already did), step
+        ``optimizer`` (a torch optimizer, or a ``cx.AdamOptimizer`` recipe bound here to this
+        model), clear the gradients."""
+        self.step(optimizer)
 
     def get_model(self) -> nn.Module:
         return self.module
@@ -121,4 +115,7 @@ class DistributedTrainer(_CoreTrainer):
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
-        super().__init__(model, loss_fn, _bound(optimizer, model.parameters()), *args, **kwargs)
+        # The guide's trainer.optimizer exists once the trainer does: bind the recipe now.
+        super().__init__(
+            model, loss_fn, as_optimizer(optimizer, model.parameters()), *args, **kwargs
+        )

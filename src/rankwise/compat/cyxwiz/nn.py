@@ -3,9 +3,11 @@
 
 Modules are torch modules (``LinearModule`` *is* ``torch.nn.Linear``), so they go anywhere
 torch's do. The guide builds its optimizer before any parameters exist
-(``cx.AdamOptimizer(0.001)``), so an optimizer here is a recipe that builds the torch
-optimizer the first time it is given parameters (by the trainer, or by
-``DistributedDataParallel.update_parameters``) and is then bound to them.
+(``cx.AdamOptimizer(0.001)``), so an optimizer here is a
+:class:`rankwise.parallel.OptimizerRecipe` that builds the torch optimizer the first time it is
+given parameters (by the trainer, or by ``DistributedDataParallel.update_parameters``) and is
+then bound to them; ``CrossEntropyLoss.backward`` is
+:class:`rankwise.parallel.OutputGradientMixin`'s.
 
 >>> import rankwise.compat.cyxwiz as cx
 >>> model = cx.SequentialModel()
@@ -18,15 +20,13 @@ SequentialModel(...)
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
+from rankwise.parallel.recipes import OptimizerRecipe, OutputGradientMixin
 from rankwise.train.checkpoint import load_file, save_file
 
 __all__ = [
@@ -66,83 +66,17 @@ class SequentialModel(nn.Sequential):
         return self
 
 
-class CrossEntropyLoss(nn.CrossEntropyLoss):
-    """torch's cross-entropy (mean over the batch), plus the guide's ``forward`` / ``backward``
-    pair for :class:`DistributedDataParallel`'s ``backward(grad_output)``.
-
-    ``backward(loss)`` is d ``loss`` / d predictions, for the predictions of the last
-    ``forward``; pass the loss as you scaled it (``loss / accumulation_steps``) and the scale
-    reaches the gradients.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._last: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        loss = super().forward(input, target)
-        self._last = (input, loss)
-        return loss
-
-    def backward(self, loss: torch.Tensor | None = None) -> torch.Tensor:
-        """The gradient of ``loss`` (default: what the last ``forward`` returned) with respect
-        to that forward's predictions."""
-        if loss is Ellipsis:
-            raise TypeError(
-                "loss_fn.backward(...) was called with a literal `...`, which the guide uses "
-                "for elided arguments; pass the loss forward() returned, scaled as you need: "
-                "loss_fn.backward(loss)."
-            )
-        if self._last is None or not self._last[0].requires_grad:
-            raise RuntimeError(
-                "CrossEntropyLoss.backward() needs a forward(output, target) on an output "
-                "that requires grad (a training forward) first."
-            )
-        predictions, last_loss = self._last
-        (grad,) = torch.autograd.grad(last_loss if loss is None else loss, predictions)
-        return grad
+class CrossEntropyLoss(OutputGradientMixin, nn.CrossEntropyLoss):
+    """torch's cross-entropy (mean over the batch) with the guide's ``forward`` / ``backward``
+    pair: ``backward(loss)`` is d ``loss`` / d predictions of the last ``forward``
+    (:class:`rankwise.parallel.OutputGradientMixin`)."""
 
 
-class _Recipe:
-    """An optimizer built over the first parameters it is given, then bound to them."""
+class AdamOptimizer(OptimizerRecipe):
+    """The guide's ``cx.AdamOptimizer(learning_rate)``: a :class:`rankwise.parallel.OptimizerRecipe`
+    for ``torch.optim.Adam(params, lr=learning_rate, betas=(beta1, beta2), eps=epsilon)``."""
 
-    def __init__(self, learning_rate: float) -> None:
-        if (
-            isinstance(learning_rate, bool)
-            or not isinstance(learning_rate, int | float)
-            or not math.isfinite(learning_rate)
-            or learning_rate <= 0
-        ):
-            raise ValueError(
-                f"{type(self).__name__} learning_rate ({learning_rate!r}) must be a finite "
-                "number > 0, e.g. 0.001."
-            )
-        self.learning_rate = float(learning_rate)
-        self.optimizer: torch.optim.Optimizer | None = None
-
-    def _build(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        raise NotImplementedError
-
-    def bind(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-        """The torch optimizer over ``params``: built on the first call, the same one after."""
-        params = list(params)
-        if self.optimizer is None:
-            self.optimizer = self._build(params)
-            return self.optimizer
-        bound = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
-        if {id(p) for p in params} != bound:
-            raise ValueError(
-                f"this {type(self).__name__} is already bound to another model's parameters; "
-                f"create one {type(self).__name__} per model."
-            )
-        return self.optimizer
-
-    # The trainer takes a callable params -> optimizer.
-    __call__ = bind
-
-
-class AdamOptimizer(_Recipe):
-    """``torch.optim.Adam(params, lr=learning_rate, betas=(beta1, beta2), eps=epsilon)``."""
+    lr_name = "learning_rate"
 
     def __init__(
         self,
@@ -151,21 +85,15 @@ class AdamOptimizer(_Recipe):
         beta2: float = 0.999,
         epsilon: float = 1e-8,
     ) -> None:
-        super().__init__(learning_rate)
-        self.betas = (beta1, beta2)
-        self.epsilon = epsilon
-
-    def _build(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        return torch.optim.Adam(params, lr=self.learning_rate, betas=self.betas, eps=self.epsilon)
+        super().__init__(torch.optim.Adam, learning_rate, betas=(beta1, beta2), eps=epsilon)
 
 
-class SGDOptimizer(_Recipe):
-    """``torch.optim.SGD(params, lr=learning_rate, momentum=momentum)`` (not in the guide's
-    Quick Start; its update is linear in the gradient, which makes equivalences checkable)."""
+class SGDOptimizer(OptimizerRecipe):
+    """``torch.optim.SGD(params, lr=learning_rate, momentum=momentum)`` as a recipe (not in the
+    guide's Quick Start; its update is linear in the gradient, which makes equivalences
+    checkable)."""
+
+    lr_name = "learning_rate"
 
     def __init__(self, learning_rate: float = 0.01, momentum: float = 0.0) -> None:
-        super().__init__(learning_rate)
-        self.momentum = momentum
-
-    def _build(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        return torch.optim.SGD(params, lr=self.learning_rate, momentum=self.momentum)
+        super().__init__(torch.optim.SGD, learning_rate, momentum=momentum)
