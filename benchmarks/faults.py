@@ -37,7 +37,13 @@ from rankwise.train import FAULT_POINTS, read_audit
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "scripts" / "fault_worker.py"
-NUM_SAMPLES, EPOCHS, STEPS, EVERY, SAVES = 192, 2, 24, 3, 10
+NUM_SAMPLES, EPOCHS, STEPS, EVERY = 192, 2, 24, 3
+# The worker saves every EVERY steps; the saves due at an epoch's end fall on such a step and are
+# one file, so a run makes STEPS // EVERY saves. A --kill-save-index past them never strikes.
+SAVES = STEPS // EVERY
+
+
+NO_FAILURE = "no failure happened"
 
 
 @dataclass
@@ -86,7 +92,7 @@ def run_trial(out: Path, fault: list[str], reference: dict[str, torch.Tensor]) -
         trial.recovery_s = first - failed_at
         trial.lost_steps = failed.last_step - resumed.start_step
     else:
-        trial.note = "no failure happened"  # e.g. a fault point this run never reached
+        trial.note = NO_FAILURE  # e.g. a fault point this run never reached
     return trial
 
 
@@ -136,11 +142,14 @@ def trial_line(i: int, t: Trial) -> str:
 
 def report(trials: list[Trial], seconds: float) -> None:
     survived = [t for t in trials if t.survived]
-    recovered = [t.recovery_s for t in survived if t.recovery_s == t.recovery_s]
-    lost = [t.lost_steps for t in survived]
+    failed = [t for t in survived if t.note != NO_FAILURE]
+    recovered = [t.recovery_s for t in failed if t.recovery_s == t.recovery_s]
+    lost = [t.lost_steps for t in failed]
     diff = max((t.max_diff for t in survived), default=float("nan"))
     print()
     print(f"survived {len(survived)}/{len(trials)}")
+    unreached = len(survived) - len(failed)
+    print(f"failures that struck {len(trials) - unreached} ({unreached} never reached their point)")
     print(f"max parameter difference {diff:.3g}")
     print(f"exactly-once violations {sum(t.violations for t in trials)}")
     print(f"corrupt resumes {sum(t.corrupt for t in trials)}")
