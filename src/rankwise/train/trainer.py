@@ -43,7 +43,8 @@ from rankwise.train.evaluation import EvalBatches, eval_batches, evaluate_exact,
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
 from rankwise.train.loop import EpochSums, train_epoch
-from rankwise.train.setup import Prepared, prepare, scale_lr, seed_everything
+from rankwise.parallel import unwrap_model
+from rankwise.train.setup import Prepared, prepare, resolve_device, scale_lr, seed_everything
 
 OptimizerSpec = torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -59,6 +60,8 @@ class DistributedTrainer:
       is sharded; an instance is then rebuilt with the same class and param-group settings.
     - ``scheduler``: an LR scheduler over that optimizer, or a callable ``optimizer ->
       scheduler`` (required with FSDP when the optimizer is given as an instance).
+    - ``device`` (``"cpu"``, ``"cuda:1"``, a CUDA index): default ``rd.device()``. A model
+      that comes wrapped (DDP, DataParallel, FSDP2) is trained as it is, never wrapped twice.
     - ``callbacks``: objects with any of ``on_fit_start(trainer)``, ``on_epoch_end(trainer,
       epoch, metrics)``, ``on_checkpoint_saved(trainer, path)``, ``on_fit_end(trainer,
       history)``, ``on_batch(trainer, epoch, step, sample_ids)``.
@@ -75,6 +78,7 @@ class DistributedTrainer:
         optimizer: OptimizerSpec,
         scheduler: Any = None,
         callbacks: Sequence[Any] = (),
+        device: torch.device | str | int | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
@@ -84,7 +88,7 @@ class DistributedTrainer:
                 f"got {type(optimizer).__name__}."
             )
         rd.init()  # idempotent; a world of one without launcher variables
-        self.module = model
+        self.module = unwrap_model(model)
         self.model: nn.Module = model
         self.loss_fn = loss_fn
         self._optimizer_spec = optimizer
@@ -102,7 +106,8 @@ class DistributedTrainer:
         self.lr_scaled = False
         self.train_source: Any = None
         self.logger: Any = None
-        self.device = rd.device()
+        self.device_choice = None if device is None else resolve_device(device)
+        self.device = self.device_choice or rd.device()
         self._manager: ck.CheckpointManager | None = None
         self._pending: st.Position | None = None  # from load_checkpoint() before fit()
         self._epoch = 0
