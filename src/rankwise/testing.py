@@ -251,9 +251,13 @@ def run_script(
 
 
 def run_isolated(
-    cmd: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float,
+    cwd: str | Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run(cmd, capture_output=True, text=True)`` in a session of its own.
+    """``subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)`` in a session of its own.
 
     On timeout the whole session is killed — the launcher *and* the ranks it started; killing
     only the launcher (what ``subprocess.run`` does) leaves hung ranks behind — and
@@ -262,6 +266,7 @@ def run_isolated(
     with subprocess.Popen(
         list(cmd),
         env=None if env is None else dict(env),
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
