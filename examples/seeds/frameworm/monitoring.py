@@ -23,7 +23,7 @@ device = rank if torch.cuda.is_available() else "cpu"  # port
 torch.manual_seed(rank)  # port: each rank its own data
 model = get_model("vae")(Config.from_file("examples/seeds/frameworm/config.yaml"))  # port
 loss = model(torch.randn(8, model.input_dim))["loss"]  # port
-print(f"rank {rank} loss {loss.item()!r}", flush=True)  # port
+print(f"rank {rank} loss {loss.item()!r}\n", end="", flush=True)  # port: one write
 
 # Synchronize metrics across GPUs
 if dist.is_initialized():

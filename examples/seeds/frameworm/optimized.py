@@ -85,7 +85,8 @@ def train_optimized(rank, world_size, config):  # type: ignore[no-untyped-def]
         f"rank {rank}: output dtype {output['recon'].dtype}, scaler enabled "
         f"{scaler.is_enabled()}, powersgd iter {state.iter} compressed-numel "
         f"{state.total_numel_after_compression}, loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
-        f"checksum {checksum!r}",
+        f"checksum {checksum!r}\n",
+        end="",  # one write: the ranks' lines must not interleave
         flush=True,
     )
     cleanup()

@@ -113,7 +113,8 @@ def train_ddp(rank, world_size, config):  # type: ignore[no-untyped-def]
     print(
         f"rank {rank}/{world_size} local {local_rank} trained {type(trainer.model).__name__}; "
         f"loss {history.train_losses[0]:.4f} -> {history.train_losses[-1]:.4f}, "
-        f"val {history.val_losses[-1]:.4f}, checksum {checksum!r}",
+        f"val {history.val_losses[-1]:.4f}, checksum {checksum!r}\n",
+        end="",  # one write: the ranks' lines must not interleave
         flush=True,
     )
     cleanup()
