@@ -61,7 +61,9 @@ def test_names_are_rankwise_objects() -> None:
 
 
 def test_unknown_model_and_missing_key_name_the_fix() -> None:
-    with pytest.raises(ValueError, match=r"unknown model 'gan'; the known models are \['mlp', 'vae'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown model 'gan'; the known models are \['mlp', 'vae'\]"
+    ):
         fw.get_model("gan")
     with pytest.raises(ConfigKeyError, match=r"config\.model\.latent_dim is not set"):
         fw.get_model("vae")(fw.Config({"model": {"input_dim": 4}}))

@@ -31,7 +31,7 @@ def test_from_file_nested_attributes_and_items(tmp_path: Path) -> None:
 def test_missing_key_names_the_path_and_the_keys_there() -> None:
     config = ConfigTree({"model": {"latent_dim": 4, "name": "vae"}})
     with pytest.raises(ConfigKeyError) as info:
-        config.model.latent_dims
+        _ = config.model.latent_dims
     assert str(info.value) == (
         "config.model.latent_dims is not set (config.model has latent_dim, name); add it to "
         "the YAML file under model:, or set config.model.latent_dims = ... "

@@ -13,6 +13,7 @@ all-reduce every micro-batch; ``rankwise.parallel.accumulate`` (``no_sync``) or 
 """
 
 import torch  # port
+
 from rankwise.compat.frameworm import Config, get_model  # port
 
 torch.manual_seed(0)  # port
@@ -28,12 +29,15 @@ accumulation_steps = 4
 
 for i, batch in enumerate(train_loader):
     output = model(batch)
-    loss = output['loss'] / accumulation_steps
+    loss = output["loss"] / accumulation_steps
     loss.backward()
 
     if (i + 1) % accumulation_steps == 0:
         if steps == 0:  # port: the first step's gradient against one batch of 32
-            diff = max((p.grad - g).abs().max().item() for p, g in zip(model.parameters(), reference))
+            diff = max(
+                (p.grad - g).abs().max().item()
+                for p, g in zip(model.parameters(), reference, strict=True)
+            )
             print(f"gradient of 4 x 8 vs 1 x 32: max difference {diff:.2e}")
         steps += 1  # port
         optimizer.step()

@@ -18,20 +18,22 @@ What a port must add or change is marked "port:":
 
 import torch
 
-from rankwise.compat.frameworm import Config, get_model, Trainer  # noqa: I001 (the guide's order)
+from rankwise.compat.frameworm import Config, Trainer, get_model
 
 # Create model
-config = Config.from_file('config.yaml')
+config = Config.from_file("config.yaml")
 
 # port: the guide's train_loader and val_loader, tiny and made on the fly
 torch.manual_seed(0)
 basis = torch.randn(4, config.model.input_dim)
 samples = config.data.train_samples + config.data.val_samples
 data = torch.randn(samples, 4) @ basis + 0.1 * torch.randn(samples, config.model.input_dim)
-train_loader = torch.utils.data.DataLoader(data[: config.data.train_samples], batch_size=16, shuffle=True)
+train_loader = torch.utils.data.DataLoader(
+    data[: config.data.train_samples], batch_size=16, shuffle=True
+)
 val_loader = torch.utils.data.DataLoader(data[config.data.train_samples :], batch_size=16)
 
-model = get_model('vae')(config)
+model = get_model("vae")(config)
 
 # Wrap in DataParallel
 if torch.cuda.device_count() > 1:
@@ -39,7 +41,9 @@ if torch.cuda.device_count() > 1:
     print(f"Using {torch.cuda.device_count()} GPUs")
 
 optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
-trainer = Trainer(model, optimizer, device='cuda' if torch.cuda.is_available() else 'cpu')  # port: 'cuda'
+trainer = Trainer(
+    model, optimizer, device="cuda" if torch.cuda.is_available() else "cpu"
+)  # port: 'cuda'
 
 history = trainer.train(train_loader, val_loader, epochs=50)  # port: `history =`, for the prints
 

@@ -12,10 +12,10 @@ one call.
 """
 
 import torch  # port
+import torch.distributed as dist
+
 import rankwise.distributed as rd  # port
 from rankwise.compat.frameworm import Config, get_model  # port
-
-import torch.distributed as dist  # noqa: I001 (the guide's order)
 
 rd.init()  # port: joins the launcher's group (torch's process group underneath)
 rank, world_size = rd.get_rank(), rd.get_world_size()  # port

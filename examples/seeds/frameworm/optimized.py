@@ -24,14 +24,21 @@ import torch.distributed as dist  # port
 from torch.nn.parallel import DistributedDataParallel as DDP  # port
 from torch.utils.data import DataLoader  # port
 from torch.utils.data.distributed import DistributedSampler  # port
-from rankwise.compat.frameworm import Config, get_model  # port: the DDP example's imports
-from rankwise.compat.frameworm import autocast, GradScaler  # noqa: I001 (the guide's order)
+
+from rankwise.compat.frameworm import (  # port: the DDP example's imports
+    Config,
+    GradScaler,
+    autocast,
+    get_model,
+)
 
 CUDA = torch.cuda.is_available()  # port
 
 
 def setup(rank, world_size):  # type: ignore[no-untyped-def]  # port: the DDP example's
-    dist.init_process_group('nccl' if CUDA else 'gloo', init_method='env://', rank=rank, world_size=world_size)
+    dist.init_process_group(
+        "nccl" if CUDA else "gloo", init_method="env://", rank=rank, world_size=world_size
+    )
     if CUDA:
         torch.cuda.set_device(rank)
 
@@ -47,7 +54,7 @@ def train_optimized(rank, world_size, config):  # type: ignore[no-untyped-def]
     data = torch.randn(config.data.train_samples, config.model.input_dim)  # port
     train_loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data))  # port
 
-    model = get_model('vae')(config).to(device)  # port: .to(rank)
+    model = get_model("vae")(config).to(device)  # port: .to(rank)
     model = DDP(model, device_ids=[rank] if CUDA else None)  # port: [rank]
 
     optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
@@ -55,6 +62,7 @@ def train_optimized(rank, world_size, config):  # type: ignore[no-untyped-def]
 
     # Enable gradient compression (PowerSGD)
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
     state = powerSGD_hook.PowerSGDState(
         process_group=None,
         matrix_approximation_rank=1,
@@ -63,7 +71,7 @@ def train_optimized(rank, world_size, config):  # type: ignore[no-untyped-def]
     model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
     losses = []  # port
-    for epoch in range(25):  # port: 50 (25 epochs x 2 steps = 50 steps)
+    for epoch in range(25):  # noqa: B007  # port: 50 (25 epochs x 2 steps = 50 steps)
         for batch in train_loader:
             batch = batch.to(device)  # port: the guide never moves the batch to the GPU
             optimizer.zero_grad()
@@ -71,7 +79,7 @@ def train_optimized(rank, world_size, config):  # type: ignore[no-untyped-def]
             # Mixed precision forward
             with autocast():
                 output = model(batch)
-                loss = output['loss']
+                loss = output["loss"]
             losses.append(loss.item())  # port
 
             # Scaled backward

@@ -38,7 +38,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader  # port: used by the guide, not imported there
 from torch.utils.data.distributed import DistributedSampler
-from rankwise.compat.frameworm import Config, get_model, Trainer  # noqa: I001 (the guide's order)
+
+from rankwise.compat.frameworm import Config, Trainer, get_model
 
 CUDA = torch.cuda.is_available()  # port
 
@@ -56,10 +57,10 @@ def make_data(config):  # type: ignore[no-untyped-def]  # port: the guide's unde
 def setup(rank, world_size):  # type: ignore[no-untyped-def]
     """Initialize distributed training"""
     dist.init_process_group(
-        backend='nccl' if CUDA else 'gloo',  # port: 'nccl'
-        init_method='env://',
+        backend="nccl" if CUDA else "gloo",  # port: 'nccl'
+        init_method="env://",
         rank=rank,
-        world_size=world_size
+        world_size=world_size,
     )
     if CUDA:  # port
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # port: rank
@@ -73,7 +74,9 @@ def cleanup():  # type: ignore[no-untyped-def]
 def train_ddp(rank, world_size, config):  # type: ignore[no-untyped-def]
     """Train with DDP"""
     local_rank, rank = rank, int(os.environ.get("RANK", 0)) + rank  # port: global rank
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))  # port
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank)
+    )  # port
     device = local_rank if CUDA else "cpu"  # port
     train_dataset, val_dataset = make_data(config)  # port
     val_loader = DataLoader(val_dataset, batch_size=16)  # port
@@ -82,15 +85,12 @@ def train_ddp(rank, world_size, config):  # type: ignore[no-untyped-def]
 
     # Create model on current GPU
     torch.manual_seed(rank)  # port: different initial weights per rank; DDP syncs rank 0's
-    model = get_model('vae')(config).to(device)  # port: .to(rank)
+    model = get_model("vae")(config).to(device)  # port: .to(rank)
     model = DDP(model, device_ids=[local_rank] if CUDA else None)  # port: [rank]
 
     # Distributed sampler
     train_sampler = DistributedSampler(
-        train_dataset,
-        num_replicas=world_size,
-        rank=rank,
-        shuffle=True
+        train_dataset, num_replicas=world_size, rank=rank, shuffle=True
     )
 
     train_loader = DataLoader(
@@ -98,7 +98,7 @@ def train_ddp(rank, world_size, config):  # type: ignore[no-untyped-def]
         batch_size=128 // world_size,  # Split batch across GPUs
         sampler=train_sampler,
         num_workers=4 if CUDA else 0,  # port: 4 (see the docstring)
-        pin_memory=CUDA  # port: True (no memory to pin for without CUDA)
+        pin_memory=CUDA,  # port: True (no memory to pin for without CUDA)
     )
 
     # Optimizer
@@ -120,7 +120,7 @@ def train_ddp(rank, world_size, config):  # type: ignore[no-untyped-def]
     cleanup()
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     import torch.multiprocessing as mp
 
     world_size = torch.cuda.device_count() if CUDA else 2  # port: 2 CPU processes
@@ -128,12 +128,12 @@ if __name__ == '__main__':
     world_size = int(os.environ.get("WORLD_SIZE", world_size))  # port: multi-machine total
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # port: env:// needs them
     os.environ.setdefault("MASTER_PORT", "29500")  # port
-    config = Config.from_file('config.yaml')
+    config = Config.from_file("config.yaml")
 
     # Spawn processes
     mp.spawn(
         train_ddp,
         args=(world_size, config),
         nprocs=nprocs,  # port: world_size
-        join=True
+        join=True,
     )

@@ -15,6 +15,7 @@ is DISTRIBUTED_TIMEOUT_MS / DISTRIBUTED_COLLECTIVE_TIMEOUT_MS), NCCL_DEBUG=INFO 
 """
 
 import torch  # port
+
 from rankwise.compat.frameworm import Config, Trainer, get_model  # port
 
 
@@ -35,5 +36,7 @@ def run(checkpointing):  # type: ignore[no-untyped-def]  # port
 
 blocks, loss, params = run(True)  # port
 _, plain_loss, plain_params = run(False)  # port
-same = all(torch.allclose(a, b, atol=1e-6) for a, b in zip(params, plain_params))  # port
+same = all(
+    torch.allclose(a, b, atol=1e-6) for a, b in zip(params, plain_params, strict=True)
+)  # port
 print(f"checkpointed blocks {blocks}; loss {loss:.6f} vs {plain_loss:.6f}; same parameters {same}")

@@ -106,7 +106,7 @@ def autocast() -> contextlib.AbstractContextManager[Any]:
     return Precision.mixed().autocast()
 
 
-def GradScaler() -> torch.amp.GradScaler:  # noqa: N802 (the guide's name)
+def GradScaler() -> torch.amp.GradScaler:
     """``torch.cuda.amp.GradScaler()``'s stand-in: loss scaling for fp16 on CUDA; on the CPU,
     where :func:`autocast` uses bfloat16, a disabled scaler (``scale(loss)`` is ``loss``)."""
     return Precision.mixed().grad_scaler()

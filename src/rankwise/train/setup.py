@@ -47,10 +47,7 @@ def prepare(trainer: DistributedTrainer, cfg: DistributedTrainingConfig) -> Prep
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(module)
     given = trainer.model  # as passed in (prepare runs at the first fit, before re-binding)
-    if is_wrapped(given):
-        model = _adopt(given, cfg)
-    else:
-        model = _wrap(module, cfg, trainer.device_choice)
+    model = _adopt(given, cfg) if is_wrapped(given) else _wrap(module, cfg, trainer.device_choice)
     spec = trainer._optimizer_spec
     if isinstance(spec, torch.optim.Optimizer):
         optimizer = spec

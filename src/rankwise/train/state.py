@@ -104,7 +104,9 @@ def model_state_dict(model: nn.Module, *, all_ranks: bool = False) -> dict[str, 
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    state: dict[str, Any] = get_model_state_dict(_dcp_view(model), options=_read_options(model, all_ranks))
+    state: dict[str, Any] = get_model_state_dict(
+        _dcp_view(model), options=_read_options(model, all_ranks)
+    )
     return _to_cpu(state) if all_ranks else state
 
 
@@ -150,7 +152,9 @@ def optimizer_state_dict(
 
     if not optimizer.state:
         return {"state": {}, "param_groups": _named_param_groups(model, optimizer)}
-    state = get_optimizer_state_dict(_dcp_view(model), optimizer, options=_read_options(model, all_ranks))
+    state = get_optimizer_state_dict(
+        _dcp_view(model), optimizer, options=_read_options(model, all_ranks)
+    )
     return _to_cpu(state) if all_ranks else state
 
 

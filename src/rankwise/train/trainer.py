@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import rankwise.distributed as rd
+from rankwise.parallel import unwrap_model
 from rankwise.train import checkpoint as ck
 from rankwise.train import resume as st
 from rankwise.train.config import DistributedTrainingConfig
@@ -43,7 +44,6 @@ from rankwise.train.evaluation import EvalBatches, eval_batches, evaluate_exact,
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
 from rankwise.train.loop import EpochSums, train_epoch
-from rankwise.parallel import unwrap_model
 from rankwise.train.setup import Prepared, prepare, resolve_device, scale_lr, seed_everything
 
 OptimizerSpec = torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
