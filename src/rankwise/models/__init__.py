@@ -1,12 +1,14 @@
 """Reference models (``rankwise.models``): standard architectures built from ``torch.nn`` only.
 
 torchvision would pull in a torch of its own; these let benchmarks, examples and the
-TensorBrain guide's ``tb.nn.ResNet50()`` use a real ResNet-50 without it.
+TensorBrain guide's ``tb.nn.ResNet50()`` use a real ResNet-50 without it. ``VAE`` and ``MLP``
+are the FRAMEWORM guide's small models (the VAE returns its own ``{"loss": ...}``).
 
 >>> sum(p.numel() for p in ResNet50().parameters())
 25557032
 """
 
 from rankwise.models.resnet import Bottleneck, ResNet, ResNet50, resnet50
+from rankwise.models.vae import MLP, VAE
 
-__all__ = ["Bottleneck", "ResNet", "ResNet50", "resnet50"]
+__all__ = ["MLP", "VAE", "Bottleneck", "ResNet", "ResNet50", "resnet50"]

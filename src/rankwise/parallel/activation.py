@@ -25,8 +25,10 @@ def find_blocks(model: nn.Module, blocks: BlockSpec = None) -> list[nn.Module]:
     """The repeated blocks of ``model``: what to checkpoint or shard one by one.
 
     ``blocks`` may list the modules, or give their type(s). By default they are the
-    parameter-holding entries of the ``nn.ModuleList`` / ``nn.Sequential`` (the model itself
-    included) that holds the most parameters, e.g. a transformer's ``layers``.
+    submodules a model names in its ``block_names`` attribute (e.g. a VAE's
+    ``("encoder", "decoder")``), else the parameter-holding entries of the ``nn.ModuleList`` /
+    ``nn.Sequential`` (the model itself included) that holds the most parameters, e.g. a
+    transformer's ``layers``.
 
     >>> mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     >>> [type(b).__name__ for b in find_blocks(mlp)]
@@ -47,6 +49,9 @@ def find_blocks(model: nn.Module, blocks: BlockSpec = None) -> list[nn.Module]:
                 f"blocks must be nn.Module instances or nn.Module types, got {listed!r}."
             )
         return [b for b in listed if isinstance(b, nn.Module)]
+    named = getattr(inner, "block_names", None)
+    if named is not None:
+        return [_named_block(inner, name) for name in named]
     containers = [m for m in inner.modules() if isinstance(m, nn.ModuleList | nn.Sequential)]
     best: list[nn.Module] = []
     best_size = 0
@@ -97,6 +102,16 @@ class _CheckpointedForward:
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)  # evaluation: nothing to save, nothing to recompute
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def _named_block(model: nn.Module, name: str) -> nn.Module:
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        raise ValueError(
+            f"{type(model).__name__}.block_names names {name!r}, which is not a submodule of "
+            f"it; list names of its submodules (e.g. {[n for n, _ in model.named_children()]})."
+        ) from None
 
 
 def _numel(module: nn.Module) -> int:

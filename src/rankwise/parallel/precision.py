@@ -136,6 +136,30 @@ class Precision:
         self.scaler.update()
         return not self.scaler.get_scale() < before  # update() backs off only after a skip
 
+    @classmethod
+    def mixed(cls, device: torch.device | str | None = None) -> Precision:
+        """Mixed precision for ``device`` (default: this rank's): ``"fp16"`` with loss
+        scaling on CUDA, ``"bf16"`` elsewhere (CPUs run bfloat16 well and float16 slowly, and
+        bfloat16 has float32's range, so it needs no loss scaling).
+
+        >>> Precision.mixed("cpu").mode
+        'bf16'
+        """
+        kind = torch.device(device).type if device is not None else rd.device().type
+        return cls("fp16" if kind == "cuda" else "bf16", kind)
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """The ``torch.amp.GradScaler`` this mode needs, for loops written around one: fp16's
+        own (dynamic loss scaling); otherwise a disabled one, whose ``scale`` returns the loss
+        unchanged and whose ``step`` is ``optimizer.step()``.
+
+        >>> Precision("bf16", "cpu").grad_scaler().is_enabled()
+        False
+        """
+        if self.scaler is not None:
+            return self.scaler
+        return torch.amp.GradScaler(self.device_type, enabled=False)
+
     def state_dict(self) -> dict[str, Any]:
         """``{"mode": ...}`` plus, under fp16, the GradScaler's plain-valued state."""
         state: dict[str, Any] = {"mode": self.mode}

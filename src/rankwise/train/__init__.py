@@ -2,7 +2,8 @@
 
 ``DistributedTrainer`` trains, ``DistributedTrainingConfig`` says what a run does,
 ``DistributedTrainingHistory`` records what it did, ``TrainingLogger`` prints and logs it on
-rank 0; ``AuditLog`` (opt-in) records which samples each rank consumed per step. See ``docs/train.md``.
+rank 0; ``AuditLog`` (opt-in) records which samples each rank consumed per step;
+``ConfigTree`` reads a script's own nested YAML settings. See ``docs/train.md``.
 
 Checkpoints (:mod:`rankwise.train.checkpoint`): atomic, verified files; a manager with a
 ``latest`` pointer and pruning; model / optimizer / RNG state independent of the wrapping.
@@ -27,6 +28,7 @@ from rankwise.train.checkpoint import (
     verify_file,
 )
 from rankwise.train.config import DistributedTrainingConfig, parse_overrides
+from rankwise.train.config_tree import ConfigKeyError, ConfigTree
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
 from rankwise.train.trainer import DistributedTrainer
@@ -39,6 +41,8 @@ __all__ = [
     "CheckpointError",
     "CheckpointManager",
     "CheckpointWarning",
+    "ConfigKeyError",
+    "ConfigTree",
     "DistributedTrainer",
     "DistributedTrainingConfig",
     "DistributedTrainingHistory",

@@ -1,7 +1,8 @@
 """Turning the user's model, optimizer and scheduler into what the trainer steps.
 
 Wrapping follows ``config.strategy`` (``wrap_model``: DDP with ``config.compression``, FSDP2,
-or the plain module in a world of one / with ``"none"``). FSDP2 replaces the parameters with
+or the plain module in a world of one / with ``"none"``). A model the user wrapped already
+(DDP, DataParallel, FSDP2) is trained as it is: wrapping it again would nest two wrappers. FSDP2 replaces the parameters with
 sharded ones, so an optimizer built before wrapping no longer points at them: it is rebuilt
 with the same class and per-group settings over the new parameters (matched by name).
 """
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 import rankwise.distributed as rd
 from rankwise.parallel import (
@@ -23,6 +25,7 @@ from rankwise.parallel import (
     enable_gradient_checkpointing,
     wrap_model,
 )
+from rankwise.parallel.fsdp import is_fsdp_module
 from rankwise.train.config import DistributedTrainingConfig
 
 if TYPE_CHECKING:
@@ -43,7 +46,8 @@ def prepare(trainer: DistributedTrainer, cfg: DistributedTrainingConfig) -> Prep
     names = {id(p): n for n, p in module.named_parameters()}
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(module)
-    model = _wrap(module, cfg)
+    given = trainer.model  # as passed in (prepare runs at the first fit, before re-binding)
+    model = _adopt(given, cfg) if is_wrapped(given) else _wrap(module, cfg, trainer.device_choice)
     spec = trainer._optimizer_spec
     if isinstance(spec, torch.optim.Optimizer):
         optimizer = spec
@@ -66,17 +70,71 @@ def prepare(trainer: DistributedTrainer, cfg: DistributedTrainingConfig) -> Prep
             "scheduler instance points at the old one; pass the scheduler as a callable, e.g. "
             "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)."
         )
-    return Prepared(model, optimizer, scheduler, Precision(cfg.precision), cfg.strategy)
+    precision = Precision(cfg.precision, trainer.device)
+    return Prepared(model, optimizer, scheduler, precision, cfg.strategy)
 
 
-def _wrap(module: nn.Module, cfg: DistributedTrainingConfig) -> nn.Module:
+def resolve_device(device: torch.device | str | int) -> torch.device:
+    """The trainer's ``device`` argument as a ``torch.device``; an int is a CUDA index.
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
+    try:
+        resolved = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"device ({device!r}) is not a torch device; pass 'cpu', 'cuda', 'cuda:0' or a "
+            f"CUDA index ({exc})."
+        ) from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device ({device!r}) is a CUDA device, but torch.cuda.is_available() is False "
+            "here; pass device='cpu', or leave device out (rankwise picks this rank's device)."
+        )
+    return resolved
+
+
+def is_wrapped(model: nn.Module) -> bool:
+    return isinstance(model, DistributedDataParallel | DataParallel) or is_fsdp_module(model)
+
+
+def _adopt(model: nn.Module, cfg: DistributedTrainingConfig) -> nn.Module:
+    """Use a model the user wrapped as it is, after checking it fits the config and world."""
+    kind = type(model).__name__
+    fsdp = is_fsdp_module(model)
+    if cfg.compression is not None:
+        raise ValueError(
+            f"config.compression ({cfg.compression!r}) is applied when rankwise wraps the model, "
+            f"but it came wrapped in {kind}; pass the plain module, or register the hook on "
+            "your DDP yourself (model.register_comm_hook(...)) and leave compression=None."
+        )
+    if (cfg.strategy == "fsdp") != fsdp:
+        raise ValueError(
+            f"config.strategy is {cfg.strategy!r} but the model came wrapped in {kind}; set "
+            f"strategy={'fsdp' if fsdp else 'ddp'!r} or pass the plain module."
+        )
+    if isinstance(model, DataParallel) and rd.get_world_size() > 1:
+        raise ValueError(
+            f"the model is a DataParallel in a world of {rd.get_world_size()} ranks: nothing "
+            "would average its gradients across ranks and they would drift apart; pass the "
+            "plain module (the trainer wraps it in DDP) or a DistributedDataParallel."
+        )
+    return model
+
+
+def _wrap(
+    module: nn.Module, cfg: DistributedTrainingConfig, device: torch.device | None
+) -> nn.Module:
     if cfg.strategy == "none" or rd.get_world_size() == 1:
-        # Batches go to rd.device() (cuda:<local_rank> under NCCL), so the model must too even
-        # where nothing wraps it. Module.to() keeps the Parameter objects: the optimizer stays valid.
-        return module.to(rd.device())
+        # Batches go to rd.device() (cuda:<local_rank> under NCCL) or the trainer's device, so
+        # the model must too even where nothing wraps it. Module.to() keeps the Parameter
+        # objects: the optimizer stays valid.
+        return module.to(device or rd.device())
     if cfg.strategy == "fsdp":
-        return wrap_model(module, FSDPConfig(), strategy="fsdp")
-    return wrap_model(module, DDPConfig(compression=cfg.compression), strategy=cfg.strategy)
+        return wrap_model(module, FSDPConfig(), strategy="fsdp", device=device)
+    ddp = DDPConfig(compression=cfg.compression)
+    return wrap_model(module, ddp, strategy=cfg.strategy, device=device)
 
 
 def _rebuild(

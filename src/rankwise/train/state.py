@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DataParallel
 
 import rankwise.distributed as rd
 from rankwise.parallel.common import unwrap_model
@@ -60,6 +61,14 @@ def _to_cpu(state: Any) -> Any:
     if isinstance(state, list | tuple):
         return type(state)(_to_cpu(v) for v in state)
     return state
+
+
+def _dcp_view(model: nn.Module) -> nn.Module:
+    """What DCP's state-dict functions are given: DataParallel (one process; DCP would keep
+    its ``module.`` prefix) is looked through, DDP and FSDP2 are not (DCP handles them)."""
+    while isinstance(model, DataParallel):
+        model = model.module
+    return model
 
 
 def _read_options(model: nn.Module, all_ranks: bool) -> StateDictOptions:
@@ -95,7 +104,9 @@ def model_state_dict(model: nn.Module, *, all_ranks: bool = False) -> dict[str, 
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    state: dict[str, Any] = get_model_state_dict(model, options=_read_options(model, all_ranks))
+    state: dict[str, Any] = get_model_state_dict(
+        _dcp_view(model), options=_read_options(model, all_ranks)
+    )
     return _to_cpu(state) if all_ranks else state
 
 
@@ -114,7 +125,7 @@ def load_model_state_dict(
 
     options = _write_options(model, from_rank0)
     named: dict[str, Any] = _strip_module_prefix(model, state) if state else state
-    set_model_state_dict(model, named, options=options)
+    set_model_state_dict(_dcp_view(model), named, options=options)
 
 
 def _strip_module_prefix(model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
@@ -141,7 +152,9 @@ def optimizer_state_dict(
 
     if not optimizer.state:
         return {"state": {}, "param_groups": _named_param_groups(model, optimizer)}
-    state = get_optimizer_state_dict(model, optimizer, options=_read_options(model, all_ranks))
+    state = get_optimizer_state_dict(
+        _dcp_view(model), optimizer, options=_read_options(model, all_ranks)
+    )
     return _to_cpu(state) if all_ranks else state
 
 
@@ -170,7 +183,7 @@ def load_optimizer_state_dict(
     if groups is not None:
         _load_hyperparameters(model, optimizer, groups)
         return
-    set_optimizer_state_dict(model, optimizer, state, options=options)
+    set_optimizer_state_dict(_dcp_view(model), optimizer, state, options=options)
 
 
 def _named_param_groups(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict]:

@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import rankwise.distributed as rd
+from rankwise.parallel import unwrap_model
 from rankwise.train import checkpoint as ck
 from rankwise.train import checks
 from rankwise.train import resume as st
@@ -44,7 +45,7 @@ from rankwise.train.evaluation import EvalBatches, eval_batches, evaluate_exact,
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
 from rankwise.train.loop import EpochSums, train_epoch
-from rankwise.train.setup import Prepared, prepare, scale_lr, seed_everything
+from rankwise.train.setup import Prepared, prepare, resolve_device, scale_lr, seed_everything
 
 OptimizerSpec = torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -60,6 +61,8 @@ class DistributedTrainer:
       is sharded; an instance is then rebuilt with the same class and param-group settings.
     - ``scheduler``: an LR scheduler over that optimizer, or a callable ``optimizer ->
       scheduler`` (required with FSDP when the optimizer is given as an instance).
+    - ``device`` (``"cpu"``, ``"cuda:1"``, a CUDA index): default ``rd.device()``. A model
+      that comes wrapped (DDP, DataParallel, FSDP2) is trained as it is, never wrapped twice.
     - ``callbacks``: objects with any of ``on_fit_start(trainer)``, ``on_epoch_end(trainer,
       epoch, metrics)``, ``on_checkpoint_saved(trainer, path)``, ``on_fit_end(trainer,
       history)``, ``on_batch(trainer, epoch, step, sample_ids)``.
@@ -76,6 +79,7 @@ class DistributedTrainer:
         optimizer: OptimizerSpec,
         scheduler: Any = None,
         callbacks: Sequence[Any] = (),
+        device: torch.device | str | int | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
@@ -85,7 +89,7 @@ class DistributedTrainer:
                 f"got {type(optimizer).__name__}."
             )
         rd.init()  # idempotent; a world of one without launcher variables
-        self.module = model
+        self.module = unwrap_model(model)
         self.model: nn.Module = model
         self.loss_fn = loss_fn
         self._optimizer_spec = optimizer
@@ -103,7 +107,8 @@ class DistributedTrainer:
         self.lr_scaled = False
         self.train_source: Any = None
         self.logger: Any = None
-        self.device = rd.device()
+        self.device_choice = None if device is None else resolve_device(device)
+        self.device = self.device_choice or rd.device()
         self._manager: ck.CheckpointManager | None = None
         self._pending: st.Position | None = None  # from load_checkpoint() before fit()
         self._epoch = 0

@@ -1,0 +1,167 @@
+"""The FRAMEWORM guide's examples (examples/seeds/frameworm/) run against rankwise.
+
+Each port is the guide's code with its imports changed (plus what a port must add, marked
+"port:"), run as the guide runs it: one-process examples in this process from the examples
+folder (they read ``config.yaml`` there), the ``mp.spawn`` scripts as ``python script.py``,
+also as two "machines" with the guide's variables, and the metric all-reduce under
+``rankwise launch``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import runpy
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from rankwise.compat import frameworm as fw
+from rankwise.models import MLP, VAE
+from rankwise.testing import child_env, free_port, run_isolated, run_script
+from rankwise.train import ConfigKeyError, ConfigTree, DistributedTrainer
+
+FW = Path(__file__).parent.parent / "examples" / "seeds" / "frameworm"
+TRAINED = re.compile(
+    r"rank (\d)/(\d) local (\d) trained (\w+); loss ([\d.]+) -> ([\d.]+), val ([\d.]+), "
+    r"checksum (\S+)"
+)
+
+
+def run_plain(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a one-process example from its folder, as ``python name`` would; its stdout."""
+    monkeypatch.chdir(FW)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), torch.random.fork_rng():
+        runpy.run_path(str(FW / name), run_name="__main__")
+    return out.getvalue()
+
+
+def run_spawn(name: str, extra: dict[str, str] | None = None) -> str:
+    """``python name`` from the examples folder (it spawns its own processes); its stdout."""
+    env = child_env({"MASTER_PORT": str(free_port()), **(extra or {})})
+    proc = run_isolated([sys.executable, name], env=env, timeout=280, cwd=FW)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+# ------------------------------------------------------------------------------ the names
+
+
+def test_names_are_rankwise_objects() -> None:
+    assert fw.Config is ConfigTree
+    assert issubclass(fw.Trainer, DistributedTrainer)
+    config = fw.Config({"model": {"input_dim": 6, "latent_dim": 2, "output_dim": 3}})
+    assert isinstance(fw.get_model("vae")(config), VAE)
+    assert isinstance(fw.get_model("mlp")(config), MLP)
+
+
+def test_unknown_model_and_missing_key_name_the_fix() -> None:
+    with pytest.raises(
+        ValueError, match=r"unknown model 'gan'; the known models are \['mlp', 'vae'\]"
+    ):
+        fw.get_model("gan")
+    with pytest.raises(ConfigKeyError, match=r"config\.model\.latent_dim is not set"):
+        fw.get_model("vae")(fw.Config({"model": {"input_dim": 4}}))
+
+
+def test_trainer_refuses_a_bad_setting_at_construction() -> None:
+    net = VAE(4, 2)
+    with pytest.raises(ValueError, match="precision"):
+        fw.Trainer(net, torch.optim.SGD(net.parameters(), lr=0.1), precision="fp64")
+
+
+def test_autocast_and_grad_scaler_on_the_cpu_are_bf16_and_pass_through() -> None:
+    # torch.cuda.amp's would silently do nothing here (float32, scaler disabled).
+    with fw.autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    scaler = fw.GradScaler()
+    loss = torch.tensor(3.0)
+    assert not scaler.is_enabled() and scaler.scale(loss) is loss
+
+
+# -------------------------------------------------------------------------------- examples
+
+
+@pytest.mark.timeout(200)
+def test_data_parallel_example_trains_the_vae(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = run_plain("data_parallel.py", monkeypatch)
+    assert "model VAE around VAE" in out  # one CPU: not wrapped, as the guide does
+    for split in ("train", "val"):
+        first, last = map(float, re.search(rf"{split} loss ([\d.]+) -> ([\d.]+)", out).groups())  # type: ignore[union-attr]
+        assert last < 0.8 * first, (split, first, last)
+    assert out.rstrip().endswith("epochs 50")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ddp_spawn_script_trains_in_sync() -> None:
+    rows = TRAINED.findall(run_spawn("train_distributed.py"))
+    assert sorted(r[0] for r in rows) == ["0", "1"] and {r[1] for r in rows} == {"2"}
+    assert {r[3] for r in rows} == {"DistributedDataParallel"}  # used as passed, not rewrapped
+    assert len({r[7] for r in rows}) == 1  # identical parameters on both ranks
+    assert all(float(r[5]) < float(r[4]) for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ddp_spawn_script_on_two_machines_with_the_guides_variables() -> None:
+    port = str(free_port())
+
+    def machine(first_rank: int) -> str:
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "4"}
+        return run_spawn("train_distributed.py", {**env, "RANK": str(first_rank)})
+
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(machine, (0, 2)))
+    rows = [TRAINED.findall(out) for out in outs]
+    assert sorted((r[0], r[2]) for r in rows[0]) == [("0", "0"), ("1", "1")]
+    assert sorted((r[0], r[2]) for r in rows[1]) == [("2", "0"), ("3", "1")]
+    assert {r[1] for rs in rows for r in rs} == {"4"}  # one world of 4 across both machines
+    assert len({r[7] for rs in rows for r in rs}) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_powersgd_autocast_gradscaler_loop() -> None:
+    out = run_spawn("optimized.py")
+    rows = re.findall(
+        r"rank (\d): output dtype (\S+), scaler enabled (\w+), powersgd iter (\d+) "
+        r"compressed-numel (\d+), loss \S+ -> \S+, checksum (\S+)",
+        out,
+    )
+    assert sorted(r[0] for r in rows) == ["0", "1"]
+    for _, dtype, enabled, iters, numel, _ in rows:
+        assert (dtype, enabled, iters) == ("torch.bfloat16", "False", "50")
+        assert int(numel) > 0  # PowerSGD compressed (past start_powerSGD_iter=2)
+    assert rows[0][5] == rows[1][5]  # ranks in sync through the compressed all-reduce
+
+
+@pytest.mark.timeout(120)
+def test_accumulation_example_matches_one_big_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = run_plain("accumulation.py", monkeypatch)
+    diff = float(re.search(r"max difference (\S+)", out).group(1))  # type: ignore[union-attr]
+    assert diff < 1e-5
+    assert out.rstrip().endswith("8 micro-batches, 2 optimizer steps")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_monitoring_example_averages_the_ranks_losses() -> None:
+    proc = run_script(FW / "monitoring.py", 2, timeout=240, env=child_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [float(v) for _, v in sorted(re.findall(r"rank (\d) loss (\S+)", proc.stdout))]
+    assert len(losses) == 2 and losses[0] != losses[1]
+    average = float(re.search(r"Average loss across all GPUs: (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+    assert average == pytest.approx(sum(losses) / 2, abs=1e-4)
+
+
+@pytest.mark.timeout(120)
+def test_troubleshooting_gradient_checkpointing(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = run_plain("troubleshooting.py", monkeypatch)
+    assert "checkpointed blocks ['encoder', 'decoder']" in out
+    assert out.rstrip().endswith("same parameters True")
