@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
 
 from rankwise.cli import build_parser, main
+from rankwise.distributed.interfaces import is_loopback, resolve, route_source
 from rankwise.launch import apply_defaults
-from rankwise.testing import child_env, run_isolated, run_script
+from rankwise.testing import child_env, free_port, run_isolated, run_script
 
 WORKER = Path(__file__).parent / "scripts" / "launch_worker.py"
+ELSEWHERE = "203.0.113.7"  # RFC 5737 TEST-NET-3: never an address of this machine
 
 
 def _launch_args(*argv: str) -> object:
@@ -45,15 +50,45 @@ class TestLaunchPolicy:
 
     def test_multi_node_names_this_node_by_its_route_to_the_endpoint(self) -> None:
         # torchrun would announce the FQDN, which may resolve to a loopback address.
+        own = route_source(ELSEWHERE)
+        if own is not None and not is_loopback(own):
+            routed = _launch_args(
+                "--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint={ELSEWHERE}:1"
+            )
+            assert routed.local_addr == own  # type: ignore[attr-defined]
         endpoint = ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29555"]
         args = _launch_args(*endpoint)
-        assert args.local_addr == "127.0.0.1"  # type: ignore[attr-defined]
         assert args.rdzv_conf == ""  # type: ignore[attr-defined]  # torch knows loopback hosts
         given = _launch_args(*endpoint, "--local-addr=10.9.8.7", "--rdzv-conf=is_host=0")
         assert given.local_addr == "10.9.8.7"  # type: ignore[attr-defined]
         assert given.rdzv_conf == "is_host=0"  # type: ignore[attr-defined]
         one_node = _launch_args("--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29555")
         assert one_node.local_addr is None  # type: ignore[attr-defined]
+
+    @pytest.mark.parametrize("endpoint", ["127.0.0.1", "localhost", socket.gethostname()])
+    def test_a_loopback_route_is_never_published_as_the_master(self, endpoint: str) -> None:
+        # `--rdzv-endpoint $(hostname):29400` on a node whose /etc/hosts maps its own name to
+        # 127.0.1.1: a loopback --local-addr would become every worker's MASTER_ADDR. Left
+        # unset, torch announces the FQDN, which the other nodes resolve through DNS.
+        if not is_loopback(resolve(endpoint) or ""):
+            pytest.skip(f"{endpoint} does not resolve to loopback here")
+        args = _launch_args("--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}:1")
+        assert args.local_addr is None  # type: ignore[attr-defined]
+
+    def test_two_agents_on_one_machine_never_both_host_the_store(self) -> None:
+        # With is_host=1 given, torch never falls back to a client: if both agents saw the port
+        # free before either bound it, the second would fail. One lock decides.
+        own = route_source(ELSEWHERE)
+        if own is None or is_loopback(own) or _matches_machine_hostname(own):
+            pytest.skip("needs an address of this machine that its hostname does not name")
+        endpoint = ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint={own}:{free_port()}"]
+        first = _launch_args(*endpoint)
+        second = _launch_args(*endpoint)  # while the first agent still runs
+        assert first.rdzv_conf == "is_host=1"  # type: ignore[attr-defined]
+        assert second.rdzv_conf == ""  # type: ignore[attr-defined]
+        del first  # that agent exits: the lock goes with it
+        gc.collect()
+        assert _launch_args(*endpoint).rdzv_conf == "is_host=1"  # type: ignore[attr-defined]
 
     def test_explicit_static_rendezvous_is_kept(self) -> None:
         args = _launch_args("--rdzv-backend=static", "--master-port=29600", "--node-rank=0")

@@ -13,8 +13,9 @@ settings that make it reliable by default:
 - **Addresses across nodes.** torchrun names a node by its hostname, which may resolve to a
   loopback address or another NIC than the one the nodes share. With ``--nnodes`` above 1,
   each node is named by the address it routes from towards the rendezvous endpoint
-  (``--local-addr``), and the node holding the endpoint's address hosts the rendezvous store
-  (``--rdzv-conf is_host=1``) even where its hostname does not say so.
+  (``--local-addr``; a loopback one is left to torch), and the node holding the endpoint's
+  address hosts the rendezvous store (``--rdzv-conf is_host=1``, claimed by one agent only
+  where several run on one machine) even where its hostname does not say so.
 
 Everything else is torchrun's: any torchrun flag can be given and passes through unchanged.
 """
@@ -22,10 +23,14 @@ Everything else is torchrun's: any torchrun flag can be given and passes through
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+import tempfile
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.utils import (
@@ -36,7 +41,7 @@ from torch.distributed.elastic.rendezvous.utils import (
 from torch.distributed.run import get_args_parser, parse_min_max_nnodes
 from torch.distributed.run import run as torchrun_run
 
-from rankwise.distributed.interfaces import is_local_address, route_source
+from rankwise.distributed.interfaces import is_local_address, is_loopback, route_source
 from rankwise.distributed.rendezvous import port_is_free
 
 DESCRIPTION = """\
@@ -151,13 +156,49 @@ def _address_this_node(args: argparse.Namespace) -> None:
     """
     host, port = parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)
     if args.local_addr is None:
-        args.local_addr = route_source(host)
+        source = route_source(host)
+        # A loopback source (the endpoint is this node's name, mapped to 127.0.1.1) would be
+        # published as every worker's MASTER_ADDR; torch's FQDN at least resolves elsewhere.
+        if source is not None and not is_loopback(source):
+            args.local_addr = source
     if "is_host" in _parse_rendezvous_config(args.rdzv_conf or ""):
         return
-    # This node holds the endpoint's address, which torch's hostname check missed. (A busy
-    # port: another agent on this machine hosts it, and torch's answer, "no", is right.)
-    if is_local_address(host) and not _matches_machine_hostname(host) and port_is_free(port):
+    # This node holds the endpoint's address, which torch's hostname check missed.
+    local = is_local_address(host) and not _matches_machine_hostname(host)
+    if local and _claim_store_host(args, host, port):
         args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf, "is_host=1"]))
+
+
+def _claim_store_host(args: argparse.Namespace, host: str, port: int) -> bool:
+    """Whether this agent hosts ``host:port``'s store; if so, it keeps a lock on ``args``.
+
+    With ``is_host=1`` given, torch never falls back to being a client, so of two agents
+    started at once on one machine exactly one may claim it: the first to take an exclusive
+    lock on a file named after the endpoint, which the OS drops when that agent exits. A busy
+    port means an agent outside the lock (e.g. plain torchrun) hosts it: torch's "no" is right.
+    Without ``fcntl`` (Windows) or the lock file, only the port is checked.
+    """
+    path = Path(tempfile.gettempdir()) / f"rankwise-rdzv-{host}-{port}.lock"
+    lock: IO[bytes] | None = None
+    with contextlib.suppress(OSError):  # e.g. a sticky /tmp refusing another user's file
+        # Read-only is enough for flock, and opens another user's lock file too.
+        lock = os.fdopen(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644), "rb")
+    if lock is not None:
+        try:
+            import fcntl  # not on Windows
+
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:
+            pass
+        except OSError:  # another agent on this machine holds it: that one hosts
+            lock.close()
+            return False
+    if not port_is_free(port):
+        if lock is not None:
+            lock.close()
+        return False
+    args.rankwise_host_lock = lock  # held while the agent runs: args lives as long
+    return True
 
 
 def run_launch(args: argparse.Namespace) -> int:

@@ -22,9 +22,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from rankwise.distributed.config import DistributedConfig, gloo_interface, set_gloo_interface
+from rankwise.distributed.config import (
+    DistributedConfig,
+    choose_gloo_interface,
+    restore_gloo_interface,
+)
 from rankwise.distributed.errors import DistributedConfigError, DistributedStateError
-from rankwise.distributed.interfaces import interface_towards
 from rankwise.distributed.rendezvous import lost_store, rendezvous, wait_until_all_joined
 
 # With CUDA, "auto" gives torch's per-device backends: NCCL for CUDA tensors, gloo for CPU ones
@@ -102,7 +105,7 @@ def _build_group(cfg: DistributedConfig, backend: str, device: torch.device | No
         )  # fmt: skip
         return
     if "gloo" in backend:
-        _choose_gloo_interface(cfg.master_addr)
+        choose_gloo_interface(cfg.master_addr, cfg.world_size)
     # One deadline for the whole rendezvous: connecting, then waiting for the others.
     store = rendezvous(cfg, time.monotonic() + cfg.timeout_ms / 1000)
     try:
@@ -118,20 +121,6 @@ def _build_group(cfg: DistributedConfig, backend: str, device: torch.device | No
     except dist.DistNetworkError as exc:
         raise lost_store(cfg, exc) from exc
     wait_until_all_joined(store, cfg)
-
-
-def _choose_gloo_interface(master_addr: str) -> None:
-    """Bind gloo to the interface that reaches the master, unless GLOO_SOCKET_IFNAME says.
-
-    gloo's own default is the hostname's address, or the loopback one when that does not
-    resolve to a usable address: on a machine whose hostname maps to ``127.0.x.1`` it tells
-    its peers on other hosts to connect to themselves. A master on loopback (one machine)
-    keeps torch's default.
-    """
-    if gloo_interface() is None:
-        name = interface_towards(master_addr)
-        if name is not None:
-            set_gloo_interface(name)
 
 
 def _adopt(cfg: DistributedConfig, from_environment: bool) -> DistributedConfig:
@@ -194,6 +183,7 @@ def finalize() -> None:
     owns = _session is not None and _session.owns_group
     _session = None
     _teardown(destroy=owns)
+    restore_gloo_interface()  # a later init() towards another master chooses afresh
 
 
 def _teardown(destroy: bool) -> None:

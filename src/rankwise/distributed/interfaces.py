@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import array
 import errno
-import fcntl
 import ipaddress
 import socket
 import struct
@@ -66,7 +65,14 @@ def route_source(host: str) -> str | None:
 
 
 def interface_of(address: str) -> str | None:
-    """The name of the network interface that holds IPv4 ``address`` here, or ``None``."""
+    """The name of the network interface that holds IPv4 ``address`` here, or ``None``.
+
+    ``None`` also where the Linux ioctl it asks is missing (Windows has no ``fcntl``).
+    """
+    try:
+        import fcntl  # imported here: a module-level import breaks the package on Windows
+    except ImportError:
+        return None
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         for _, name in socket.if_nameindex():
             request = array.array("B", struct.pack("256s", name.encode()[:15]))
@@ -94,17 +100,45 @@ def is_local_address(host: str) -> bool:
     return True
 
 
-def interface_towards(host: str) -> str | None:
+def interface_towards(host: str, spans_hosts: bool = False) -> str | None:
     """The interface gloo should bind to for a job whose master is ``host``.
 
-    ``None`` when torch's default is right or nothing better is known: ``host`` is a loopback
-    address (a one-machine job), does not resolve, or is reached through the loopback device.
+    A master that resolves to loopback is this machine's own name (SLURM's first node, whose
+    ``/etc/hosts`` maps it to ``127.0.1.1``): in a job that ``spans_hosts`` the peers reach it
+    through the default route's interface. ``None`` when torch's default is right or nothing
+    better is known: a loopback master in a one-machine job, a master that does not resolve
+    or is reached through the loopback device.
     """
     address = resolve(host)
-    if address is None or is_loopback(address):
+    if address is None:
         return None
+    if is_loopback(address):
+        return default_route_interface() if spans_hosts else None
     source = route_source(address)
     if source is None or is_loopback(source):
         return None
     name = interface_of(source)
     return None if name is None or name == "lo" else name
+
+
+def default_route_interface() -> str | None:
+    """The interface of this machine's default IPv4 route (Linux), or ``None``."""
+    try:
+        with open("/proc/net/route") as table:
+            rows = [line.split() for line in table.readlines()[1:]]
+    except OSError:  # not Linux
+        return None
+    # Columns: Iface Destination Gateway Flags RefCnt Use Metric Mask ...; lowest metric wins.
+    defaults = [row for row in rows if len(row) > 7 and row[1] == row[7] == "00000000"]
+    defaults.sort(key=lambda row: int(row[6]))
+    return defaults[0][0] if defaults and defaults[0][0] != "lo" else None
+
+
+def hostname_is_usable() -> bool:
+    """Whether gloo's default address, the hostname's, reaches this machine from others.
+
+    gloo binds to the address ``gethostname()`` resolves to, or to the loopback one when that
+    is not an address of this machine: either way a loopback bind that peers cannot reach.
+    """
+    address = resolve(socket.gethostname())
+    return address is not None and not is_loopback(address) and is_local_address(address)
