@@ -117,13 +117,13 @@ _HINTS = {
 }
 
 
-def _path_kinds(cfg: DistributedTrainingConfig) -> dict[str, str]:
+def _path_kinds(cfg: DistributedTrainingConfig) -> dict[str, str | None]:
     """What of the paths decides the collectives: checkpoint_dir set or not (the save's
     broadcast and barrier), resume None / "auto" / a path (the resume's collectives)."""
-    resume = cfg.resume if cfg.resume in (None, "auto") else "a path"
+    folder = None if cfg.checkpoint_dir is None else "a folder"
     return {
-        "checkpoint_dir": "None" if cfg.checkpoint_dir is None else "a folder",
-        "resume": str(resume),
+        "checkpoint_dir": folder,
+        "resume": cfg.resume if cfg.resume in (None, "auto") else "a path",
     }
 
 
