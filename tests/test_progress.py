@@ -59,7 +59,7 @@ def test_a_timeout_with_the_store_host_frozen_still_raises():
     ), results[1]
 
 
-def _file_store_marks(path: str) -> tuple[int, int, str]:
+def _file_store_marks(path: str) -> tuple[int, int, str, str]:
     dist.init_process_group(
         "gloo", init_method=f"file://{path}", rank=int(os.environ["RANK"]), world_size=2
     )
@@ -71,15 +71,17 @@ def _file_store_marks(path: str) -> tuple[int, int, str]:
         with progress.operation(f"the all_reduce at step {step}"):
             pass
     dist.barrier()
-    return before, os.path.getsize(path), progress.current
+    timeout = progress.timeout_error(RuntimeError("[gloo] Timed out waiting 10ms for recv"))
+    return before, os.path.getsize(path), progress.current, str(timeout)
 
 
 def test_marks_leave_a_file_store_alone(tmp_path: Path):
     store = str(tmp_path / "store")
     results = run_distributed(_file_store_marks, 2, args=(store,), init_group=False, timeout=90)
-    for before, after, current in results:
+    for before, after, current, timeout in results:
         assert after == before, f"the FileStore grew from {before} to {after} bytes"
         assert current == "the all_reduce at step 199"
+        assert ": no rank leaves progress marks on this group's store (only a TCPStore" in timeout
 
 
 def _stall_after_a_rank_local_trainer() -> str:

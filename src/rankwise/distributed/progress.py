@@ -64,6 +64,7 @@ class Progress:
             )
         self._prefix = f"rankwise/progress/{name}/"
         self._store = _group_store()
+        self._unmarked = self._store is None and has_group() and get_world_size() > 1
         self._rank = get_rank()
         self._world = get_world_size()
         self._count = 0
@@ -100,7 +101,9 @@ class Progress:
         after = f" after {timeout_ms} ms" if timeout_ms else ""
         head = f"{where} timed out on rank {self._rank}{after}"
         peers = self._peers()
-        if peers is None:
+        if self._unmarked:
+            who = "no rank leaves progress marks on this group's store (only a TCPStore takes them)"
+        elif peers is None:
             who = (
                 f"the peers' progress could not be read from the store within {READ_DEADLINE_S:g} "
                 "s (its host, rank 0, may have exited or be frozen)"
