@@ -118,6 +118,13 @@ def test_rank_local_fields_may_differ(start_cases):
         assert [cases[case] for cases in start_cases] == [("ok", "4"), ("ok", "4")], case
 
 
+def test_the_sync_check_is_refused_under_fsdp():
+    # Before the fix it compared nothing under FSDP2 plain sharding and passed silently.
+    trainer = DistributedTrainer(_model(), nn.CrossEntropyLoss(), lambda p: torch.optim.SGD(p))
+    with pytest.raises(ValueError, match=r"check_sync_every_n_steps=2 with strategy='fsdp'.*"):
+        trainer.fit(*_data(16), _config(strategy="fsdp", check_sync_every_n_steps=2))
+
+
 def test_a_lazy_module_trains_in_a_world_of_one():
     # Before the fix the start-up check read the shape of an uninitialized parameter.
     torch.manual_seed(0)

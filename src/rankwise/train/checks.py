@@ -44,8 +44,16 @@ def begin_fit(
     """Give this fit its own :class:`~rankwise.distributed.Progress` and check the ranks agree.
 
     The Progress is named by the trainer's fit count (``trainer/fit-2``), never by a
-    process-wide counter: a Progress or trainer made on some ranks only shifts nothing.
+    process-wide counter: a Progress or trainer made on some ranks only shifts nothing. The
+    periodic sync check is refused under FSDP2, whose shards have no replica to compare.
     """
+    if cfg.strategy == "fsdp" and cfg.check_sync_every_n_steps:
+        raise ValueError(
+            f"check_sync_every_n_steps={cfg.check_sync_every_n_steps} with strategy='fsdp': "
+            "FSDP2 shards every parameter (each element lives on one rank), so there is no "
+            "replica to compare and the check would pass without checking anything. Set "
+            "check_sync_every_n_steps=None, or use strategy='ddp' to check replicas."
+        )
     trainer.fits += 1
     trainer.progress = rd.Progress(f"trainer/fit-{trainer.fits}")
     if rd.get_world_size() > 1:  # one rank agrees with itself
