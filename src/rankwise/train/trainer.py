@@ -235,8 +235,8 @@ class DistributedTrainer:
     def _start(self, cfg: DistributedTrainingConfig) -> st.Position:
         """Resume from a checkpoint or start fresh (seeded)."""
         self._manager = st.manager_for(cfg)
-        self.progress.mark(f"the resume from the checkpoints (resume={cfg.resume!r})")
-        loaded = st.load_resume(cfg.resume, self._manager, not cfg.save_on_master_only)
+        with self.progress.operation(f"the resume from the checkpoints (resume={cfg.resume!r})"):
+            loaded = st.load_resume(cfg.resume, self._manager, not cfg.save_on_master_only)
         if loaded is not None:
             position = st.apply_state(self, loaded[1], loaded[0])
         elif self._pending is not None:
