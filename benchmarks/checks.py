@@ -55,7 +55,7 @@ def _measure() -> dict[str, float]:
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
 
-    progress = rd.Progress()
+    progress = rd.Progress("benchmark")
     cfg = DistributedTrainingConfig(verbose=False, checkpoint_dir=None)
     config = {k: v for k, v in cfg.to_dict().items() if k not in RANK_LOCAL_FIELDS}
 

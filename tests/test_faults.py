@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rankwise.testing import child_env, run_isolated, run_script
-from rankwise.train import read_audit
+from rankwise.testing import assert_exactly_once, child_env, run_isolated, run_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -47,10 +46,7 @@ def finished(result: subprocess.CompletedProcess[str], out: Path) -> dict[str, t
 
 def exactly_once(out: Path, attempts: int) -> list[int]:
     """Check the audit; return each attempt's start step."""
-    report = read_audit(out / "audit")
-    assert len(report.attempts) == attempts, [a.name for a in report.attempts]
-    assert report.violations(NUM_SAMPLES, EPOCHS) == []
-    return [a.start_step for a in report.attempts]
+    return assert_exactly_once(out / "audit", attempts, NUM_SAMPLES, EPOCHS)
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rankwise.testing import child_env, run_script
-from rankwise.train import read_audit
+from rankwise.testing import assert_exactly_once, child_env, run_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -163,10 +162,8 @@ def finished(results: list[tuple[int | None, str]], out: Path) -> dict[str, torc
 
 
 def exactly_once(out: Path, attempts: int) -> list[int]:
-    report = read_audit(out / "audit")
-    assert len(report.attempts) == attempts, [a.name for a in report.attempts]
-    assert report.violations(NUM_SAMPLES, EPOCHS) == []
-    return [a.start_step for a in report.attempts]
+    """Check the audit; return each attempt's start step."""
+    return assert_exactly_once(out / "audit", attempts, NUM_SAMPLES, EPOCHS)
 
 
 @pytest.fixture(scope="module")

@@ -61,8 +61,9 @@ def _fit(
 # -- start-up ----------------------------------------------------------------------------------
 
 
-def _start_cases() -> dict[str, tuple[str, str]]:
+def _start_cases(folder: str) -> dict[str, tuple[str, str]]:
     odd = rd.get_rank() == 1
+    mine = f"{folder}/rank-{rd.get_rank()}"  # paths themselves may differ (node-local mounts)
     return {
         "model": _fit(hidden=6 if odd else 8),
         "dataset": _fit(n=28 if odd else 32),
@@ -71,12 +72,17 @@ def _start_cases() -> dict[str, tuple[str, str]]:
         "optimizer": _fit(lr=0.2 if odd else 0.1),
         # Rank-local fields may differ; then every rank trains.
         "rank_local": _fit(log_every_n_batches=0 if odd else 5, num_workers=1 if odd else 0),
+        # Whether they are set decides the collectives (a save's broadcast, a resume's).
+        "checkpoint_dir": _fit(checkpoint_dir=None if odd else mine),
+        "resume": _fit(checkpoint_dir=mine, resume=None if odd else "auto"),
+        "paths_differ": _fit(checkpoint_dir=mine, resume="auto", save_on_master_only=False),
     }
 
 
 @pytest.fixture(scope="module")
-def start_cases() -> list[dict[str, tuple[str, str]]]:
-    return run_distributed(_start_cases, 2, timeout=150)
+def start_cases(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, tuple[str, str]]]:
+    folder = str(tmp_path_factory.mktemp("checkpoints"))
+    return run_distributed(_start_cases, 2, args=(folder,), timeout=150)
 
 
 EXPECTED = {
@@ -93,6 +99,8 @@ EXPECTED = {
     "val_dataset": ["val_dataset_length differs: rank 0 has 20, rank 1 has 18"],
     "config": ["config differs", "(rank 1 vs rank 0: 'seed': 7 instead of 42)", "same config"],
     "optimizer": ["optimizer differs", "'param_groups[0].lr': 0.2 instead of 0.1", "(lr"],
+    "checkpoint_dir": ["config differs", "'checkpoint_dir': null instead of \"a folder\""],
+    "resume": ["config differs", "'resume': null instead of \"auto\""],
 }
 
 
@@ -106,7 +114,25 @@ def test_a_disagreement_stops_every_rank_naming_field_and_ranks(start_cases, cas
 
 
 def test_rank_local_fields_may_differ(start_cases):
-    assert [cases["rank_local"] for cases in start_cases] == [("ok", "4"), ("ok", "4")]
+    for case in ("rank_local", "paths_differ"):
+        assert [cases[case] for cases in start_cases] == [("ok", "4"), ("ok", "4")], case
+
+
+def test_the_sync_check_is_refused_under_fsdp():
+    # Before the fix it compared nothing under FSDP2 plain sharding and passed silently.
+    trainer = DistributedTrainer(_model(), nn.CrossEntropyLoss(), lambda p: torch.optim.SGD(p))
+    with pytest.raises(ValueError, match=r"check_sync_every_n_steps=2 with strategy='fsdp'.*"):
+        trainer.fit(*_data(16), _config(strategy="fsdp", check_sync_every_n_steps=2))
+
+
+def test_a_lazy_module_trains_in_a_world_of_one():
+    # Before the fix the start-up check read the shape of an uninitialized parameter.
+    torch.manual_seed(0)
+    trainer = DistributedTrainer(
+        nn.Sequential(nn.LazyLinear(3)), nn.CrossEntropyLoss(), lambda p: torch.optim.SGD(p, 0.1)
+    )
+    trainer.fit(*_data(16), _config(strategy="none"))
+    assert trainer.global_step == 4
 
 
 # -- every N steps -----------------------------------------------------------------------------
@@ -157,7 +183,9 @@ def test_periodic_sync_check_names_the_diverged_parameter_and_rank():
 def _skip_collective() -> str:
     rank = rd.get_rank()
     store = dist.distributed_c10d._get_default_store()
-    progress = rd.Progress()
+    # Line the ranks up with a generous timeout: only the skipped collective may time out.
+    dist.monitored_barrier(timeout=timedelta(seconds=60))
+    progress = rd.Progress("test/skip")
     with progress.operation("all_reduce of the warm-up tensor"):
         rd.all_reduce(torch.ones(1))
     message = "no error"
@@ -175,13 +203,13 @@ def _skip_collective() -> str:
 
 def test_a_timeout_names_the_rank_that_skipped_the_collective():
     results = run_distributed(
-        _skip_collective, 3, timeout=120, env={"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "4000"}
+        _skip_collective, 3, timeout=120, env={"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "10000"}
     )
     assert results[2] == "no error"
     for rank in (0, 1):
         message = results[rank]
         assert message.startswith(
-            f"all_reduce of the loss at step 3 timed out on rank {rank} after 4000 ms: "
+            f"all_reduce of the loss at step 3 timed out on rank {rank} after 10000 ms: "
             "rank 2 did not arrive (last operation entered: rank 2: all_reduce of the "
             "warm-up tensor)."
         ), message
@@ -189,7 +217,7 @@ def test_a_timeout_names_the_rank_that_skipped_the_collective():
 
 
 def test_progress_is_an_identity_in_a_world_of_one():
-    progress = rd.Progress()
+    progress = rd.Progress("test/world-of-one")
     with progress.operation("all_reduce of nothing"):
         rd.all_reduce(torch.ones(1))
     assert progress.current == "all_reduce of nothing"

@@ -15,6 +15,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,11 @@ def _rank_cases() -> dict[str, tuple[str, str]]:
             nn.Linear(4, 4 if rank == 0 else 3), rp.DDPConfig(broadcast_parameters=False)
         ),
     }
+    return _run_cases(cases)
+
+
+def _run_cases(cases: dict[str, Callable[[], object]]) -> dict[str, tuple[str, str]]:
+    """Each case's ``(error type, message)``, or ``("NoError", "no error")``."""
     out = {}
     for name, call in cases.items():
         try:
@@ -209,7 +215,8 @@ def _train_error(case: str) -> BaseException:
 @functools.cache
 def _train_errors() -> dict[str, tuple[str, str]]:
     errors = dict(run_distributed(_train_cases, 2, timeout=120)[0])
-    short = {"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "2000"}
+    # Long enough that a rank started late on a loaded machine cannot trip an earlier collective.
+    short = {"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "10000"}
     errors["timeout"] = run_distributed(_train_stall, 2, timeout=120, env=short)[0]
     return errors
 
@@ -236,10 +243,9 @@ def _move_rank1(trainer: Any, epoch: int, step: int, ids: Any) -> None:
 
 
 def _stall_rank1(trainer: Any, epoch: int, step: int, ids: Any) -> None:
-    if rd.get_rank() == 1 and step == 1:
-        import time
-
-        time.sleep(8)  # rank 0 gives up after 2 s
+    if rd.get_rank() == 1 and step == 1:  # stalls until rank 0 has its timeout error
+        store = torch.distributed.distributed_c10d._get_default_store()
+        store.wait(["test/reported"], timedelta(seconds=100))
         raise RuntimeError("rank 1 stalled on purpose")
 
 
@@ -250,20 +256,15 @@ def _train_cases() -> dict[str, tuple[str, str]]:
         "model": lambda: _train_fit(hidden=6 if odd else 8),
         "out_of_sync": lambda: _train_fit(hook=_move_rank1, every=2),
     }
-    out = {}
-    for name, call in cases.items():
-        try:
-            call()
-            out[name] = ("NoError", "no error")
-        except Exception as exc:
-            out[name] = (type(exc).__name__, str(exc))
-    return out
+    return _run_cases(cases)
 
 
 def _train_stall() -> tuple[str, str]:
     try:
         _train_fit(hook=_stall_rank1)
     except Exception as exc:
+        if rd.get_rank() == 0:
+            torch.distributed.distributed_c10d._get_default_store().set("test/reported", "1")
         return type(exc).__name__, str(exc)
     return "NoError", "no error"
 

@@ -389,6 +389,21 @@ def kill_at_checkpoint(point: str, after: int = 0) -> None:
     set_fault_hook(hook)
 
 
+def assert_exactly_once(
+    audit_dir: str | os.PathLike[str], attempts: int, num_samples: int, epochs: int
+) -> list[int]:
+    """Assert a run's sample audit (``rankwise.train.read_audit``) shows ``attempts`` attempts
+    (the first start plus each restart) and every sample of each epoch trained exactly once;
+    return each attempt's start step, e.g. ``[0, 6]`` for one restart from step 6.
+    """
+    from rankwise.train import read_audit
+
+    report = read_audit(audit_dir)
+    assert len(report.attempts) == attempts, [a.name for a in report.attempts]
+    assert report.violations(num_samples, epochs) == []
+    return [a.start_step for a in report.attempts]
+
+
 @contextlib.contextmanager
 def hygiene() -> Iterator[None]:
     """Restore ``os.environ`` and tear down any process group left behind by the body."""

@@ -7,20 +7,24 @@ the process group's store (torch's ``TCPStore``; a ``set`` does not wait for a r
 microseconds), and when a collective times out the rank reads its peers' marks: those whose
 counter is behind its own never reached the operation it is stuck in::
 
-    progress = Progress()
+    progress = Progress("my-loop")
     with progress.operation("all_reduce of the gradients at step 5"):
         loss.backward()          # DDP's all-reduce; a timeout becomes:
     # DistributedTimeoutError: all_reduce of the gradients at step 5 timed out on rank 0
     # after 10000 ms: rank 1 did not arrive (its last operation: all_reduce of the gradients
     # at step 4) ...
 
-Every rank must make the same sequence of marks (the same code path), as with collectives.
+Every rank must make the same sequence of marks (the same code path), as with collectives, and
+name its ``Progress`` alike: the name is the key, so objects made on some ranks only shift
+nothing. Marks are left only in a ``TCPStore`` (torch's default, and torchrun's): a
+``FileStore`` (``init_method="file://..."``) appends every ``set`` to its file and never
+compacts it, so there ``Progress`` is an identity and a timeout is reported without the names.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
+import threading
 from collections.abc import Iterator
 
 import torch.distributed as dist
@@ -31,26 +35,36 @@ from rankwise.distributed.group import collective_timeout_ms, get_rank, get_worl
 # What gloo (and torch's store and work objects) say when an operation ran out of time.
 _TIMEOUT_WORDS = ("timed out", "timeout")
 _BACKENDS = ("gloo", "nccl", "c10d")
-_instances = itertools.count()  # each Progress gets keys of its own (equal order on all ranks)
+# How long a timed-out rank waits for its peers' marks: the store's host may be frozen
+# (stopped, in D-state, cut off), and a report without names beats a rank that never raises.
+READ_DEADLINE_S = 2.0
 
 
 class Progress:
     """Where this rank is, left in the group's store for peers whose collective times out.
 
-    Identity without a process group. ``mark(what)`` costs one store ``set`` (no reply is
-    awaited); :meth:`operation` marks and turns a timeout inside it into
-    :class:`DistributedTimeoutError` naming the operation and the ranks that are behind.
+    ``name`` keys the marks in the store: every rank names its ``Progress`` alike (e.g.
+    ``"trainer/fit-1"``), never from a process-wide counter that a rank-local object would shift.
+    Identity without a process group or on a store other than a ``TCPStore``. ``mark(what)``
+    costs one store ``set`` (no reply is awaited); :meth:`operation` marks and turns a timeout
+    inside it into :class:`DistributedTimeoutError` naming the operation and the ranks behind.
 
-    >>> progress = Progress()           # no process group: marks cost nothing
+    >>> progress = Progress("my-loop")  # no process group: marks cost nothing
     >>> with progress.operation("all_reduce of the loss"):
     ...     pass
     >>> progress.current
     'all_reduce of the loss'
     """
 
-    def __init__(self) -> None:
-        self._prefix = f"rankwise/progress/{next(_instances)}/"
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(
+                f"Progress needs a name that is the same on every rank, got {name!r}; e.g. "
+                'Progress("my-loop") (the name keys its marks in the store).'
+            )
+        self._prefix = f"rankwise/progress/{name}/"
         self._store = _group_store()
+        self._unmarked = self._store is None and has_group() and get_world_size() > 1
         self._rank = get_rank()
         self._world = get_world_size()
         self._count = 0
@@ -87,10 +101,12 @@ class Progress:
         after = f" after {timeout_ms} ms" if timeout_ms else ""
         head = f"{where} timed out on rank {self._rank}{after}"
         peers = self._peers()
-        if peers is None:
+        if self._unmarked:
+            who = "no rank leaves progress marks on this group's store (only a TCPStore takes them)"
+        elif peers is None:
             who = (
-                "the peers' progress could not be read from the store (its host, rank 0, may "
-                "have exited)"
+                f"the peers' progress could not be read from the store within {READ_DEADLINE_S:g} "
+                "s (its host, rank 0, may have exited or be frozen)"
             )
         else:
             behind = {r: p for r, p in peers.items() if p is None or p[0] < self._count}
@@ -104,24 +120,40 @@ class Progress:
         )
 
     def _peers(self) -> dict[int, tuple[int, str] | None] | None:
-        """Every other rank's last mark (None: it never marked); None if unreadable."""
-        if self._store is None:
+        """Every other rank's last mark (None: it never marked); None if unreadable in time.
+
+        Read in a daemon thread: a store call to a frozen host never returns, and a rank that
+        waited for it would never raise (so torchrun would never restart the job).
+        """
+        store = self._store
+        if store is None:
             return None
-        peers: dict[int, tuple[int, str] | None] = {}
-        try:
-            for rank in range(self._world):
-                if rank == self._rank:
-                    continue
-                key = f"{self._prefix}{rank}"
-                # check() does not block: a rank that never marked has no key yet.
-                if not self._store.check([key]):
-                    peers[rank] = None
-                    continue
-                count, _, what = self._store.get(key).decode().partition("\t")
-                peers[rank] = (int(count), what)
-        except Exception:
-            return None
-        return peers
+        keys = {r: f"{self._prefix}{r}" for r in range(self._world) if r != self._rank}
+        result: list[dict[int, tuple[int, str] | None]] = []
+
+        def read() -> None:
+            with contextlib.suppress(Exception):
+                result.append(_read_marks(store, keys))
+
+        reader = threading.Thread(target=read, name="rankwise-progress-read", daemon=True)
+        reader.start()
+        reader.join(READ_DEADLINE_S)
+        return result[0] if result else None
+
+
+def _read_marks(store: dist.Store, keys: dict[int, str]) -> dict[int, tuple[int, str] | None]:
+    """One ``multi_get`` of the marks; ``check`` first, as ``get`` waits for a missing key."""
+    present = (
+        list(keys)
+        if store.check(list(keys.values()))
+        else [r for r, key in keys.items() if store.check([key])]
+    )
+    values = store.multi_get([keys[r] for r in present]) if present else []
+    peers: dict[int, tuple[int, str] | None] = dict.fromkeys(keys)
+    for rank, value in zip(present, values, strict=True):
+        count, _, what = value.decode().partition("\t")
+        peers[rank] = (int(count), what)
+    return peers
 
 
 def is_timeout(exc: BaseException) -> bool:
@@ -169,12 +201,24 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _group_store() -> dist.Store | None:
-    """The default group's store (torch keeps it; there is no public getter), else None."""
+    """The default group's store if it is a ``TCPStore`` underneath, else None.
+
+    torch keeps it (there is no public getter). Any other store (a ``FileStore`` appends every
+    ``set`` to its file, never compacted) would grow with every mark, so it is left alone.
+    """
     if not has_group() or get_world_size() == 1:
         return None
     try:
         from torch.distributed.distributed_c10d import _get_default_store
 
-        return _get_default_store()
+        store = _get_default_store()
     except Exception:  # a torch without it: progress is simply not shared
         return None
+    return store if isinstance(_underlying(store), dist.TCPStore) else None
+
+
+def _underlying(store: dist.Store) -> dist.Store:
+    """The store under any ``PrefixStore`` s (torch and torchrun nest them)."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store

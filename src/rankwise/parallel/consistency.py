@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 import rankwise.distributed as rd
 from rankwise.parallel.common import unwrap_model
@@ -88,6 +89,8 @@ def model_signature(model: nn.Module) -> dict[str, str]:
 
     >>> model_signature(nn.Linear(3, 2))
     {'weight': 'float32[2, 3]', 'bias': 'float32[2]'}
+    >>> model_signature(nn.LazyLinear(2))  # shapes come with the first forward
+    {'weight': 'uninitialized', 'bias': 'uninitialized'}
     """
     inner = unwrap_model(model)
     inner = getattr(inner, "_orig_mod", inner)  # torch.compile's OptimizedModule
@@ -95,6 +98,9 @@ def model_signature(model: nn.Module) -> dict[str, str]:
     for prefix, named in (("", inner.named_parameters()), ("buffer ", inner.named_buffers())):
         for name, tensor in named:
             clean = name.replace("_checkpoint_wrapped_module.", "")
+            if is_lazy(tensor):  # a lazy module's parameter has no shape before its first call
+                signature[prefix + clean] = "uninitialized"
+                continue
             shape = ", ".join(str(d) for d in tensor.shape)
             signature[prefix + clean] = f"{str(tensor.dtype).removeprefix('torch.')}[{shape}]"
     return signature

@@ -1,6 +1,6 @@
 """The trainer's consistency checks: at start-up, every N steps, and naming a stalled rank.
 
-- :func:`check_start` (every ``fit``): the ranks agree on the config, the optimizer's settings,
+- :func:`check_start` (every ``fit`` in a world of more than one): the ranks agree on the config, the optimizer's settings,
   the model's parameter names, shapes and dtypes, and the data's length; one all-gather of a
   32-byte digest when they do, else :class:`~rankwise.parallel.InconsistentRanksError` on
   every rank naming the field and the ranks.
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 
+import rankwise.distributed as rd
 from rankwise.parallel import (
     OutOfSyncError,
     check_consistent,
@@ -29,10 +30,34 @@ if TYPE_CHECKING:
 
 # Fields that may differ between ranks: what rank 0 alone uses (console, log files), the
 # loader's worker count (a per-machine resource), and paths (a node-local mount may be named
-# differently on each machine; the resume checks compare what was loaded).
+# differently on each machine; the resume checks compare what was loaded). Whether
+# checkpoint_dir is set and the kind of resume decide which collectives run, so those are
+# compared (see _path_kinds).
 RANK_LOCAL_FIELDS = frozenset(
     {"verbose", "log_every_n_batches", "log_dir", "num_workers", "checkpoint_dir", "resume"}
 )
+
+
+def begin_fit(
+    trainer: DistributedTrainer, cfg: DistributedTrainingConfig, train: Any, val: Any
+) -> None:
+    """Give this fit its own :class:`~rankwise.distributed.Progress` and check the ranks agree.
+
+    The Progress is named by the trainer's fit count (``trainer/fit-2``), never by a
+    process-wide counter: a Progress or trainer made on some ranks only shifts nothing. The
+    periodic sync check is refused under FSDP2, whose shards have no replica to compare.
+    """
+    if cfg.strategy == "fsdp" and cfg.check_sync_every_n_steps:
+        raise ValueError(
+            f"check_sync_every_n_steps={cfg.check_sync_every_n_steps} with strategy='fsdp': "
+            "FSDP2 shards every parameter (each element lives on one rank), so there is no "
+            "replica to compare and the check would pass without checking anything. Set "
+            "check_sync_every_n_steps=None, or use strategy='ddp' to check replicas."
+        )
+    trainer.fits += 1
+    trainer.progress = rd.Progress(f"trainer/fit-{trainer.fits}")
+    if rd.get_world_size() > 1:  # one rank agrees with itself
+        check_start(trainer, cfg, train, val)
 
 
 def check_start(
@@ -45,6 +70,7 @@ def check_start(
     differ legitimately); only datasets and arrays the trainer shards are compared.
     """
     config = {k: v for k, v in cfg.to_dict().items() if k not in RANK_LOCAL_FIELDS}
+    config.update(_path_kinds(cfg))
     fields: dict[str, Any] = {"config": config, "model": model_signature(trainer.model)}
     if trainer.optimizer is not None:  # a factory is built later, from the same code
         fields["optimizer"] = optimizer_settings(trainer.optimizer)
@@ -97,6 +123,16 @@ _HINTS = {
     "optimizer": "build the same optimizer with the same settings (lr, ...) on every rank",
     "val_dataset_length": "every rank must load the same validation data",
 }
+
+
+def _path_kinds(cfg: DistributedTrainingConfig) -> dict[str, str | None]:
+    """What of the paths decides the collectives: checkpoint_dir set or not (the save's
+    broadcast and barrier), resume None / "auto" / a path (the resume's collectives)."""
+    folder = None if cfg.checkpoint_dir is None else "a folder"
+    return {
+        "checkpoint_dir": folder,
+        "resume": cfg.resume if cfg.resume in (None, "auto") else "a path",
+    }
 
 
 def _length(data: Any) -> int | None:

@@ -176,6 +176,15 @@ def check_resumable(position: Position, sampler: Any) -> None:
     )
 
 
+def manager_for(cfg: DistributedTrainingConfig) -> ck.CheckpointManager | None:
+    """The checkpoint folder's manager (one folder per rank unless rank 0 alone saves)."""
+    if cfg.checkpoint_dir is None:
+        return None
+    base = Path(cfg.checkpoint_dir)
+    folder = base if cfg.save_on_master_only else base / f"rank-{rd.get_rank()}"
+    return ck.CheckpointManager(folder, keep_last=cfg.keep_last_checkpoints)
+
+
 def load_resume(
     resume: str | None, manager: ck.CheckpointManager | None, per_rank: bool
 ) -> tuple[Path, dict[str, Any]] | None:

@@ -115,7 +115,8 @@ class DistributedTrainer:
         self._saved_at: int | None = None
         self._step_save_due = False  # a step checkpoint on an epoch's last step, see below
         self.last_evaluation: dict[str, int] = {}  # samples and correct ones of evaluate()
-        self.progress = rd.Progress()  # marks each collective: a timeout names who is behind
+        self.fits = 0  # names each fit's Progress (checks.begin_fit)
+        self.progress = rd.Progress("trainer/unfitted")  # marks collectives: names who is behind
 
     # -- info --------------------------------------------------------------------------------
 
@@ -149,8 +150,7 @@ class DistributedTrainer:
         cfg, train, val_data = parse_fit_args(args, config, val)
         self.config = cfg.validate()
         train_set, val_set = self._datasets(train, val_data, cfg)
-        self.progress = rd.Progress()
-        checks.check_start(self, cfg, train_set, val_set)
+        checks.begin_fit(self, cfg, train_set, val_set)
         self._setup(cfg)
         self.train_source = self._source(train_set, cfg)
         position = self._start(cfg)
@@ -239,12 +239,9 @@ class DistributedTrainer:
 
     def _start(self, cfg: DistributedTrainingConfig) -> st.Position:
         """Resume from a checkpoint or start fresh (seeded)."""
-        self._manager = None
-        if cfg.checkpoint_dir is not None:
-            base = Path(cfg.checkpoint_dir)
-            folder = base if cfg.save_on_master_only else base / f"rank-{rd.get_rank()}"
-            self._manager = ck.CheckpointManager(folder, keep_last=cfg.keep_last_checkpoints)
-        loaded = st.load_resume(cfg.resume, self._manager, not cfg.save_on_master_only)
+        self._manager = st.manager_for(cfg)
+        with self.progress.operation(f"the resume from the checkpoints (resume={cfg.resume!r})"):
+            loaded = st.load_resume(cfg.resume, self._manager, not cfg.save_on_master_only)
         if loaded is not None:
             position = st.apply_state(self, loaded[1], loaded[0])
         elif self._pending is not None:
