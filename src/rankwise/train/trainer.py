@@ -120,14 +120,10 @@ class DistributedTrainer:
 
     # -- info --------------------------------------------------------------------------------
 
-    def is_master(self) -> bool:
-        return rd.is_master()
-
-    def get_rank(self) -> int:
-        return rd.get_rank()
-
-    def get_world_size(self) -> int:
-        return rd.get_world_size()
+    # The guide's queries on the trainer are rankwise.distributed's own.
+    is_master = staticmethod(rd.is_master)
+    get_rank = staticmethod(rd.get_rank)
+    get_world_size = staticmethod(rd.get_world_size)
 
     @property
     def precision(self) -> Any:
