@@ -39,17 +39,20 @@ def run_plain(name: str) -> str:
 
 
 def torchrun(script: str, cwd: Path, nproc: int = 2, *, tmp: Path | None = None) -> str:
-    """``torchrun --nproc_per_node=N script`` in ``cwd`` on a free port; its stdout. The ports
+    """``torchrun --nproc_per_node=N script`` in ``cwd`` on a free port; its ranks' stdout. The ports
     write their data to ``cwd`` (SCDATASET_EXAMPLE_DIR) or, with ``tmp``, to a temporary
     folder there (TMPDIR), as a user's run without the variable would."""
+    # Each rank's stdout goes to a file of its own (--redirects 1): the ports print long lines,
+    # and two ranks' writes to one pipe interleave past PIPE_BUF (4096 bytes), cutting a line.
+    logs = cwd / "torchrun-logs"
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
-    cmd += [f"--master_port={free_port()}", str(SC / script)]
+    cmd += [f"--log-dir={logs}", "--redirects=1", f"--master_port={free_port()}", str(SC / script)]
     shell = f"cd {shlex.quote(str(cwd))} && exec {shlex.join(cmd)}"
     extra = {"TMPDIR": str(tmp)} if tmp else {"SCDATASET_EXAMPLE_DIR": str(cwd)}
     env = {k: v for k, v in child_env(extra).items() if not (tmp and k == "SCDATASET_EXAMPLE_DIR")}
     proc = run_isolated(["sh", "-c", shell], env=env, timeout=270)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+    return "".join(log.read_text() for log in sorted(logs.glob("**/stdout.log")))
 
 
 def epochs_of(out: str) -> dict[int, dict[int, tuple[int, list[int]]]]:
