@@ -116,3 +116,59 @@ def test_ddp_model_passed_in_is_not_wrapped_again_and_stays_in_sync() -> None:
     assert kind0 == kind1 == "DistributedDataParallel"
     assert sum0 == sum1
     assert sorted(ids0 + ids1) == list(range(32))  # torch's sampler split the data
+
+
+class TwoReplicaDP(nn.DataParallel):  # type: ignore[type-arg]
+    """What a DataParallel over 2 GPUs returns, on CPU: the replicas' scalar losses gathered
+    into a [2] vector (torch's gather), the rest concatenated."""
+
+    def forward(self, x: torch.Tensor) -> Any:
+        a, b = self.module(x[: len(x) // 2]), self.module(x[len(x) // 2 :])
+        return {k: torch.stack([a[k], b[k]]) if a[k].dim() == 0 else torch.cat([a[k], b[k]])
+                for k in a}  # fmt: skip
+
+
+def test_data_parallel_vector_loss_is_averaged_in_training_and_evaluation() -> None:
+    torch.manual_seed(0)
+    model = TwoReplicaDP(VAE(6, 2, hidden_dim=8))
+    trainer = DistributedTrainer(model, None, torch.optim.Adam(model.parameters(), lr=0.01),
+                                 device="cpu")  # fmt: skip
+    data = torch.randn(32, 6)
+    history = trainer.fit(DataLoader(data, batch_size=8), val=DataLoader(data, batch_size=8),
+                          config=DistributedTrainingConfig(**CFG))  # fmt: skip
+    assert history.train_losses[1] < history.train_losses[0]
+    halves = [model.module.eval()(data[i : i + 4])["loss"] for i in range(0, 32, 4)]
+    assert history.val_losses[1] == pytest.approx(torch.stack(halves).mean().item(), rel=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_data_parallel_on_two_gpus_trains_the_vae() -> None:
+    torch.manual_seed(0)
+    model = nn.DataParallel(VAE(6, 2, hidden_dim=8))  # left on the CPU, as the guide does
+    trainer = DistributedTrainer(model, None, torch.optim.Adam(model.parameters(), lr=0.01))
+    history = trainer.fit(DataLoader(torch.randn(32, 6), batch_size=8),
+                          config=DistributedTrainingConfig(**CFG))  # fmt: skip
+    assert history.train_losses[1] < history.train_losses[0]
+    assert next(model.parameters()).device == torch.device("cuda", 0)
+
+
+def _misfit_ddp() -> list[str]:
+    errors = []
+    for device, strategy in (("cpu", "none"), ("meta", "ddp")):
+        model = DDP(nn.Linear(2, 2))
+        trainer = DistributedTrainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters()),
+                                     device=device)  # fmt: skip
+        cfg = DistributedTrainingConfig(**CFG, strategy=strategy)
+        with pytest.raises(ValueError) as info:
+            trainer.fit(torch.randn(8, 2), torch.randn(8, 2), cfg)
+        errors.append(str(info.value))
+    return errors
+
+
+@pytest.mark.timeout(120)
+def test_ddp_under_strategy_none_or_on_another_device_is_refused() -> None:
+    for none, meta in run_distributed(_misfit_ddp, 2, timeout=100):
+        assert "strategy is 'none' but the model came wrapped in DistributedDataParallel" in none
+        assert "set strategy='ddp'" in none
+        assert "DistributedDataParallel on cpu, but the trainer's device is meta" in meta
+        assert "pass device='cpu'" in meta
