@@ -172,3 +172,53 @@ def test_ddp_under_strategy_none_or_on_another_device_is_refused() -> None:
         assert "set strategy='ddp'" in none
         assert "DistributedDataParallel on cpu, but the trainer's device is meta" in meta
         assert "pass device='cpu'" in meta
+
+
+def _user_powersgd(ckpt: str, epochs: int, resume: str | None) -> tuple[list[float], int]:
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as P
+
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)))
+    state = P.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+    model.register_comm_hook(state, P.powerSGD_hook)
+    trainer = DistributedTrainer(model, nn.CrossEntropyLoss(),
+                                 torch.optim.Adam(model.parameters(), lr=0.01))  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 4, generator=g), torch.randint(0, 3, (32,), generator=g)
+    cfg = DistributedTrainingConfig(epochs=epochs, batch_size=4, verbose=False,
+                                    checkpoint_dir=ckpt, resume=resume)  # fmt: skip
+    history = trainer.fit(x, y, cfg)
+    return history.train_losses, state.iter
+
+
+@pytest.mark.timeout(200)
+def test_resume_continues_a_powersgd_state_registered_on_the_users_ddp(tmp_path: Any) -> None:
+    (losses, straight), _ = run_distributed(_user_powersgd, 2, args=(str(tmp_path / "a"), 2, None),
+                                            timeout=90)  # fmt: skip
+    run_distributed(_user_powersgd, 2, args=(str(tmp_path / "b"), 1, None), timeout=90)
+    (resumed_losses, resumed), _ = run_distributed(
+        _user_powersgd, 2, args=(str(tmp_path / "b"), 2, "auto"), timeout=90
+    )
+    assert resumed == straight  # the iteration counter went on from the checkpoint, not from 0
+    assert len(resumed_losses) == len(losses) == 2  # (losses differ: residuals are per rank)
+
+
+def _user_hook_warns() -> str:
+    model = DDP(nn.Linear(2, 2))
+    model.register_comm_hook({"mine": 1}, lambda state, bucket: _allreduce(bucket))
+    trainer = DistributedTrainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters()))
+    with pytest.warns(UserWarning, match=r"comm hook state \(dict\) is not checkpointed") as w:
+        trainer.fit(torch.randn(8, 2), torch.randn(8, 2), DistributedTrainingConfig(**CFG))
+    return str(w[0].message)
+
+
+def _allreduce(bucket: Any) -> Any:
+    tensor = bucket.buffer().div_(rd.get_world_size())
+    fut = torch.distributed.all_reduce(tensor, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+@pytest.mark.timeout(120)
+def test_other_user_hook_state_warns_it_is_not_checkpointed() -> None:
+    for message in run_distributed(_user_hook_warns, 2, timeout=100):
+        assert "compression='powersgd'" in message

@@ -9,12 +9,14 @@ with the same class and per-group settings over the new parameters (matched by n
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 import rankwise.distributed as rd
@@ -25,6 +27,7 @@ from rankwise.parallel import (
     enable_gradient_checkpointing,
     wrap_model,
 )
+from rankwise.parallel.ddp import user_hook_states
 from rankwise.parallel.fsdp import is_fsdp_module
 from rankwise.train.config import DistributedTrainingConfig
 
@@ -126,6 +129,7 @@ def _adopt(model: nn.Module, cfg: DistributedTrainingConfig, device: torch.devic
         )
     if isinstance(model, DataParallel):
         _adopt_data_parallel(model, device)
+    _warn_unsaved_hook_state(model)
     _check_device(model, kind, device)
     return model
 
@@ -142,6 +146,18 @@ def _adopt_data_parallel(model: DataParallel, device: torch.device) -> None:
         # requires the parameters there. Module.to() keeps the Parameters: the optimizer holds.
         _check_device(model, "DataParallel", device, want=model.src_device_obj)
         model.module.to(model.src_device_obj)
+
+
+def _warn_unsaved_hook_state(model: nn.Module) -> None:
+    """A PowerSGDState registered on the user's DDP is checkpointed; any other hook state is not."""
+    others = [s for s in user_hook_states(model) if not isinstance(s, PowerSGDState)]
+    if others:
+        warnings.warn(
+            f"the DDP model's comm hook state ({type(others[0]).__name__}) is not checkpointed: "
+            "a resumed run starts it afresh. For PowerSGD, register torch's PowerSGDState (it "
+            "is saved) or pass the plain module with compression='powersgd'.",
+            stacklevel=4,
+        )
 
 
 def _check_device(
