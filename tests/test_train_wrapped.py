@@ -145,11 +145,18 @@ def test_data_parallel_vector_loss_is_averaged_in_training_and_evaluation() -> N
 def test_data_parallel_on_two_gpus_trains_the_vae() -> None:
     torch.manual_seed(0)
     model = nn.DataParallel(VAE(6, 2, hidden_dim=8))  # left on the CPU, as the guide does
-    trainer = DistributedTrainer(model, None, torch.optim.Adam(model.parameters(), lr=0.01))
+    trainer = DistributedTrainer(model, None, torch.optim.Adam(model.parameters(), lr=0.01),
+                                 device="cuda")  # fmt: skip
     history = trainer.fit(DataLoader(torch.randn(32, 6), batch_size=8),
                           config=DistributedTrainingConfig(**CFG))  # fmt: skip
     assert history.train_losses[1] < history.train_losses[0]
     assert next(model.parameters()).device == torch.device("cuda", 0)
+    with pytest.raises(
+        ValueError, match=r"DataParallel on cuda:0, but the trainer's device is cpu"
+    ):
+        DistributedTrainer(model, None, torch.optim.Adam(model.parameters()), device="cpu").fit(
+            DataLoader(torch.randn(8, 6), batch_size=8), config=DistributedTrainingConfig(**CFG)
+        )
 
 
 def _misfit_ddp() -> list[str]:
