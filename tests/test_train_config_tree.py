@@ -65,3 +65,13 @@ def _write(folder: Path, text: str) -> Path:
     path = folder / "c.yaml"
     path.write_text(text)
     return path
+
+
+@pytest.mark.parametrize("key", ["keys", "items", "get", "to_dict", "_data"])
+def test_a_key_named_like_a_method_is_refused(key: str) -> None:
+    with pytest.raises(ValueError, match=rf"config\.model\.{key}: the key '{key}' clashes"):
+        ConfigTree({"model": {key: 3}})
+    config = ConfigTree({"model": {"size": 3}})
+    with pytest.raises(ValueError, match=rf"rename it in the YAML file, e.g. to '{key}_'"):
+        config.model[key] = 3
+    assert config.model.to_dict() == {"size": 3}

@@ -116,3 +116,116 @@ def test_ddp_model_passed_in_is_not_wrapped_again_and_stays_in_sync() -> None:
     assert kind0 == kind1 == "DistributedDataParallel"
     assert sum0 == sum1
     assert sorted(ids0 + ids1) == list(range(32))  # torch's sampler split the data
+
+
+class TwoReplicaDP(nn.DataParallel):  # type: ignore[type-arg]
+    """What a DataParallel over 2 GPUs returns, on CPU: the replicas' scalar losses gathered
+    into a [2] vector (torch's gather), the rest concatenated."""
+
+    def forward(self, x: torch.Tensor) -> Any:
+        a, b = self.module(x[: len(x) // 2]), self.module(x[len(x) // 2 :])
+        return {k: torch.stack([a[k], b[k]]) if a[k].dim() == 0 else torch.cat([a[k], b[k]])
+                for k in a}  # fmt: skip
+
+
+def test_data_parallel_vector_loss_is_averaged_in_training_and_evaluation() -> None:
+    torch.manual_seed(0)
+    model = TwoReplicaDP(VAE(6, 2, hidden_dim=8))
+    trainer = DistributedTrainer(model, None, torch.optim.Adam(model.parameters(), lr=0.01),
+                                 device="cpu")  # fmt: skip
+    data = torch.randn(32, 6)
+    history = trainer.fit(DataLoader(data, batch_size=8), val=DataLoader(data, batch_size=8),
+                          config=DistributedTrainingConfig(**CFG))  # fmt: skip
+    assert history.train_losses[1] < history.train_losses[0]
+    halves = [model.module.eval()(data[i : i + 4])["loss"] for i in range(0, 32, 4)]
+    assert history.val_losses[1] == pytest.approx(torch.stack(halves).mean().item(), rel=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_data_parallel_on_two_gpus_trains_the_vae() -> None:
+    torch.manual_seed(0)
+    model = nn.DataParallel(VAE(6, 2, hidden_dim=8))  # left on the CPU, as the guide does
+    trainer = DistributedTrainer(model, None, torch.optim.Adam(model.parameters(), lr=0.01),
+                                 device="cuda")  # fmt: skip
+    history = trainer.fit(DataLoader(torch.randn(32, 6), batch_size=8),
+                          config=DistributedTrainingConfig(**CFG))  # fmt: skip
+    assert history.train_losses[1] < history.train_losses[0]
+    assert next(model.parameters()).device == torch.device("cuda", 0)
+    with pytest.raises(
+        ValueError, match=r"DataParallel on cuda:0, but the trainer's device is cpu"
+    ):
+        DistributedTrainer(model, None, torch.optim.Adam(model.parameters()), device="cpu").fit(
+            DataLoader(torch.randn(8, 6), batch_size=8), config=DistributedTrainingConfig(**CFG)
+        )
+
+
+def _misfit_ddp() -> list[str]:
+    errors = []
+    for device, strategy in (("cpu", "none"), ("meta", "ddp")):
+        model = DDP(nn.Linear(2, 2))
+        trainer = DistributedTrainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters()),
+                                     device=device)  # fmt: skip
+        cfg = DistributedTrainingConfig(**CFG, strategy=strategy)
+        with pytest.raises(ValueError) as info:
+            trainer.fit(torch.randn(8, 2), torch.randn(8, 2), cfg)
+        errors.append(str(info.value))
+    return errors
+
+
+@pytest.mark.timeout(120)
+def test_ddp_under_strategy_none_or_on_another_device_is_refused() -> None:
+    for none, meta in run_distributed(_misfit_ddp, 2, timeout=100):
+        assert "strategy is 'none' but the model came wrapped in DistributedDataParallel" in none
+        assert "set strategy='ddp'" in none
+        assert "DistributedDataParallel on cpu, but the trainer's device is meta" in meta
+        assert "pass device='cpu'" in meta
+
+
+def _user_powersgd(ckpt: str, epochs: int, resume: str | None) -> tuple[list[float], int]:
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as P
+
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)))
+    state = P.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+    model.register_comm_hook(state, P.powerSGD_hook)
+    trainer = DistributedTrainer(model, nn.CrossEntropyLoss(),
+                                 torch.optim.Adam(model.parameters(), lr=0.01))  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 4, generator=g), torch.randint(0, 3, (32,), generator=g)
+    cfg = DistributedTrainingConfig(epochs=epochs, batch_size=4, verbose=False,
+                                    checkpoint_dir=ckpt, resume=resume)  # fmt: skip
+    history = trainer.fit(x, y, cfg)
+    return history.train_losses, state.iter
+
+
+@pytest.mark.timeout(200)
+def test_resume_continues_a_powersgd_state_registered_on_the_users_ddp(tmp_path: Any) -> None:
+    (losses, straight), _ = run_distributed(_user_powersgd, 2, args=(str(tmp_path / "a"), 2, None),
+                                            timeout=90)  # fmt: skip
+    run_distributed(_user_powersgd, 2, args=(str(tmp_path / "b"), 1, None), timeout=90)
+    (resumed_losses, resumed), _ = run_distributed(
+        _user_powersgd, 2, args=(str(tmp_path / "b"), 2, "auto"), timeout=90
+    )
+    assert resumed == straight  # the iteration counter went on from the checkpoint, not from 0
+    assert len(resumed_losses) == len(losses) == 2  # (losses differ: residuals are per rank)
+
+
+def _user_hook_warns() -> str:
+    model = DDP(nn.Linear(2, 2))
+    model.register_comm_hook({"mine": 1}, lambda state, bucket: _allreduce(bucket))
+    trainer = DistributedTrainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters()))
+    with pytest.warns(UserWarning, match=r"comm hook state \(dict\) is not checkpointed") as w:
+        trainer.fit(torch.randn(8, 2), torch.randn(8, 2), DistributedTrainingConfig(**CFG))
+    return str(w[0].message)
+
+
+def _allreduce(bucket: Any) -> Any:
+    tensor = bucket.buffer().div_(rd.get_world_size())
+    fut = torch.distributed.all_reduce(tensor, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+@pytest.mark.timeout(120)
+def test_other_user_hook_state_warns_it_is_not_checkpointed() -> None:
+    for message in run_distributed(_user_hook_warns, 2, timeout=100):
+        assert "compression='powersgd'" in message

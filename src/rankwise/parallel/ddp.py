@@ -266,24 +266,42 @@ def comm_state_dict(model: nn.Module) -> dict[str, Any]:
     """Checkpointable compression state, identical on every rank (rank 0 may save it).
 
     For PowerSGD: the iteration counter and the projection RNG. The per-rank error-feedback
-    residuals are not included; see :func:`rankwise.parallel.hooks.powersgd_state_dict`.
+    residuals are not included; see :func:`rankwise.parallel.hooks.powersgd_state_dict`. The
+    PowerSGD state is rankwise's (``compression='powersgd'``) or the ``PowerSGDState`` a user
+    registered on their own DDP (``model.register_comm_hook(state, powerSGD_hook)``).
     """
-    state = getattr(model, _STATE_ATTR, None)
-    if state is None or state.powersgd is None:
-        return {}
-    return {"powersgd": hooks.powersgd_state_dict(state.powersgd)}
+    powersgd = _powersgd_state(model)
+    return {} if powersgd is None else {"powersgd": hooks.powersgd_state_dict(powersgd)}
 
 
 def load_comm_state_dict(model: nn.Module, state: dict[str, Any]) -> None:
     """Restore :func:`comm_state_dict`'s output; a no-op for an empty dict."""
-    live = getattr(model, _STATE_ATTR, None)
     if "powersgd" in state:
-        if live is None or live.powersgd is None:
+        live = _powersgd_state(model)
+        if live is None:
             raise ValueError(
                 "the saved state is PowerSGD's but this model has no PowerSGD hook; wrap it "
                 "with DDPConfig(compression='powersgd') before loading."
             )
-        hooks.load_powersgd_state_dict(live.powersgd, state["powersgd"])
+        hooks.load_powersgd_state_dict(live, state["powersgd"])
+
+
+def user_hook_states(model: nn.Module) -> list[object]:
+    """The states of comm hooks registered on ``model`` (a DDP) other than rankwise's own.
+
+    DDP keeps ``(hook, state)`` of each ``register_comm_hook`` call in ``_comm_hooks`` (torch
+    has no public getter); a plain module or FSDP gives ``[]``.
+    """
+    return [state for _, state in getattr(model, "_comm_hooks", []) if state is not None
+            and not isinstance(state, hooks.HookState)]  # fmt: skip
+
+
+def _powersgd_state(model: nn.Module) -> _powersgd.PowerSGDState | None:
+    own = getattr(model, _STATE_ATTR, None)
+    if own is not None and own.powersgd is not None:
+        return own.powersgd
+    found = [s for s in user_hook_states(model) if isinstance(s, _powersgd.PowerSGDState)]
+    return found[0] if found else None
 
 
 @contextlib.contextmanager

@@ -116,6 +116,13 @@ class ConfigTree:
         self[name] = value
 
     def __setitem__(self, key: str, value: Any) -> None:
+        if key in _RESERVED:
+            # config.keys would silently be the method, never the setting: refuse the name.
+            raise ValueError(
+                f"{self._path}.{key}: the key {key!r} clashes with ConfigTree's own "
+                f"{key!r} ({', '.join(sorted(k for k in _RESERVED if k[0] != '_'))} are taken), so {self._path}.{key} "
+                f"would not read it; rename it in the YAML file, e.g. to {key + '_'!r}."
+            )
         self._data[key] = _tree(value, f"{self._path}.{key}")
 
     def __eq__(self, other: object) -> bool:
@@ -142,6 +149,10 @@ class ConfigTree:
             f"{self._path}.{key} is not set ({where}); add it to the YAML file{under}, "
             f"or set {self._path}.{key} = ...{hint}"
         )
+
+
+# Names that attribute access finds on the class before any setting (methods, internals).
+_RESERVED = frozenset(n for n in dir(ConfigTree) if not n.startswith("__")) | {"_path", "_data"}
 
 
 def _tree(value: Any, path: str) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.parallel import DataParallel
 from torch.utils.data import DataLoader, Dataset
 
 import rankwise.distributed as rd
@@ -146,12 +147,19 @@ def split_batch(batch: Batch, needs_target: bool) -> tuple[Any, Any]:
     )
 
 
-def model_loss(outputs: Any, targets: Any, loss_fn: LossFn) -> torch.Tensor:
-    """The batch-mean loss: ``loss_fn(outputs, targets)``, or the model's own ``"loss"``."""
+def model_loss(outputs: Any, targets: Any, loss_fn: LossFn, model: Any = None) -> torch.Tensor:
+    """The batch-mean loss: ``loss_fn(outputs, targets)``, or the model's own ``"loss"``.
+
+    A DataParallel gathers each GPU replica's scalar ``"loss"`` into a vector of one entry per
+    GPU; its mean is the batch's loss (replicas get equal shares, the last one maybe fewer).
+    """
     if loss_fn is not None:
         return loss_fn(outputs, targets)
     if isinstance(outputs, dict) and "loss" in outputs:
-        return outputs["loss"]
+        loss = outputs["loss"]
+        if isinstance(model, DataParallel) and isinstance(loss, torch.Tensor) and loss.dim() == 1:
+            return loss.mean()
+        return loss
     raise ValueError(
         f"loss_fn is None, so the model must return a dict with a 'loss' entry; it returned "
         f"a {type(outputs).__name__}. Pass a loss_fn, e.g. torch.nn.CrossEntropyLoss()."
@@ -214,7 +222,7 @@ def evaluate_exact(
                 if per_sample is not None:
                     loss_sum = per_sample(out, y).reshape(real, -1).double().mean(1).sum()
                 else:
-                    loss_sum = model_loss(out, y, loss_fn).double() * real
+                    loss_sum = model_loss(out, y, loss_fn, model).double() * real
             sums[0] += loss_sum.cpu()
             sums[1] += real
             if is_class_target(out, y):

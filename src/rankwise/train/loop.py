@@ -147,7 +147,7 @@ def train_epoch(
         with accumulate(model, is_last=last):
             with precision.autocast():
                 out = model(x)
-                loss = model_loss(out, y, loss_fn)
+                loss = model_loss(out, y, loss_fn, model)
             precision.backward(loss / window if window > 1 else loss)
         sums.losses.append(loss.detach())
         sums.counts.append(n)

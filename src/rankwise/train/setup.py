@@ -9,12 +9,14 @@ with the same class and per-group settings over the new parameters (matched by n
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 import rankwise.distributed as rd
@@ -25,6 +27,7 @@ from rankwise.parallel import (
     enable_gradient_checkpointing,
     wrap_model,
 )
+from rankwise.parallel.ddp import user_hook_states
 from rankwise.parallel.fsdp import is_fsdp_module
 from rankwise.train.config import DistributedTrainingConfig
 
@@ -47,7 +50,11 @@ def prepare(trainer: DistributedTrainer, cfg: DistributedTrainingConfig) -> Prep
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(module)
     given = trainer.model  # as passed in (prepare runs at the first fit, before re-binding)
-    model = _adopt(given, cfg) if is_wrapped(given) else _wrap(module, cfg, trainer.device_choice)
+    model = (
+        _adopt(given, cfg, trainer.device)
+        if is_wrapped(given)
+        else _wrap(module, cfg, trainer.device_choice)
+    )
     spec = trainer._optimizer_spec
     if isinstance(spec, torch.optim.Optimizer):
         optimizer = spec
@@ -99,7 +106,7 @@ def is_wrapped(model: nn.Module) -> bool:
     return isinstance(model, DistributedDataParallel | DataParallel) or is_fsdp_module(model)
 
 
-def _adopt(model: nn.Module, cfg: DistributedTrainingConfig) -> nn.Module:
+def _adopt(model: nn.Module, cfg: DistributedTrainingConfig, device: torch.device) -> nn.Module:
     """Use a model the user wrapped as it is, after checking it fits the config and world."""
     kind = type(model).__name__
     fsdp = is_fsdp_module(model)
@@ -109,18 +116,66 @@ def _adopt(model: nn.Module, cfg: DistributedTrainingConfig) -> nn.Module:
             f"but it came wrapped in {kind}; pass the plain module, or register the hook on "
             "your DDP yourself (model.register_comm_hook(...)) and leave compression=None."
         )
+    if cfg.strategy == "none" and (fsdp or isinstance(model, DistributedDataParallel)):
+        raise ValueError(
+            f"config.strategy is 'none' but the model came wrapped in {kind}, which syncs "
+            f"gradients across ranks; set strategy={'fsdp' if fsdp else 'ddp'!r} (the default "
+            "is 'ddp') or pass the plain module to train unsynced."
+        )
     if (cfg.strategy == "fsdp") != fsdp:
         raise ValueError(
             f"config.strategy is {cfg.strategy!r} but the model came wrapped in {kind}; set "
             f"strategy={'fsdp' if fsdp else 'ddp'!r} or pass the plain module."
         )
-    if isinstance(model, DataParallel) and rd.get_world_size() > 1:
+    if isinstance(model, DataParallel):
+        _adopt_data_parallel(model, device)
+    _warn_unsaved_hook_state(model)
+    _check_device(model, kind, device)
+    return model
+
+
+def _adopt_data_parallel(model: DataParallel, device: torch.device) -> None:
+    if rd.get_world_size() > 1:
         raise ValueError(
             f"the model is a DataParallel in a world of {rd.get_world_size()} ranks: nothing "
             "would average its gradients across ranks and they would drift apart; pass the "
             "plain module (the trainer wraps it in DDP) or a DistributedDataParallel."
         )
-    return model
+    if model.device_ids:  # no GPU: DataParallel is a plain call of the module
+        # torch moves the module to its first GPU only when it has one; with 2+ its forward
+        # requires the parameters there. Module.to() keeps the Parameters: the optimizer holds.
+        _check_device(model, "DataParallel", device, want=model.src_device_obj)
+        model.module.to(model.src_device_obj)
+
+
+def _warn_unsaved_hook_state(model: nn.Module) -> None:
+    """A PowerSGDState registered on the user's DDP is checkpointed; any other hook state is not."""
+    others = [s for s in user_hook_states(model) if not isinstance(s, PowerSGDState)]
+    if others:
+        warnings.warn(
+            f"the DDP model's comm hook state ({type(others[0]).__name__}) is not checkpointed: "
+            "a resumed run starts it afresh. For PowerSGD, register torch's PowerSGDState (it "
+            "is saved) or pass the plain module with compression='powersgd'.",
+            stacklevel=4,
+        )
+
+
+def _check_device(
+    model: nn.Module, kind: str, device: torch.device, want: torch.device | None = None
+) -> None:
+    """The trainer's device (where batches go) must be the wrapped model's."""
+    if want is None:
+        first = next(iter(model.parameters()), None)
+        if first is None:
+            return
+        want = first.device
+    same_index = want.index is None or device.index is None or want.index == device.index
+    if want.type != device.type or not same_index:
+        raise ValueError(
+            f"the model came wrapped in {kind} on {want}, but the trainer's device is "
+            f"{device}; pass device={str(want)!r} (or leave device out and wrap the model on "
+            "this rank's device), or pass the plain module and let rankwise place it."
+        )
 
 
 def _wrap(
