@@ -5,8 +5,10 @@ process group (free port, gloo, a timeout on the whole run) and returns each ran
 rank order. A rank that raises fails the call with that rank's traceback; ranks that never
 finish fail it with their numbers. :func:`run_script` does the same for a script through
 ``rankwise launch``, and :func:`run_by_hand` starts a command once per rank with the rank
-variables set, as the guides' manual launches do. :func:`hygiene` restores the environment and destroys any process group a
-test left behind.
+variables set, as the guides' manual launches do. :func:`hygiene` restores the environment and
+destroys any process group a test left behind. :mod:`rankwise.testing.faults` breaks a training
+run on purpose and checks what it trained (:func:`kill_at_checkpoint`,
+:func:`assert_exactly_once`).
 
 Processes come from a ``forkserver`` that has imported torch once, so each rank starts in
 milliseconds without inheriting the test process's threads (``fork`` after OpenMP has run is
@@ -36,6 +38,23 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from rankwise.testing.faults import assert_exactly_once, kill_at_checkpoint
+
+__all__ = [
+    "RankFailedError",
+    "assert_exactly_once",
+    "child_env",
+    "free_port",
+    "hygiene",
+    "kill_at_checkpoint",
+    "rank_env",
+    "run_by_hand",
+    "run_distributed",
+    "run_isolated",
+    "run_script",
+    "src_path",
+]
 
 _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -358,50 +377,6 @@ def _completed(
         f.seek(0)
         texts.append(f.read().decode(errors="replace"))
     return subprocess.CompletedProcess(list(cmd), proc.returncode, texts[0], texts[1])
-
-
-def kill_at_checkpoint(point: str, after: int = 0) -> None:
-    """SIGKILL this process at ``point`` of a checkpoint save, for fault-injection tests.
-
-    ``point`` is one of :data:`rankwise.train.checkpoint.FAULT_POINTS` (``"mid-write"``,
-    ``"before-rename"``, ``"before-manifest"``, ``"before-pointer"``, ``"before-prune"``);
-    the first ``after`` passes through it are let go. Call it inside the process to kill (a
-    rank, a child script); ``rankwise.train.checkpoint.set_fault_hook(None)`` undoes it.
-    """
-    from rankwise.train.files import FAULT_POINTS, set_fault_hook
-
-    if point not in FAULT_POINTS:
-        raise ValueError(
-            f"point ({point!r}) is not a checkpoint fault point; use one of {FAULT_POINTS}."
-        )
-    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-        raise ValueError(f"after ({after!r}) must be an integer >= 0.")
-    remaining = [after]
-
-    def hook(name: str) -> None:
-        if name != point:
-            return
-        if remaining[0] > 0:
-            remaining[0] -= 1
-            return
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    set_fault_hook(hook)
-
-
-def assert_exactly_once(
-    audit_dir: str | os.PathLike[str], attempts: int, num_samples: int, epochs: int
-) -> list[int]:
-    """Assert a run's sample audit (``rankwise.train.read_audit``) shows ``attempts`` attempts
-    (the first start plus each restart) and every sample of each epoch trained exactly once;
-    return each attempt's start step, e.g. ``[0, 6]`` for one restart from step 6.
-    """
-    from rankwise.train import read_audit
-
-    report = read_audit(audit_dir)
-    assert len(report.attempts) == attempts, [a.name for a in report.attempts]
-    assert report.violations(num_samples, epochs) == []
-    return [a.start_step for a in report.attempts]
 
 
 @contextlib.contextmanager
