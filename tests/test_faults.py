@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rankwise.testing import assert_exactly_once, child_env, run_isolated, run_script
+from fault_runs import WORKER, exactly_once
+from rankwise.testing import child_env, run_isolated, run_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKER = ROOT / "tests" / "scripts" / "fault_worker.py"
-NUM_SAMPLES, EPOCHS = 192, 2
 
 
 def launch(
@@ -42,11 +41,6 @@ def launch(
 def finished(result: subprocess.CompletedProcess[str], out: Path) -> dict[str, torch.Tensor]:
     assert result.returncode == 0, result.stderr[-4000:]
     return torch.load(out / "final.pt")
-
-
-def exactly_once(out: Path, attempts: int) -> list[int]:
-    """Check the audit; return each attempt's start step."""
-    return assert_exactly_once(out / "audit", attempts, NUM_SAMPLES, EPOCHS)
 
 
 @pytest.fixture(scope="module")

@@ -27,13 +27,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rankwise.testing import assert_exactly_once, child_env, run_script
+from fault_runs import WORKER, exactly_once
+from rankwise.testing import child_env, run_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parent.parent
-WORKER = ROOT / "tests" / "scripts" / "fault_worker.py"
-NUM_SAMPLES, EPOCHS = 192, 2
 RDZV_PORT = 29400  # each namespace has ports of its own: no job outside can hold it
 LAUNCH_SECONDS = 300
 _PERMISSION_ERRORS = ("Operation not permitted", "Permission denied")
@@ -159,11 +157,6 @@ def finished(results: list[tuple[int | None, str]], out: Path) -> dict[str, torc
         assert code is not None, f"host {host} hung past {LAUNCH_SECONDS} s:\n{log[-5000:]}"
         assert code == 0, f"host {host} exited {code}:\n{log[-5000:]}"
     return torch.load(out / "final.pt")
-
-
-def exactly_once(out: Path, attempts: int) -> list[int]:
-    """Check the audit; return each attempt's start step."""
-    return assert_exactly_once(out / "audit", attempts, NUM_SAMPLES, EPOCHS)
 
 
 @pytest.fixture(scope="module")
