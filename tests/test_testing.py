@@ -59,3 +59,11 @@ def test_a_timed_out_manual_launch_leaves_no_process_behind(tmp_path: Path) -> N
         run_by_hand([sys.executable, "-c", script], 2, timeout=15)
     pids = [int((tmp_path / str(rank)).read_text()) for rank in range(2)]
     assert not any(_alive(pid) for pid in pids), f"processes {pids} outlived the run"
+
+
+def test_src_path_is_the_folder_that_holds_the_rankwise_package() -> None:
+    # Children get it on PYTHONPATH: one level too deep, rankwise's own subpackages (testing)
+    # would shadow top-level packages of that name that dependencies import (anndata's).
+    from rankwise.testing import src_path
+
+    assert (Path(src_path()) / "rankwise" / "__init__.py").is_file()

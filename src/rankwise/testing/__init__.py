@@ -72,7 +72,9 @@ def free_port() -> int:
 
 def src_path() -> str:
     """The folder that holds the imported ``rankwise`` package (for children's PYTHONPATH)."""
-    return str(Path(__file__).resolve().parent.parent)
+    import rankwise
+
+    return str(Path(rankwise.__file__).resolve().parent.parent)
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
