@@ -27,6 +27,11 @@ SEEDS = next(
     ),
     Path(__file__).resolve().parent.parent.parent / "shared" / "seeds",
 )
+# A number as the ports print it (``{x:.3g}``, ``repr(float)``, ``{x:.4f}``). The ranks of a run
+# share one stdout and, unbuffered (PYTHONUNBUFFERED=1), print writes a line and its newline
+# separately, so another rank's line can follow without a line break: patterns match numbers,
+# never ``\S+`` (which would swallow the next rank's "rank N") nor ``^``/``$`` anchors.
+NUM = r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
 _MARK = re.compile(r"#\s*port\b")
 _BLOCK_START = re.compile(r"^\s*#\s*---\s*port\b")
 _BLOCK_END = re.compile(r"^\s*#\s*---\s*end of port\b")

@@ -29,11 +29,12 @@ from rankwise.compat import frameworm as fw
 from rankwise.models import MLP, VAE
 from rankwise.testing import child_env, free_port, run_script
 from rankwise.train import ConfigKeyError, ConfigTree, DistributedTrainer
+from seed_ports import NUM
 
 FW = Path(__file__).parent.parent / "examples" / "seeds" / "frameworm"
 TRAINED = re.compile(
     r"rank (\d)/(\d) local (\d) trained (\w+); loss ([\d.]+) -> ([\d.]+), val ([\d.]+), "
-    r"checksum (\S+)"
+    rf"checksum ({NUM})"
 )
 
 
@@ -195,7 +196,7 @@ def test_powersgd_autocast_gradscaler_loop() -> None:
     out = run_spawn("optimized.py")
     rows = re.findall(
         r"rank (\d): output dtype (\S+), scaler enabled (\w+), powersgd iter (\d+) "
-        r"compressed-numel (\d+), loss \S+ -> \S+, checksum (\S+)",
+        rf"compressed-numel (\d+), loss {NUM} -> {NUM}, checksum ({NUM})",
         out,
     )
     assert sorted(r[0] for r in rows) == ["0", "1"]
@@ -218,9 +219,9 @@ def test_accumulation_example_matches_one_big_batch(monkeypatch: pytest.MonkeyPa
 def test_monitoring_example_averages_the_ranks_losses() -> None:
     proc = run_script(FW / "monitoring.py", 2, timeout=240, env=child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
-    losses = [float(v) for _, v in sorted(re.findall(r"rank (\d) loss (\S+)", proc.stdout))]
+    losses = [float(v) for _, v in sorted(re.findall(rf"rank (\d) loss ({NUM})", proc.stdout))]
     assert len(losses) == 2 and losses[0] != losses[1]
-    average = float(re.search(r"Average loss across all GPUs: (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+    average = float(re.search(rf"Average loss across all GPUs: ({NUM})", proc.stdout).group(1))  # type: ignore[union-attr]
     assert average == pytest.approx(sum(losses) / 2, abs=1e-4)
 
 
