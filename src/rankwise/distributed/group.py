@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import gc
 import time
 from datetime import timedelta
 
@@ -27,18 +26,13 @@ from rankwise.distributed.config import (
     choose_gloo_interface,
     restore_gloo_interface,
 )
+from rankwise.distributed.drain import drain, gloo_threads_alive
 from rankwise.distributed.errors import DistributedConfigError, DistributedStateError
 from rankwise.distributed.rendezvous import lost_store, rendezvous, wait_until_all_joined
 
 # With CUDA, "auto" gives torch's per-device backends: NCCL for CUDA tensors, gloo for CPU ones
 # (metrics, sampler state), so a CPU tensor still reduces in a job that trains under NCCL.
 CPU_AND_CUDA = "cpu:gloo,cuda:nccl"
-# How long finalize() releases the GIL after destroying the group. gloo's worker threads
-# (pt_gloo_runloop) may still be destroying finished work objects, which frees Python-owned
-# tensors and needs the GIL; if the interpreter is already finalising by then, the thread is
-# torn down mid-destructor and the process aborts with SIGABRT ("terminate called without an
-# active exception") although training succeeded.
-_DRAIN_SECONDS = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,8 +188,7 @@ def _teardown(destroy: bool) -> None:
         if destroy:
             dist.destroy_process_group()
     if _saw_group and (destroy or not live):
-        gc.collect()
-        time.sleep(_DRAIN_SECONDS)  # releases the GIL so gloo's threads can finish
+        drain()
 
 
 def has_group() -> bool:
@@ -371,6 +364,16 @@ def _finalize_at_exit() -> None:
     global _session
     _session = None
     _teardown(destroy=True)
+
+
+def _drain_at_exit() -> None:
+    # Registered on import, for scripts that build their group with torch directly (a seed
+    # guide's mp.spawn example) and so never reach init()'s hook: the same abort awaits them.
+    if not _atexit_registered and gloo_threads_alive():
+        drain()
+
+
+atexit.register(_drain_at_exit)
 
 
 def _register_atexit() -> None:

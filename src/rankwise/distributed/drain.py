@@ -1,0 +1,48 @@
+"""Letting the process group's threads finish before the interpreter goes.
+
+gloo's worker threads (``pt_gloo_runloop``) may still be destroying finished work objects when
+the main thread reaches exit: that frees Python-owned tensors (and the Python callbacks of
+comm hooks such as PowerSGD), which needs the GIL. If the interpreter is finalising by then,
+the thread is torn down mid-destructor and the process dies on SIGABRT ("terminate called
+without an active exception") although its work succeeded. The threads outlive
+``destroy_process_group``, so the only cure is to give them the GIL before exit:
+:func:`drain`, which :func:`rankwise.distributed.finalize` and the exit hooks call.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+
+import torch.distributed as dist
+
+DRAIN_SECONDS = 0.05  # how long drain() releases the GIL
+_log = logging.getLogger(__name__)
+
+
+def drain() -> None:
+    """Collect garbage, then release the GIL for ``DRAIN_SECONDS`` so gloo's threads finish."""
+    _log.debug("giving the process group's threads %.0f ms to finish", DRAIN_SECONDS * 1e3)
+    gc.collect()
+    time.sleep(DRAIN_SECONDS)
+
+
+def gloo_threads_alive() -> bool:
+    """Whether gloo's threads run in this process (they outlive ``destroy_process_group``).
+
+    Linux names them ``pt_gloo_runloop`` / ``gloo_tcp_loop``; elsewhere: whether a group is live.
+    """
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return dist.is_available() and dist.is_initialized()
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                if "gloo" in f.read():
+                    return True
+        except OSError:  # the thread ended meanwhile
+            continue
+    return False
