@@ -17,6 +17,7 @@ running loss only at log intervals.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,16 +34,22 @@ if TYPE_CHECKING:
     from rankwise.train.trainer import DistributedTrainer
 
 BatchHook = Callable[[Any, int, int, Any], None]
+_SYNCS = contextlib.nullcontext()  # reusable: the context of a micro-batch that syncs
 
 
 @dataclass
 class EpochSums:
     """This rank's running sums for the epoch; ``carried`` holds the whole world's sums of
-    the part of the epoch done before a resume (rank 0 only, so the all-reduce adds it once)."""
+    the part of the epoch done before a resume (rank 0 only, so the all-reduce adds it once).
+
+    Per micro-batch only what the step already has is kept (the detached loss, the batch
+    length, the ``prediction == target`` mask): every reduction waits for the epoch's end,
+    where one ``stack`` / ``cat`` replaces per-step tensor ops.
+    """
 
     losses: list[torch.Tensor] = field(default_factory=list)  # batch-mean losses
     counts: list[int] = field(default_factory=list)
-    correct: list[torch.Tensor] = field(default_factory=list)
+    hits: list[torch.Tensor] = field(default_factory=list)  # bool: prediction == target
     classed: int = 0
     carried: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
 
@@ -50,13 +57,17 @@ class EpochSums:
         """[loss sum, samples, correct, samples with class targets] as float64."""
         out = torch.tensor(self.carried, dtype=torch.float64)
         if self.losses:
-            losses = torch.stack([t.detach().double().cpu() for t in self.losses])
-            out[0] += (losses * torch.tensor(self.counts, dtype=torch.float64)).sum()
+            out[0] += self._loss_sum(0)
             out[1] += sum(self.counts)
-        if self.correct:
-            out[2] += torch.stack(self.correct).double().sum().cpu()
+        if self.hits:
+            out[2] += torch.cat(self.hits).sum().cpu()
         out[3] += self.classed
         return out
+
+    def _loss_sum(self, start: int) -> torch.Tensor:
+        # float64 before the products: the sum of N losses x counts stays exact enough.
+        losses = torch.stack(self.losses[start:]).double().cpu()
+        return (losses * torch.tensor(self.counts[start:], dtype=torch.float64)).sum()
 
     def reduced(self) -> torch.Tensor:
         """The world's sums (on the CPU): one all-reduce on the collective device."""
@@ -66,9 +77,7 @@ class EpochSums:
         """Sum and count of this rank's losses since ``start`` (rank 0's progress display)."""
         if start >= len(self.losses):
             return 0.0, 0
-        counts = torch.tensor(self.counts[start:], dtype=torch.float64)
-        losses = torch.stack([t.detach() for t in self.losses[start:]]).double().cpu()
-        return float((losses * counts).sum()), int(counts.sum())
+        return float(self._loss_sum(start)), sum(self.counts[start:])
 
 
 def summarize(totals: torch.Tensor) -> tuple[float, float | None]:
@@ -134,7 +143,12 @@ def train_epoch(
     window_start = 0
     progress, sync = trainer.progress, _sync_name(cfg.strategy)
     for i, (batch, ids, final) in enumerate(_micro_batches(source)):
-        last = is_sync_step(i, accum, total) if final is None else (final or (i + 1) % accum == 0)
+        if accum == 1:  # every micro-batch is a step (the common case: no window arithmetic)
+            last = True
+        else:
+            last = (
+                is_sync_step(i, accum, total) if final is None else (final or (i + 1) % accum == 0)
+            )
         if i == window_start:  # a new window: how many micro-batches it averages over
             # (unsized loaders: accum, even for a short last window; docs/train.md says so)
             window = accum if total is None else min(accum, total - i)
@@ -142,9 +156,12 @@ def train_epoch(
         n = batch_length(x)
         # One store set (no reply awaited): a peer whose collective times out reads it.
         step = trainer.global_step + 1
-        what = f"{sync} at step {step}" if last else f"micro-batch {i} (no sync) of step {step}"
-        progress.mark(f"{what} (epoch {epoch})")
-        with accumulate(model, is_last=last):
+        if last:
+            progress.mark(f"{sync} at step {step} (epoch {epoch})")
+        else:
+            progress.mark(f"micro-batch {i} (no sync) of step {step} (epoch {epoch})")
+        # The step that syncs needs no context at all (accumulate() would only yield).
+        with _SYNCS if last else accumulate(model, is_last=False):
             with precision.autocast():
                 out = model(x)
                 loss = model_loss(out, y, loss_fn, model)
@@ -154,7 +171,7 @@ def train_epoch(
         if classes is None:
             classes = is_class_target(out, y)
         if classes:
-            sums.correct.append((out.detach().argmax(1) == y).sum())
+            sums.hits.append(out.argmax(1) == y)  # argmax has no gradient: nothing to detach
             sums.classed += n
         source.advance(n)
         for hook in hooks:
