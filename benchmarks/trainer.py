@@ -136,7 +136,9 @@ def _batches(
     if impl != "indexing":
         return loader
     index = torch.tensor(list(sampler))
-    return [(x[index[i : i + batch]], y[index[i : i + batch]]) for i in range(0, len(index), batch)]
+    # A generator: each batch is gathered in its own step, as the trainer does (a list built
+    # up front would move every gather out of the timed steps, into the epoch's start).
+    return ((x[index[i : i + batch]], y[index[i : i + batch]]) for i in range(0, len(index), batch))
 
 
 def _loop(

@@ -2,9 +2,10 @@
 
 Wall time on a shared machine swings 2.5x between runs; these two measures hardly move:
 
-- **Python calls per optimizer step**: every Python and C function call (``sys.setprofile``
-  events) between two optimizer steps, counted over ``STEPS`` steps after warm-up. Exact and
-  the same on every run: it counts work, not time.
+- **calls per optimizer step**: every Python and C function call (``sys.setprofile``
+  events), and separately every call into the torch API (a ``TorchFunctionMode``: tensor
+  ops, methods and properties), counted over ``STEPS`` optimizer steps inside the first
+  epoch. Exact and the same on every run: they count work, not time.
 - **CPU time per step** (``time.thread_time``, this thread only): one process, a world of
   one, one torch thread, so all of a step's work is on this thread and none is waiting.
   The implementations run in rounds, interleaved in a rotating order; each round gives a
@@ -37,9 +38,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
-WARMUP = 10  # optimizer steps before anything is counted or timed
-STEPS = 50  # optimizer steps whose calls are counted
+WARMUP = 10  # optimizer steps before anything is timed
+COUNT_FROM, STEPS = 5, 50  # optimizer steps whose calls are counted (epoch 0 has 57)
 EPOCHS = 2  # per timed run: 2 x 57 steps on the digits data
 
 
@@ -108,10 +110,24 @@ IMPLS: dict[str, Callable[..., Any]] = {
 }
 
 
-def calls_per_step(run: Callable[..., Any], x: torch.Tensor, y: torch.Tensor) -> float:
-    """Function calls (Python and C) per optimizer step, steps WARMUP..WARMUP+STEPS."""
-    count = [0]
-    steps = [0]
+class _TorchCalls(TorchFunctionMode):
+    """Counts top-level calls into the torch API (torch runs each with the mode off)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on, self.count = False, 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.count += self.on
+        return func(*args, **(kwargs or {}))
+
+
+def calls_per_step(
+    run: Callable[..., Any], x: torch.Tensor, y: torch.Tensor
+) -> tuple[float, float]:
+    """(function calls, Python and C; calls into torch) per optimizer step, over the steps
+    COUNT_FROM..COUNT_FROM+STEPS of the first epoch (no epoch boundary inside)."""
+    count, steps = [0], [0]
 
     def profile(_frame: Any, event: str, _arg: Any) -> None:
         if event in ("call", "c_call"):
@@ -119,16 +135,23 @@ def calls_per_step(run: Callable[..., Any], x: torch.Tensor, y: torch.Tensor) ->
 
     def on_step() -> None:
         steps[0] += 1
-        if steps[0] == WARMUP:
-            sys.setprofile(profile)
-        elif steps[0] == WARMUP + STEPS:
-            sys.setprofile(None)
+        if steps[0] in (COUNT_FROM, COUNT_FROM + STEPS):
+            sys.setprofile(profile if steps[0] == COUNT_FROM else None)
 
     try:
         run(x, y, on_step)
     finally:
         sys.setprofile(None)
-    return count[0] / STEPS
+    torch_calls = _TorchCalls()
+
+    def on_step_torch() -> None:
+        steps[0] += 1
+        torch_calls.on = COUNT_FROM <= steps[0] < COUNT_FROM + STEPS
+
+    steps[0] = 0
+    with torch_calls:
+        run(x, y, on_step_torch)
+    return count[0] / STEPS, torch_calls.count / STEPS
 
 
 def cpu_per_step(run: Callable[..., Any], x: torch.Tensor, y: torch.Tensor) -> tuple[float, Any]:
@@ -159,16 +182,17 @@ def overhead(rounds: int = 15) -> list[dict[str, Any]]:
         "'vs' = median over rounds of (the loop's time / this one's), spread min-max"
     )
     print(
-        f"{'implementation':<24} {'calls/step':>10} {'CPU ms/step':>12} "
+        f"{'implementation':<24} {'calls/step':>10} {'torch/step':>10} {'CPU ms/step':>12} "
         f"{'vs DataLoader loop':>24} {'vs indexing loop':>24} {'weights':>10}"
     )
     rows = []
     for name in names:
-        calls = calls_per_step(IMPLS[name], x, y)
+        calls, torch_calls = calls_per_step(IMPLS[name], x, y)
         same = all(torch.equal(states[name][k], v) for k, v in states[names[0]].items())
         row: dict[str, Any] = {
             "implementation": name,
             "calls_per_step": calls,
+            "torch_calls_per_step": torch_calls,
             "cpu_ms_per_step": statistics.median(times[name]) * 1e3,
             "cpu_ms_per_round": [t * 1e3 for t in times[name]],
             "weights_equal_to_dataloader_loop": same,
@@ -179,7 +203,7 @@ def overhead(rounds: int = 15) -> list[dict[str, Any]]:
             row[key] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
             cells.append(f"{row[key]['median']:.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
         print(
-            f"{name:<24} {calls:>10.1f} {row['cpu_ms_per_step']:>12.3f} {cells[0]:>24} "
+            f"{name:<24} {calls:>10.1f} {torch_calls:>10.1f} {row['cpu_ms_per_step']:>12.3f} {cells[0]:>24} "
             f"{cells[1]:>24} {'identical' if same else 'DIFFER':>10}"
         )
         rows.append(row)
