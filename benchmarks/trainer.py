@@ -1,20 +1,27 @@
 """DistributedTrainer against a hand-written DDP loop, Lightning Fabric and HF Accelerate.
 
-Each implementation does the same work on 2 gloo CPU ranks under ``rankwise launch``: the
-same model and initial weights, the same data order (rankwise's DistributedSampler, seed 0),
-the same per-rank batch, SGD with momentum, cross-entropy. Measured as Lightning Fabric's own
-parity test measures (``tests/parity_fabric``): the median time per iteration after warm-up,
-here between consecutive optimizer steps (an ``optimizer.register_step_post_hook`` timestamp,
-identical for every implementation), and the final weights compared with the hand-written
-loop's.
+First the trainer's own per-step cost in a world of one, in measures load does not move
+(``trainer_overhead.py``: calls per step, thread CPU time). Then each implementation does the
+same work on 2 gloo CPU ranks under ``rankwise launch``: the same model and initial weights,
+the same data order (rankwise's DistributedSampler, seed 42), the same per-rank batch, SGD with
+momentum, cross-entropy. Per run: the median time per iteration after warm-up, between
+consecutive optimizer steps (an ``optimizer.register_step_post_hook`` stamp, identical for
+every implementation; Lightning Fabric's parity-test measure), as wall time and as the main
+thread's CPU time (``time.thread_time``: no wait for the peer, no time lent to other jobs).
+The implementations run in rounds, interleaved in a rotating order; each round gives a ratio
+against the DataLoader loop and the table reports the median of those ratios and their spread
+(load that comes and goes hits a round's runs alike; a best-of-N would pick the quietest
+moment of each). The final weights are compared with the DataLoader loop's.
 
 Workloads: the digits MLP (64-128-128-10, scikit-learn's digits) and a wide MLP
 (784-2048-2048-10, synthetic data). Baselines:
 
 - ``ddp loop (DataLoader)``: what a user writes: DataLoader over a TensorDataset with the
   sampler, DDP, zero_grad / forward / backward / step;
-- ``ddp loop (indexing)``: the same loop indexing the tensors a batch at a time (what the
-  trainer does for in-memory arrays), to show the trainer's own overhead;
+- ``ddp loop (indexing)``: the same loop indexing the tensors a batch at a time in each step
+  (what the trainer does for in-memory arrays), to show the trainer's own overhead;
+- ``trainer, no Progress marks``: a diagnostic: the trainer with its per-step stall mark (one
+  TCPStore set) switched off, to show what that guarantee costs;
 - ``Lightning Fabric`` / ``HF Accelerate``: their DDP over the same loader and sampler.
 
     python benchmarks/trainer.py            # prints a table, writes benchmarks/out/trainer.json
@@ -41,10 +48,11 @@ IMPLS = (
     "ddp loop (DataLoader)",
     "ddp loop (indexing)",
     "rankwise trainer",
+    "trainer, no Progress marks",
     "Lightning Fabric",
     "HF Accelerate",
 )
-KEYS = ("loop", "indexing", "trainer", "fabric", "accelerate")
+KEYS = ("loop", "indexing", "trainer", "unmarked", "fabric", "accelerate")
 WARMUP = 10
 
 
@@ -94,7 +102,8 @@ def worker(workload: str, out: str, quick: bool, rounds: int) -> None:
     torch.set_num_threads(1)
     rd.init()
     x, y, batch, epochs = make_data(workload, quick)
-    runners = {"loop": _loop, "indexing": _loop, "trainer": _trainer, "fabric": _fabric}
+    runners = {"loop": _loop, "indexing": _loop, "fabric": _fabric}
+    runners |= {"trainer": _trainer, "unmarked": _trainer}
     results: dict[str, Any] = {key: {"medians": [], "cpu": [], "gaps": []} for key in KEYS}
     for r in range(rounds):
         for key in KEYS[r % len(KEYS) :] + KEYS[: r % len(KEYS)]:
@@ -165,7 +174,7 @@ def _loop(
 
 
 def _trainer(
-    _impl: str,
+    impl: str,
     model: nn.Module,
     x: Any,
     y: Any,
@@ -173,6 +182,7 @@ def _trainer(
     epochs: int,
     stamps: list[tuple[float, float]],
 ) -> nn.Module:
+    import rankwise.distributed as rd
     from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 
     optimizer = make_optimizer(model.parameters())
@@ -181,7 +191,17 @@ def _trainer(
     cfg = DistributedTrainingConfig(
         epochs=epochs, batch_size=batch, verbose=False, checkpoint_dir=None, seed=42
     )
-    trainer.fit(x, y, cfg)
+    if impl != "unmarked":
+        trainer.fit(x, y, cfg)
+        return model
+    # A diagnostic, not a configuration: what the stall diagnostics' per-step mark (one
+    # TCPStore set) costs. Without it a timeout could not name the rank that is behind.
+    mark = rd.Progress.mark
+    rd.Progress.mark = lambda self, what: None  # type: ignore[method-assign]
+    try:
+        trainer.fit(x, y, cfg)
+    finally:
+        rd.Progress.mark = mark  # type: ignore[method-assign]
     return model
 
 
@@ -312,7 +332,7 @@ def _table(workload: str, runs: dict[str, Any], rounds: int) -> list[dict[str, A
         "(loop's time / this one's), min-max in brackets; CPU: the main thread's thread_time"
     )
     print(
-        f"{'implementation':<24} {'iters':>6} {'ms/iter':>8} {'vs loop (wall)':>20} "
+        f"{'implementation':<28} {'iters':>6} {'ms/iter':>8} {'vs loop (wall)':>20} "
         f"{'CPU ms/iter':>12} {'vs loop (CPU)':>20} {'weights vs loop':>16}"
     )
     for name, key in zip(IMPLS, KEYS, strict=True):
@@ -325,7 +345,7 @@ def _table(workload: str, runs: dict[str, Any], rounds: int) -> list[dict[str, A
         same = "identical" if diff == 0.0 else f"max diff {diff:.1e}"
         median, cpu_median = statistics.median(run["medians"]), statistics.median(run["cpu"])
         print(
-            f"{name:<24} {len(run['gaps']):>6} {median * 1e3:>8.3f} {_cell(wall):>20} "
+            f"{name:<28} {len(run['gaps']):>6} {median * 1e3:>8.3f} {_cell(wall):>20} "
             f"{cpu_median * 1e3:>12.3f} {_cell(cpu):>20} {same:>16}"
         )
         rows.append(
