@@ -134,14 +134,14 @@ def test_a_trainer_step_is_the_loops_torch_work_plus_the_documented_metrics() ->
 
 @pytest.mark.timeout(60)
 def test_the_epoch_metrics_cost_the_same_torch_calls_for_any_number_of_steps() -> None:
-    from rankwise.train.loop import EpochSums
+    from rankwise.train.loop import FOLD_EVERY, EpochSums
 
     def calls_for(steps: int) -> int:
         sums = EpochSums()
         for i in range(steps):
             sums.losses.append(torch.tensor(0.5 + i, dtype=torch.float32))
             sums.counts.append(BATCH)
-            sums.hits.append(torch.arange(BATCH) % 2 == 0)
+            sums.add_hits(torch.arange(BATCH) % 2 == 0)
         ops = _CountOps()
         ops.on = True
         with ops:
@@ -149,5 +149,10 @@ def test_the_epoch_metrics_cost_the_same_torch_calls_for_any_number_of_steps() -
         assert totals[1] == steps * BATCH and totals[2] == steps * BATCH // 2
         return sum(ops.calls.values())
 
-    # One stack / cat for the epoch, never one op per micro-batch.
-    assert calls_for(3) == calls_for(300)
+    # One stack / cat for the epoch, never one op per micro-batch (300 masks fold once).
+    assert calls_for(3) == calls_for(200)
+    assert calls_for(300) == calls_for(3) + 1  # the add to the count of the first 256
+    sums = EpochSums()
+    for _ in range(FOLD_EVERY * 2 + 5):
+        sums.add_hits(torch.ones(BATCH, dtype=torch.bool))
+    assert len(sums.hits) == 5 and int(sums.local()[2]) == (FOLD_EVERY * 2 + 5) * BATCH

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 BatchHook = Callable[[Any, int, int, Any], None]
 _SYNCS = contextlib.nullcontext()  # reusable: the context of a micro-batch that syncs
+FOLD_EVERY = 256  # accuracy masks summed in one op; bounds their memory (256 x batch bytes)
 
 
 @dataclass
@@ -43,13 +44,14 @@ class EpochSums:
     the part of the epoch done before a resume (rank 0 only, so the all-reduce adds it once).
 
     Per micro-batch only what the step already has is kept (the detached loss, the batch
-    length, the ``prediction == target`` mask): every reduction waits for the epoch's end,
-    where one ``stack`` / ``cat`` replaces per-step tensor ops.
+    length, the ``prediction == target`` mask): the reductions wait for the epoch's end (or
+    every ``FOLD_EVERY`` masks), where one ``stack`` / ``cat`` replaces per-step tensor ops.
     """
 
     losses: list[torch.Tensor] = field(default_factory=list)  # batch-mean losses
     counts: list[int] = field(default_factory=list)
     hits: list[torch.Tensor] = field(default_factory=list)  # bool: prediction == target
+    folded: torch.Tensor | None = None  # correct predictions of the masks folded so far
     classed: int = 0
     carried: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
 
@@ -59,10 +61,24 @@ class EpochSums:
         if self.losses:
             out[0] += self._loss_sum(0)
             out[1] += sum(self.counts)
-        if self.hits:
-            out[2] += torch.cat(self.hits).sum().cpu()
+        self.fold()
+        if self.folded is not None:
+            out[2] += self.folded.cpu()
         out[3] += self.classed
         return out
+
+    def add_hits(self, hits: torch.Tensor) -> None:
+        """Keep a micro-batch's ``prediction == target`` mask; every ``FOLD_EVERY`` masks are
+        summed into one count, so a long epoch holds at most that many masks."""
+        self.hits.append(hits)
+        if len(self.hits) == FOLD_EVERY:
+            self.fold()
+
+    def fold(self) -> None:
+        if self.hits:
+            count = torch.cat(self.hits).sum()
+            self.folded = count if self.folded is None else self.folded + count
+            self.hits.clear()
 
     def _loss_sum(self, start: int) -> torch.Tensor:
         # float64 before the products: the sum of N losses x counts stays exact enough.
@@ -171,7 +187,7 @@ def train_epoch(
         if classes is None:
             classes = is_class_target(out, y)
         if classes:
-            sums.hits.append(out.argmax(1) == y)  # argmax has no gradient: nothing to detach
+            sums.add_hits(out.argmax(1) == y)  # argmax has no gradient: nothing to detach
             sums.classed += n
         source.advance(n)
         for hook in hooks:
