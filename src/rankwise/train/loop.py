@@ -12,11 +12,14 @@ The step reads top to bottom (torchtitan's style)::
 
 Nothing here synchronises the CPU with the device or the ranks per step: losses stay tensors
 in a list and are summed once at the end of the epoch (one all-reduce); rank 0 reads its own
-running loss only at log intervals.
+running loss only at log intervals. Beyond a hand-written loop's work a micro-batch makes four
+torch calls (the detached loss, ``argmax`` and ``==`` for the accuracy, the batch's ``shape``)
+and one store ``set`` (the stall mark); ``tests/test_train_step_cost.py`` holds it to that.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,16 +36,24 @@ if TYPE_CHECKING:
     from rankwise.train.trainer import DistributedTrainer
 
 BatchHook = Callable[[Any, int, int, Any], None]
+_SYNCS = contextlib.nullcontext()  # reusable: the context of a micro-batch that syncs
+FOLD_EVERY = 256  # accuracy masks summed in one op; bounds their memory (256 x batch bytes)
 
 
 @dataclass
 class EpochSums:
     """This rank's running sums for the epoch; ``carried`` holds the whole world's sums of
-    the part of the epoch done before a resume (rank 0 only, so the all-reduce adds it once)."""
+    the part of the epoch done before a resume (rank 0 only, so the all-reduce adds it once).
+
+    Per micro-batch only what the step already has is kept (the detached loss, the batch
+    length, the ``prediction == target`` mask): the reductions wait for the epoch's end (or
+    every ``FOLD_EVERY`` masks), where one ``stack`` / ``cat`` replaces per-step tensor ops.
+    """
 
     losses: list[torch.Tensor] = field(default_factory=list)  # batch-mean losses
     counts: list[int] = field(default_factory=list)
-    correct: list[torch.Tensor] = field(default_factory=list)
+    hits: list[torch.Tensor] = field(default_factory=list)  # bool: prediction == target
+    folded: torch.Tensor | None = None  # correct predictions of the masks folded so far
     classed: int = 0
     carried: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
 
@@ -50,13 +61,31 @@ class EpochSums:
         """[loss sum, samples, correct, samples with class targets] as float64."""
         out = torch.tensor(self.carried, dtype=torch.float64)
         if self.losses:
-            losses = torch.stack([t.detach().double().cpu() for t in self.losses])
-            out[0] += (losses * torch.tensor(self.counts, dtype=torch.float64)).sum()
+            out[0] += self._loss_sum(0)
             out[1] += sum(self.counts)
-        if self.correct:
-            out[2] += torch.stack(self.correct).double().sum().cpu()
+        self.fold()
+        if self.folded is not None:
+            out[2] += self.folded.cpu()
         out[3] += self.classed
         return out
+
+    def add_hits(self, hits: torch.Tensor) -> None:
+        """Keep a micro-batch's ``prediction == target`` mask; every ``FOLD_EVERY`` masks are
+        summed into one count, so a long epoch holds at most that many masks."""
+        self.hits.append(hits)
+        if len(self.hits) == FOLD_EVERY:
+            self.fold()
+
+    def fold(self) -> None:
+        if self.hits:
+            count = torch.cat(self.hits).sum()
+            self.folded = count if self.folded is None else self.folded + count
+            self.hits.clear()
+
+    def _loss_sum(self, start: int) -> torch.Tensor:
+        # float64 before the products: the sum of N losses x counts stays exact enough.
+        losses = torch.stack(self.losses[start:]).double().cpu()
+        return (losses * torch.tensor(self.counts[start:], dtype=torch.float64)).sum()
 
     def reduced(self) -> torch.Tensor:
         """The world's sums (on the CPU): one all-reduce on the collective device."""
@@ -66,9 +95,7 @@ class EpochSums:
         """Sum and count of this rank's losses since ``start`` (rank 0's progress display)."""
         if start >= len(self.losses):
             return 0.0, 0
-        counts = torch.tensor(self.counts[start:], dtype=torch.float64)
-        losses = torch.stack([t.detach() for t in self.losses[start:]]).double().cpu()
-        return float((losses * counts).sum()), int(counts.sum())
+        return float(self._loss_sum(start)), sum(self.counts[start:])
 
 
 def summarize(totals: torch.Tensor) -> tuple[float, float | None]:
@@ -134,7 +161,12 @@ def train_epoch(
     window_start = 0
     progress, sync = trainer.progress, _sync_name(cfg.strategy)
     for i, (batch, ids, final) in enumerate(_micro_batches(source)):
-        last = is_sync_step(i, accum, total) if final is None else (final or (i + 1) % accum == 0)
+        if accum == 1:  # every micro-batch is a step (the common case: no window arithmetic)
+            last = True
+        else:
+            last = (
+                is_sync_step(i, accum, total) if final is None else (final or (i + 1) % accum == 0)
+            )
         if i == window_start:  # a new window: how many micro-batches it averages over
             # (unsized loaders: accum, even for a short last window; docs/train.md says so)
             window = accum if total is None else min(accum, total - i)
@@ -142,9 +174,12 @@ def train_epoch(
         n = batch_length(x)
         # One store set (no reply awaited): a peer whose collective times out reads it.
         step = trainer.global_step + 1
-        what = f"{sync} at step {step}" if last else f"micro-batch {i} (no sync) of step {step}"
-        progress.mark(f"{what} (epoch {epoch})")
-        with accumulate(model, is_last=last):
+        if last:
+            progress.mark(f"{sync} at step {step} (epoch {epoch})")
+        else:
+            progress.mark(f"micro-batch {i} (no sync) of step {step} (epoch {epoch})")
+        # The step that syncs needs no context at all (accumulate() would only yield).
+        with _SYNCS if last else accumulate(model, is_last=False):
             with precision.autocast():
                 out = model(x)
                 loss = model_loss(out, y, loss_fn, model)
@@ -154,7 +189,7 @@ def train_epoch(
         if classes is None:
             classes = is_class_target(out, y)
         if classes:
-            sums.correct.append((out.detach().argmax(1) == y).sum())
+            sums.add_hits(out.argmax(1) == y)  # argmax has no gradient: nothing to detach
             sums.classed += n
         source.advance(n)
         for hook in hooks:
