@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
+
+from rankwise.testing import TorchCalls
 
 WARMUP = 10  # optimizer steps before anything is timed
 COUNT_FROM, STEPS = 5, 50  # optimizer steps whose calls are counted (epoch 0 has 57)
@@ -110,18 +111,6 @@ IMPLS: dict[str, Callable[..., Any]] = {
 }
 
 
-class _TorchCalls(TorchFunctionMode):
-    """Counts top-level calls into the torch API (torch runs each with the mode off)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.on, self.count = False, 0
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.count += self.on
-        return func(*args, **(kwargs or {}))
-
-
 def calls_per_step(
     run: Callable[..., Any], x: torch.Tensor, y: torch.Tensor
 ) -> tuple[float, float]:
@@ -142,7 +131,7 @@ def calls_per_step(
         run(x, y, on_step)
     finally:
         sys.setprofile(None)
-    torch_calls = _TorchCalls()
+    torch_calls = TorchCalls()
 
     def on_step_torch() -> None:
         steps[0] += 1
@@ -151,7 +140,7 @@ def calls_per_step(
     steps[0] = 0
     with torch_calls:
         run(x, y, on_step_torch)
-    return count[0] / STEPS, torch_calls.count / STEPS
+    return count[0] / STEPS, sum(torch_calls.calls.values()) / STEPS
 
 
 def cpu_per_step(run: Callable[..., Any], x: torch.Tensor, y: torch.Tensor) -> tuple[float, Any]:

@@ -3,7 +3,8 @@
 They outlive ``destroy_process_group`` and may still be freeing Python objects when the main
 thread exits; a process that finalises under them dies on SIGABRT. rankwise drains them at
 exit, also when the script built its group with torch directly (the seed guides' ``mp.spawn``
-examples), which never reaches the hook ``init()`` registers.
+examples), which never reaches the hook ``init()`` registers, or reaches it with the group
+already destroyed by the script.
 """
 
 from __future__ import annotations
@@ -23,8 +24,14 @@ import rankwise.compat.frameworm  # a guide's import: rankwise.distributed comes
 from rankwise.distributed.drain import gloo_threads_alive
 logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
 print("before", gloo_threads_alive())
-if sys.argv[1] == "group":
+if sys.argv[1] == "init-first":  # rd.init() in a world of one (no group), as a trainer does
+    import rankwise.distributed as rd
+    rd.init()
+if sys.argv[1] != "none":
     dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
+    if sys.argv[1] == "adopt":  # rd.init() adopts the script's group (DistributedTrainer does)
+        import rankwise.distributed as rd
+        rd.init()
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 2))
     model(torch.ones(1, 3)).sum().backward()
     del model
@@ -44,8 +51,11 @@ def run(tmp_path: Path, mode: str) -> tuple[list[str], str]:
 
 
 @pytest.mark.timeout(150)
-def test_a_group_built_with_torch_is_drained_at_exit(tmp_path: Path) -> None:
-    out, err = run(tmp_path, "group")
+@pytest.mark.parametrize("mode", ["torch-only", "adopt", "init-first"])
+def test_a_group_built_with_torch_is_drained_at_exit(tmp_path: Path, mode: str) -> None:
+    # torch-only: the script never calls rankwise (only imports it); adopt / init-first: it
+    # also called rd.init(), whose own exit hook then finds no live group to destroy.
+    out, err = run(tmp_path, mode)
     # The threads appear with the group and, once DDP ran, are still there after
     # destroy_process_group (torch keeps the group alive) ...
     assert out == ["before False", "live True", "destroyed True"]

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import IO
 
@@ -49,12 +48,6 @@ def run_plain(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
-# A rank dying at exit in torch 2.13's C++ runtime: gloo's threads still freeing Python objects
-# while the interpreter finalises (docs/distributed.md, "Clean exits"). Seen once in CI at the
-# end of the PowerSGD example, before rankwise's exit drain covered groups built with torch
-# directly (tests/test_distributed_drain.py). Should it strike despite the drain, the run is
-# run once more, with a warning; a second abort fails the test.
-ABORTED = "terminate called without an active exception"
 
 
 def run_machines(name: str, extras: list[dict[str, str]], timeout: float = 280) -> list[str]:
@@ -63,27 +56,20 @@ def run_machines(name: str, extras: list[dict[str, str]], timeout: float = 280) 
 
     The port was free when picked but is handed over only later, so another process on a shared
     machine can take it first: a run that fails with "address already in use" is retried on a
-    new port, as is (once, with a warning) a run in which a rank aborted in torch's C++ runtime
-    (``ABORTED``). A machine that fails stops the others at once (their ranks would
+    new port (three tries). A machine that fails stops the others at once (their ranks would
     otherwise wait for the missing peers until the timeout).
     """
-    aborted = False
-    for _ in range(4):
+    for _ in range(3):
         port = str(free_port())
-        # faulthandler: should a rank die on a signal, stderr holds every thread's Python stack.
+        # faulthandler: should a rank die on a signal (SIGABRT at exit: docs/distributed.md,
+        # "Clean exits"), stderr holds every thread's Python stack.
         envs = [
             child_env({"MASTER_PORT": port, "PYTHONFAULTHANDLER": "1", **extra}) for extra in extras
         ]
         procs = start_all(name, envs, timeout)
         failed = [p for p in procs if p.returncode != 0]
-        if any(IN_USE.search(p.stderr) for p in failed):
-            continue
-        if failed and not aborted and all(ABORTED in p.stderr for p in failed):
-            aborted = True  # once: a second abort fails the test
-            warnings.warn(f"{name}: a rank aborted in torch's C++ runtime; run again\n"
-                          + failed[0].stderr[-3000:], stacklevel=2)  # fmt: skip
-            continue
-        break
+        if not any(IN_USE.search(p.stderr) for p in failed):
+            break
     assert not failed, failed[0].stderr[-3000:]
     return [p.stdout for p in procs]
 

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from rankwise.data import DistributedSampler
+from rankwise.testing import TorchCalls
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 
 # What the trainer adds to each step of the plain loop (see loop.py's EpochSums).
@@ -39,33 +39,6 @@ HOST_READS = {
 }
 
 
-class _CountOps(TorchFunctionMode):
-    """Counts top-level torch calls while ``on`` (torch runs the call with the mode off, so
-    what a call does inside is not counted again)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.on = False
-        self.calls: Counter[str] = Counter()
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if self.on:
-            self.calls[_name(func)] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def _name(func: Any) -> str:
-    """``Tensor.argmax``, ``Tensor.shape`` (a property's getter), ``torch.nn.functional.linear``."""
-    descriptor = getattr(func, "__self__", None)
-    if hasattr(descriptor, "__objclass__"):  # Tensor.shape.__get__ and friends
-        func = descriptor
-    owner = getattr(func, "__objclass__", None)
-    name = f"{owner.__name__}.{func.__name__}" if owner is not None else func.__qualname__
-    module = getattr(func, "__module__", None) or ""
-    name = name.replace("TensorBase.", "Tensor.")  # methods written in C report torch's base
-    return name if name.startswith("Tensor.") or not module else f"{module}.{name}"
-
-
 def _data() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return torch.randn(40 * BATCH, 8, generator=g), torch.randint(0, 4, (40 * BATCH,), generator=g)
@@ -80,7 +53,7 @@ def _count(train: Callable[[nn.Module, torch.optim.Optimizer], None]) -> tuple[C
     """Torch calls per optimizer step over steps FIRST..LAST, and the final weights."""
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    ops, steps = _CountOps(), [0]
+    ops, steps = TorchCalls(), [0]
 
     def on_step(*_: Any) -> None:
         steps[0] += 1
@@ -141,7 +114,7 @@ def test_the_epoch_metrics_cost_the_same_torch_calls_for_any_number_of_steps() -
             sums.losses.append(torch.tensor(0.5 + i, dtype=torch.float32))
             sums.counts.append(BATCH)
             sums.add_hits(torch.arange(BATCH) % 2 == 0)
-        ops = _CountOps()
+        ops = TorchCalls()
         ops.on = True
         with ops:
             totals = sums.local()

@@ -19,6 +19,7 @@ import time
 import torch.distributed as dist
 
 DRAIN_SECONDS = 0.05  # how long drain() releases the GIL
+_GLOO_THREADS = {"pt_gloo_runloop", "gloo_tcp_loop"}  # their names in /proc/self/task/*/comm
 _log = logging.getLogger(__name__)
 
 
@@ -41,7 +42,7 @@ def gloo_threads_alive() -> bool:
     for task in tasks:
         try:
             with open(f"/proc/self/task/{task}/comm") as f:
-                if "gloo" in f.read():
+                if f.read().strip() in _GLOO_THREADS:
                     return True
         except OSError:  # the thread ended meanwhile
             continue

@@ -187,7 +187,9 @@ def _teardown(destroy: bool) -> None:
         _saw_group = True
         if destroy:
             dist.destroy_process_group()
-    if _saw_group and (destroy or not live):
+    # gloo_threads_alive: a group the script built and destroyed itself, after init() adopted
+    # it or before init() ran, was never live here, and its threads still need the drain.
+    if (destroy or not live) and (_saw_group or gloo_threads_alive()):
         drain()
 
 

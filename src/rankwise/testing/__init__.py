@@ -8,7 +8,7 @@ finish fail it with their numbers. :func:`run_script` does the same for a script
 variables set, as the guides' manual launches do. :func:`hygiene` restores the environment and
 destroys any process group a test left behind. :mod:`rankwise.testing.faults` breaks a training
 run on purpose and checks what it trained (:func:`kill_at_checkpoint`,
-:func:`assert_exactly_once`).
+:func:`assert_exactly_once`); :class:`TorchCalls` counts a code's calls into torch.
 
 Processes come from a ``forkserver`` that has imported torch once, so each rank starts in
 milliseconds without inheriting the test process's threads (``fork`` after OpenMP has run is
@@ -39,10 +39,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rankwise.testing.counting import TorchCalls
 from rankwise.testing.faults import assert_exactly_once, kill_at_checkpoint
 
 __all__ = [
     "RankFailedError",
+    "TorchCalls",
     "assert_exactly_once",
     "child_env",
     "free_port",
