@@ -129,3 +129,35 @@ def test_a_rank_local_trainer_does_not_shift_the_marks():
 def test_a_progress_needs_a_name():
     with pytest.raises(ValueError, match=r"Progress needs a name .* got ''.*Progress\("):
         rd.Progress("")
+
+
+CLOSED = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1")
+
+
+def _explain_a_closed_peer() -> tuple[str, str, str]:
+    # With 3+ ranks the first survivor to time out closes its connections: the others get
+    # gloo's "Connection closed by peer", not a timeout. The marks still name the late rank.
+    progress = rd.Progress("test/closed")
+    progress.mark("the all_reduce at step 1")
+    dist.barrier()  # both marked step 1
+    if rd.get_rank() == 0:
+        progress.mark("the all_reduce at step 2")  # rank 1 never gets there
+    dist.barrier()
+    ahead = progress.explain(CLOSED)
+    other = progress.explain(RuntimeError("CUDA out of memory"))
+    dist.barrier()
+    return type(ahead).__name__, str(ahead), str(other)
+
+
+def test_a_closed_peer_names_the_rank_that_did_not_arrive():
+    results = run_distributed(_explain_a_closed_peer, 2, timeout=90)
+    kind, message, other = results[0]
+    assert kind == "DistributedTimeoutError" and message.startswith(
+        "the all_reduce at step 2 failed on rank 0: a peer closed its connection (it timed out "
+        "waiting first, or exited), and rank 1 did not arrive (last operation entered: rank 1: "
+        "the all_reduce at step 1)."
+    ), message
+    assert "torch said: [gloo/transport/tcp/pair.cc:553] Connection closed by peer" in message
+    # Every peer had arrived (rank 1's view): a crash inside the operation; torch's error
+    # stands. Nor is any other error rewritten.
+    assert results[1][:2] == ("NoneType", "None") and other == "None" == results[1][2]

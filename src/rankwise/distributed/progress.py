@@ -34,6 +34,9 @@ from rankwise.distributed.group import collective_timeout_ms, get_rank, get_worl
 
 # What gloo (and torch's store and work objects) say when an operation ran out of time.
 _TIMEOUT_WORDS = ("timed out", "timeout")
+# What gloo says when a peer's socket closed: the peer exited, or (with 3+ ranks) it timed out
+# waiting for a rank that never came and gave up first, closing its connections to the others.
+_CLOSED_WORDS = ("connection closed by peer", "connection reset by peer")
 _BACKENDS = ("gloo", "nccl", "c10d")
 # How long a timed-out rank waits for its peers' marks: the store's host may be frozen
 # (stopped, in D-state, cut off), and a report without names beats a rank that never raises.
@@ -88,9 +91,32 @@ class Progress:
         try:
             yield
         except RuntimeError as exc:
-            if not is_timeout(exc):
+            error = self.explain(exc)
+            if error is None:
                 raise
-            raise self.timeout_error(exc) from exc
+            raise error from exc
+
+    def explain(self, exc: BaseException) -> Exception | None:
+        """:class:`DistributedTimeoutError` naming the ranks behind, for a timeout ``exc`` of
+        the current operation, or for a peer that closed its connection while a rank had not
+        arrived (with 3+ ranks the first survivor to time out closes its connections, so the
+        others see that instead of their own timeout); None for any other error."""
+        if is_timeout(exc):
+            return self.timeout_error(exc)
+        if not (
+            isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in _CLOSED_WORDS)
+        ):
+            return None
+        peers = self._peers()
+        behind = {r: p for r, p in (peers or {}).items() if p is None or p[0] < self._count}
+        if not behind:  # unreadable, or every peer had arrived: a crash inside it, say nothing
+            return None
+        where = self.current or "a collective"
+        head = (
+            f"{where} failed on rank {self._rank}: a peer closed its connection (it timed out "
+            f"waiting first, or exited), and {_describe_behind(behind, peers or {})}"
+        )
+        return DistributedTimeoutError(_with_advice(head, exc))
 
     def timeout_error(self, exc: BaseException) -> Exception:
         """The error for a timeout ``exc`` of the current operation, naming the missing ranks."""
@@ -111,13 +137,7 @@ class Progress:
         else:
             behind = {r: p for r, p in peers.items() if p is None or p[0] < self._count}
             who = _describe_behind(behind, peers)
-        return DistributedTimeoutError(
-            f"{head}: {who}. A rank that stops participating (stuck, deadlocked, stopped in a "
-            "debugger, starved of CPU) stalls every collective: look at that rank's log or "
-            "stack (py-spy dump --pid PID); if it is only slow (e.g. a long checkpoint save), "
-            "raise the collective timeout (DISTRIBUTED_COLLECTIVE_TIMEOUT_MS or "
-            f"DistributedConfig.collective_timeout_ms). torch said: {_first_line(exc)}"
-        )
+        return DistributedTimeoutError(_with_advice(f"{head}: {who}", exc))
 
     def _peers(self) -> dict[int, tuple[int, str] | None] | None:
         """Every other rank's last mark (None: it never marked); None if unreadable in time.
@@ -190,6 +210,16 @@ def _describe_behind(
         last = "none yet" if mark is None else mark[1]
         lasts.append(f"rank {rank}: {last}")
     return f"{_ranks(ranks)} did not arrive (last operation entered: {'; '.join(lasts)})"
+
+
+def _with_advice(head: str, exc: BaseException) -> str:
+    return (
+        f"{head}. A rank that stops participating (stuck, deadlocked, stopped in a "
+        "debugger, starved of CPU) stalls every collective: look at that rank's log or "
+        "stack (py-spy dump --pid PID); if it is only slow (e.g. a long checkpoint save), "
+        "raise the collective timeout (DISTRIBUTED_COLLECTIVE_TIMEOUT_MS or "
+        f"DistributedConfig.collective_timeout_ms). torch said: {_first_line(exc)}"
+    )
 
 
 def _ranks(ranks: list[int]) -> str:

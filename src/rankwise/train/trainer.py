@@ -180,9 +180,9 @@ class DistributedTrainer:
             if self._saved_at != self.global_step:
                 self._checkpoint(max(self._epoch + 1, position.epoch), None)
         except RuntimeError as exc:
-            if not rd.is_timeout(exc):
+            if (error := self.progress.explain(exc)) is None:  # a stall names the late rank
                 raise
-            raise self.progress.timeout_error(exc) from exc
+            raise error from exc
         finally:
             self.logger.close()
         self.history.total_time_seconds += time.perf_counter() - started
