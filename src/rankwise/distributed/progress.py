@@ -108,7 +108,7 @@ class Progress:
         ):
             return None
         peers = self._peers()
-        behind = {r: p for r, p in (peers or {}).items() if p is None or p[0] < self._count}
+        behind = self._behind(peers or {})
         if not behind:  # unreadable, or every peer had arrived: a crash inside it, say nothing
             return None
         where = self.current or "a collective"
@@ -135,9 +135,14 @@ class Progress:
                 "s (its host, rank 0, may have exited or be frozen)"
             )
         else:
-            behind = {r: p for r, p in peers.items() if p is None or p[0] < self._count}
-            who = _describe_behind(behind, peers)
+            who = _describe_behind(self._behind(peers), peers)
         return DistributedTimeoutError(_with_advice(f"{head}: {who}", exc))
+
+    def _behind(
+        self, peers: dict[int, tuple[int, str] | None]
+    ) -> dict[int, tuple[int, str] | None]:
+        """The peers that never reached this rank's current operation (fewer marks)."""
+        return {r: p for r, p in peers.items() if p is None or p[0] < self._count}
 
     def _peers(self) -> dict[int, tuple[int, str] | None] | None:
         """Every other rank's last mark (None: it never marked); None if unreadable in time.

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+# A context that does nothing, shared (nullcontext is reusable): hot paths build none per step.
+NO_OP = contextlib.nullcontext()
 
 # Precision names as users write them, for Precision modes and FSDP's mixed-precision policy.
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -30,6 +30,7 @@ from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 import rankwise.distributed as rd
 from rankwise.parallel import hooks
+from rankwise.parallel.common import NO_OP
 from rankwise.parallel.fsdp import FSDPConfig, is_fsdp_module, shard_model
 from rankwise.parallel.sync_check import structure_mismatch
 
@@ -304,8 +305,7 @@ def _powersgd_state(model: nn.Module) -> _powersgd.PowerSGDState | None:
     return found[0] if found else None
 
 
-@contextlib.contextmanager
-def accumulate(model: nn.Module, is_last: bool) -> Iterator[None]:
+def accumulate(model: nn.Module, is_last: bool) -> contextlib.AbstractContextManager[None]:
     """Run one micro-batch's forward and backward, syncing gradients only when ``is_last``.
 
     On DDP this is ``no_sync()`` for all but the last micro-batch; on FSDP2 it switches
@@ -319,18 +319,21 @@ def accumulate(model: nn.Module, is_last: bool) -> Iterator[None]:
     ...         (model(x).sum() / 4).backward()
     """
     if is_last:
+        return NO_OP  # shared: the common step (every one without accumulation) builds nothing
+    if isinstance(model, DistributedDataParallel):
+        return model.no_sync()
+    if is_fsdp_module(model):
+        return _fsdp_no_sync(model)
+    return NO_OP
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model: nn.Module) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)  # type: ignore[operator]
+    try:
         yield
-    elif isinstance(model, DistributedDataParallel):
-        with model.no_sync():
-            yield
-    elif is_fsdp_module(model):
-        model.set_requires_gradient_sync(False)  # type: ignore[operator]
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)  # type: ignore[operator]
-    else:
-        yield
+    finally:
+        model.set_requires_gradient_sync(True)  # type: ignore[operator]
 
 
 def is_sync_step(index: int, accumulation_steps: int, total: int | None = None) -> bool:

@@ -28,10 +28,8 @@ import torch
 from torch import nn
 
 import rankwise.distributed as rd
-from rankwise.parallel.common import DTYPES
+from rankwise.parallel.common import DTYPES, NO_OP
 from rankwise.parallel.fsdp import as_dtensor
-
-_NO_CAST = contextlib.nullcontext()
 
 Params = nn.Module | torch.Tensor | Iterable[torch.Tensor]
 
@@ -82,7 +80,7 @@ class Precision:
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The context for forward pass and loss; a no-op context for fp32."""
         if self.mode == "fp32":
-            return _NO_CAST  # a nullcontext is reusable: none is built per step
+            return NO_OP
         return torch.autocast(self.device_type, dtype=self.dtype)
 
     def backward(self, loss: torch.Tensor) -> None:

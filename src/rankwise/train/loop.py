@@ -19,7 +19,6 @@ and one store ``set`` (the stall mark); ``tests/test_train_step_cost.py`` holds 
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,7 +35,6 @@ if TYPE_CHECKING:
     from rankwise.train.trainer import DistributedTrainer
 
 BatchHook = Callable[[Any, int, int, Any], None]
-_SYNCS = contextlib.nullcontext()  # reusable: the context of a micro-batch that syncs
 FOLD_EVERY = 256  # accuracy masks summed in one op; bounds their memory (256 x batch bytes)
 
 
@@ -161,12 +159,10 @@ def train_epoch(
     window_start = 0
     progress, sync = trainer.progress, _sync_name(cfg.strategy)
     for i, (batch, ids, final) in enumerate(_micro_batches(source)):
-        if accum == 1:  # every micro-batch is a step (the common case: no window arithmetic)
-            last = True
-        else:
-            last = (
-                is_sync_step(i, accum, total) if final is None else (final or (i + 1) % accum == 0)
-            )
+        # accum 1 (the common case): every micro-batch is a step, no window arithmetic.
+        last = accum == 1 or (
+            is_sync_step(i, accum, total) if final is None else (final or (i + 1) % accum == 0)
+        )
         if i == window_start:  # a new window: how many micro-batches it averages over
             # (unsized loaders: accum, even for a short last window; docs/train.md says so)
             window = accum if total is None else min(accum, total - i)
@@ -178,8 +174,7 @@ def train_epoch(
             progress.mark(f"{sync} at step {step} (epoch {epoch})")
         else:
             progress.mark(f"micro-batch {i} (no sync) of step {step} (epoch {epoch})")
-        # The step that syncs needs no context at all (accumulate() would only yield).
-        with _SYNCS if last else accumulate(model, is_last=False):
+        with accumulate(model, is_last=last):
             with precision.autocast():
                 out = model(x)
                 loss = model_loss(out, y, loss_fn, model)
