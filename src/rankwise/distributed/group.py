@@ -46,7 +46,7 @@ class _Session:
 # device() can answer and finalize() knows what to tear down. torch.distributed keeps the rest.
 _session: _Session | None = None
 _saw_group = False  # this process has had a torch group: drain its threads before exit
-_atexit_registered = False
+_init_called = False  # init() ran: at exit rankwise tears down every live group (_at_exit)
 
 
 def init(config: DistributedConfig | None = None) -> DistributedConfig:
@@ -63,7 +63,7 @@ def init(config: DistributedConfig | None = None) -> DistributedConfig:
     1
     >>> rd.finalize()
     """
-    global _session
+    global _session, _init_called
     cfg = DistributedConfig.from_environment() if config is None else config
     cfg.validate()
     if _session is not None and _session.owns_group and not has_group():
@@ -77,7 +77,7 @@ def init(config: DistributedConfig | None = None) -> DistributedConfig:
             f"{active.world_size}; call rankwise.distributed.finalize() before init() with "
             f"rank {cfg.rank} of {cfg.world_size}."
         )
-    _register_atexit()
+    _init_called = True
     if has_group():
         return _adopt(cfg, config is None)
     backend = _resolve_backend(cfg)
@@ -170,8 +170,8 @@ def finalize() -> None:
 
     Destroys the group rankwise created; a group adopted from torch is left to the script
     that built it (and destroyed by the exit hook if still alive then). Safe to call more
-    than once and when :func:`init` was never called. An ``atexit`` hook registered by
-    :func:`init` runs at exit too, so a script that forgets ``finalize()`` still exits 0.
+    than once and when :func:`init` was never called. After :func:`init` an ``atexit`` hook
+    does the same at exit, so a script that forgets ``finalize()`` still exits 0.
     """
     global _session
     owns = _session is not None and _session.owns_group
@@ -360,26 +360,17 @@ def group_device(backend: str, local_rank: int) -> torch.device | None:
     return torch.device("cuda", local_rank) if "nccl" in backend else None
 
 
-def _finalize_at_exit() -> None:
-    # At exit every group goes, adopted ones too: the interpreter is about to tear the
-    # backend's threads down, and a live group is what makes that abort.
+def _at_exit() -> None:
+    # After init(), every group goes, adopted ones too: the interpreter is about to tear the
+    # backend's threads down, and a live group is what makes that abort. Without init() (a
+    # script that built its group with torch, e.g. a seed guide's mp.spawn example) the group
+    # stays the script's, but gloo's threads still get the drain: the same abort awaits them.
     global _session
-    _session = None
-    _teardown(destroy=True)
-
-
-def _drain_at_exit() -> None:
-    # Registered on import, for scripts that build their group with torch directly (a seed
-    # guide's mp.spawn example) and so never reach init()'s hook: the same abort awaits them.
-    if not _atexit_registered and gloo_threads_alive():
+    if _init_called:
+        _session = None
+        _teardown(destroy=True)
+    elif gloo_threads_alive():
         drain()
 
 
-atexit.register(_drain_at_exit)
-
-
-def _register_atexit() -> None:
-    global _atexit_registered
-    if not _atexit_registered:
-        atexit.register(_finalize_at_exit)
-        _atexit_registered = True
+atexit.register(_at_exit)  # on import: a guide's script that only imports rankwise has it too
