@@ -23,7 +23,7 @@ from rankwise.data import DistributedSampler
 from rankwise.testing import TorchCalls
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 
-# What the trainer adds to each step of the plain loop (see loop.py's EpochSums).
+# What the trainer adds to each step of the plain loop (see sums.py's EpochSums).
 EXTRA_PER_STEP = Counter(
     {"Tensor.detach": 1, "Tensor.argmax": 1, "Tensor.__eq__": 1, "Tensor.shape": 1}
 )
@@ -106,7 +106,7 @@ def test_a_trainer_step_is_the_loops_torch_work_plus_the_documented_metrics() ->
 
 @pytest.mark.timeout(60)
 def test_the_epoch_metrics_cost_the_same_torch_calls_for_any_number_of_steps() -> None:
-    from rankwise.train.loop import FOLD_EVERY, EpochSums
+    from rankwise.train.sums import FOLD_EVERY, EpochSums
 
     def calls_for(steps: int) -> int:
         sums = EpochSums()

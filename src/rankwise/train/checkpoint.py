@@ -6,7 +6,7 @@
 - :class:`CheckpointManager`: numbered checkpoints in a folder, a ``latest`` pointer that
   moves only once the new file is safe, pruning only after that, and :meth:`~CheckpointManager.
   latest` that falls back to the previous good checkpoint when the newest is torn or corrupt.
-- Wrapping-independent state (:mod:`rankwise.train.state`): :func:`model_state_dict`,
+- Wrapping-independent state (:mod:`rankwise.train.portable`): :func:`model_state_dict`,
   :func:`optimizer_state_dict` and their loaders, :func:`rng_state` / :func:`set_rng_state`.
 
 >>> import tempfile
@@ -30,8 +30,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rankwise.train.files import (
     _TMP_MARK,
     FAULT_POINTS,
@@ -46,7 +44,7 @@ from rankwise.train.files import (
     set_fault_hook,
     verify_file,
 )
-from rankwise.train.state import (
+from rankwise.train.portable import (
     load_model_state_dict,
     load_optimizer_state_dict,
     model_state_dict,
@@ -54,6 +52,7 @@ from rankwise.train.state import (
     rng_state,
     set_rng_state,
 )
+from rankwise.train.snapshot import snapshot as take_snapshot
 
 __all__ = [
     "FAULT_POINTS",
@@ -175,7 +174,7 @@ class CheckpointManager:
         _check_plain(state, "state")  # here, not as an error on the background thread
         # The model and optimizer change in place from now on: write a copy. The previous
         # snapshot's write is finished (wait() above), so its memory can be refilled.
-        snapshot = self._staged = _stage(state, self._staged)
+        snapshot = self._staged = take_snapshot(state, into=self._staged)
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, "rankwise-checkpoint")
         self._pending = self._executor.submit(self.save, snapshot, epoch=epoch, step=step)
@@ -287,27 +286,6 @@ class CheckpointManager:
             if pid.isdigit() and not _pid_running(int(pid)):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
-
-
-def _stage(state: Any, staged: Any) -> Any:
-    """A copy of ``state`` whose tensors are copied into ``staged``'s (the previous copy) where
-    shapes and dtypes match: refilling memory already touched is several times faster than
-    fresh allocations, which page-fault on first write."""
-    if isinstance(state, torch.Tensor):
-        if (
-            isinstance(staged, torch.Tensor)
-            and staged.shape == state.shape
-            and staged.dtype == state.dtype
-        ):
-            return staged.copy_(state.detach())
-        return state.detach().to("cpu", copy=True)
-    if isinstance(state, dict):
-        old = staged if isinstance(staged, dict) else {}
-        return type(state)((k, _stage(v, old.get(k))) for k, v in state.items())
-    if type(state) in (list, tuple):
-        prev = staged if type(staged) is type(state) and len(staged) == len(state) else None
-        return type(state)(_stage(v, prev[i] if prev else None) for i, v in enumerate(state))
-    return state
 
 
 def _pid_running(pid: int) -> bool:

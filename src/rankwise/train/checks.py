@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+from torch import nn
 from torch.utils.data import DataLoader
 
 import rankwise.distributed as rd
@@ -24,9 +26,6 @@ from rankwise.parallel import (
     model_signature,
 )
 from rankwise.train.config import DistributedTrainingConfig
-
-if TYPE_CHECKING:
-    from rankwise.train.trainer import DistributedTrainer
 
 # Fields that may differ between ranks: what rank 0 alone uses (console, log files), the
 # loader's worker count (a per-machine resource), and paths (a node-local mount may be named
@@ -39,9 +38,14 @@ RANK_LOCAL_FIELDS = frozenset(
 
 
 def begin_fit(
-    trainer: DistributedTrainer, cfg: DistributedTrainingConfig, train: Any, val: Any
-) -> None:
-    """Give this fit its own :class:`~rankwise.distributed.Progress` and check the ranks agree.
+    cfg: DistributedTrainingConfig,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    data: tuple[Any, Any],
+    fit_number: int,
+) -> rd.Progress:
+    """This fit's own :class:`~rankwise.distributed.Progress`, once the ranks agree on
+    ``cfg``, ``model``, ``optimizer`` and the ``(train, validation)`` data.
 
     The Progress is named by the trainer's fit count (``trainer/fit-2``), never by a
     process-wide counter: a Progress or trainer made on some ranks only shifts nothing. The
@@ -54,14 +58,18 @@ def begin_fit(
             "replica to compare and the check would pass without checking anything. Set "
             "check_sync_every_n_steps=None, or use strategy='ddp' to check replicas."
         )
-    trainer.fits += 1
-    trainer.progress = rd.Progress(f"trainer/fit-{trainer.fits}")
+    progress = rd.Progress(f"trainer/fit-{fit_number}")
     if rd.get_world_size() > 1:  # one rank agrees with itself
-        check_start(trainer, cfg, train, val)
+        check_start(cfg, model, optimizer, data, progress)
+    return progress
 
 
 def check_start(
-    trainer: DistributedTrainer, cfg: DistributedTrainingConfig, train: Any, val: Any
+    cfg: DistributedTrainingConfig,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    data: tuple[Any, Any],
+    progress: rd.Progress,
 ) -> None:
     """Stop on every rank unless all ranks have the same config, optimizer, model and data.
 
@@ -71,26 +79,27 @@ def check_start(
     """
     config = {k: v for k, v in cfg.to_dict().items() if k not in RANK_LOCAL_FIELDS}
     config.update(_path_kinds(cfg))
-    fields: dict[str, Any] = {"config": config, "model": model_signature(trainer.model)}
-    if trainer.optimizer is not None:  # a factory is built later, from the same code
-        fields["optimizer"] = optimizer_settings(trainer.optimizer)
-    for name, data in (("dataset_length", train), ("val_dataset_length", val)):
-        length = _length(data)
+    fields: dict[str, Any] = {"config": config, "model": model_signature(model)}
+    if optimizer is not None:  # a factory is built later, from the same code
+        fields["optimizer"] = optimizer_settings(optimizer)
+    for name, part in zip(("dataset_length", "val_dataset_length"), data, strict=True):
+        length = _length(part)
         if length is not None:
             fields[name] = length
-    with trainer.progress.operation("the start-up consistency check (one all_gather)"):
+    with progress.operation("the start-up consistency check (one all_gather)"):
         check_consistent(fields, hints=_HINTS)
 
 
-def check_sync(trainer: DistributedTrainer) -> None:
+def check_sync(
+    model: nn.Module, cfg: DistributedTrainingConfig, step: int, progress: rd.Progress
+) -> None:
     """Every ``check_sync_every_n_steps`` optimizer steps: raise :class:`OutOfSyncError` on
     every rank if a parameter differs across ranks."""
-    every = trainer.config.check_sync_every_n_steps if trainer.config else None
-    step = trainer.global_step
+    every = cfg.check_sync_every_n_steps
     if not every or step % every:
         return
-    with trainer.progress.operation(f"check_parameters_in_sync at step {step}"):
-        report = check_parameters_in_sync(trainer.model)
+    with progress.operation(f"check_parameters_in_sync at step {step}"):
+        report = check_parameters_in_sync(model)
     if not report:
         differ = f"{len(report.mismatches)} of {report.checked} tensors differ: "
         detail = "; ".join(str(m) for m in report.mismatches)

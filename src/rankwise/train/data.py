@@ -364,3 +364,32 @@ def eval_data(data: tuple[Any, ...]) -> Any:
     if len(data) == 1:
         return as_dataset(data[0]) if isinstance(data[0], torch.Tensor | np.ndarray) else data[0]
     raise ValueError(f"evaluate takes (X, y) or (dataset_or_loader), got {len(data)} arguments.")
+
+
+def fit_datasets(train: Any, val: Any, cfg: DistributedTrainingConfig) -> tuple[Any, Any]:
+    """``(train, validation)`` for a fit: the validation data given (it wins), else a seeded
+    ``cfg.validation_split`` hold-out of ``train``, else None."""
+    if not cfg.validation_split or val is not None:
+        return train, val
+    if isinstance(train, DataLoader):
+        raise ValueError(
+            f"validation_split ({cfg.validation_split}) needs the data itself, not a "
+            "DataLoader; pass the Dataset (the trainer builds the loaders) or your own "
+            "validation loader: fit(train_loader, val_loader, config=cfg)."
+        )
+    return split_validation(train, cfg.validation_split, cfg.seed)
+
+
+def train_source(train: Any, cfg: DistributedTrainingConfig, record_ids: bool) -> Any:
+    """The trainer's batch stream: a user's loader (or iterable) as it is, else the trainer's
+    own sharded, resumable :class:`TrainBatches` (``record_ids``: keep each batch's ids)."""
+    if isinstance(train, DataLoader) or not hasattr(train, "__getitem__"):
+        return UserBatches(train)
+    return TrainBatches(
+        train,
+        cfg.batch_size,
+        shuffle=cfg.shuffle,
+        seed=cfg.seed,
+        num_workers=cfg.num_workers,
+        record_ids=record_ids,
+    )

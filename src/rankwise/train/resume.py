@@ -1,82 +1,24 @@
-"""What a trainer checkpoint holds, and how a run picks one up again (possibly on R' ranks).
+"""Picking a run up again from its checkpoints (possibly on R' ranks).
 
-Content (``trainer_api.md``): model and optimizer state with wrapping-independent keys,
-scheduler, precision (GradScaler), the sampler's cursor, epoch and optimizer step, RNG states,
-config, world size, global batch size, history — plus ``"trainer"``: the world's metric sums
-of the epoch so far (so a mid-epoch resume reports the same epoch loss), whether the learning
-rate was already scaled, the compression hook's state and every rank's RNG.
-
-``"epoch"`` is the epoch to run next: after a mid-epoch save it is the current epoch (the
-sampler's cursor says how far it got), after an end-of-epoch save the following one.
+What a checkpoint holds is :class:`~rankwise.train.state.TrainState`'s ``state_dict()``. This
+module finds the one to resume from (:func:`load_resume`: rank 0's choice, verified, agreed by
+every rank), and checks that the data can continue where the run stopped
+(:func:`continue_data`: the global batch this world can reproduce, a saved cursor for a
+mid-epoch resume) before moving the sampler there.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
 import rankwise.distributed as rd
-from rankwise.parallel import comm_state_dict, load_comm_state_dict
 from rankwise.train import checkpoint as ck
-from rankwise.train.history import DistributedTrainingHistory
-from rankwise.train.loop import EpochSums
-
-if TYPE_CHECKING:
-    from rankwise.train.config import DistributedTrainingConfig
-    from rankwise.train.trainer import DistributedTrainer
-
-
-@dataclass
-class Position:
-    """Where a run stands: the epoch to run, optimizer steps so far, the epoch's sums."""
-
-    epoch: int = 0
-    step: int = 0
-    carried: list[float] | None = None
-    history: DistributedTrainingHistory | None = None
-    sampler: dict[str, Any] | None = None
-    precision: dict[str, Any] | None = None  # applied once fit() has built the Precision
-    global_batch: int | None = None  # the saved run's; checked against each fit's config
-    mid_epoch: bool = False  # saved inside an epoch: only a saved sampler cursor continues it
-
-
-def build_state(trainer: DistributedTrainer, epoch: int, sums: EpochSums | None) -> dict[str, Any]:
-    """The checkpoint dict; collective (every rank calls it, rank 0's copy is written)."""
-    model, optimizer, cfg = trainer.model, trainer.optimizer, trainer.config
-    assert optimizer is not None and cfg is not None, "set up by fit()"
-    world = rd.get_world_size()
-    carried = sums.reduced().tolist() if sums is not None else [0.0] * 4
-    rngs: list[Any] = [ck.rng_state()]
-    if world > 1 and rd.has_group():
-        rngs = [None] * world
-        dist.all_gather_object(rngs, ck.rng_state())
-    source = trainer.train_source
-    sampler = getattr(source, "sampler", None)
-    return {
-        "format": ck.FORMAT_VERSION,
-        "model": ck.model_state_dict(model),
-        "optimizer": ck.optimizer_state_dict(model, optimizer),
-        "scheduler": None if trainer.scheduler is None else trainer.scheduler.state_dict(),
-        "precision": trainer.precision.state_dict(),
-        "sampler": None if sampler is None else sampler.state_dict(),
-        "epoch": epoch,
-        "step": trainer.global_step,
-        "rng": rngs[0],
-        "config": cfg.to_dict(),
-        "world_size": world,
-        "global_batch_size": cfg.effective_batch_size(world),
-        "history": trainer.history.to_dict(),
-        "trainer": {
-            "epoch_sums": carried,
-            "lr_scaled": trainer.lr_scaled,
-            "comm": comm_state_dict(model),
-            "rng_per_rank": rngs,
-        },
-    }
+from rankwise.train.config import DistributedTrainingConfig
+from rankwise.train.state import Restored, TrainState
 
 
 def check_global_batch(saved: int, batch_size: int, world: int, accum: int) -> None:
@@ -100,74 +42,34 @@ def check_global_batch(saved: int, batch_size: int, world: int, accum: int) -> N
     )
 
 
-def apply_state(trainer: DistributedTrainer, state: dict[str, Any], path: Path | str) -> Position:
-    """Load ``state`` into the trainer's model, optimizer, scheduler and precision; collective.
-    Returns the position (the sampler state is applied by the caller, who owns the data)."""
-    version = state.get("format")
-    if version != ck.FORMAT_VERSION:
-        raise ck.CheckpointError(
-            f"{path}: checkpoint format {version!r} is not {ck.FORMAT_VERSION}; it was written "
-            "by another rankwise version or is not a trainer checkpoint. Load it with the "
-            "rankwise version that wrote it, pass a checkpoint this trainer saved, or start "
-            "fresh with resume=None."
-        )
-    world = rd.get_world_size()
-    ck.load_model_state_dict(trainer.model, state["model"])
-    # Before the first fit() an optimizer given as a factory does not exist yet: the next
-    # fit builds it fresh (the model weights are what a loaded checkpoint is mostly for).
-    if trainer.optimizer is not None:
-        ck.load_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
-    if trainer.scheduler is not None and state.get("scheduler") is not None:
-        trainer.scheduler.load_state_dict(state["scheduler"])
-    if trainer.prepared is not None:
-        trainer.precision.load_state_dict(state["precision"])
-    extra = state.get("trainer", {})
-    if extra.get("comm"):
-        load_comm_state_dict(trainer.model, extra["comm"])
-    trainer.lr_scaled = bool(extra.get("lr_scaled", False))
-    rngs = extra.get("rng_per_rank") or [state["rng"]]
-    # Each rank continues its own random stream when the world is the same; otherwise every
-    # rank takes rank 0's (there is no right answer for a rank that did not exist).
-    ck.set_rng_state(rngs[rd.get_rank()] if len(rngs) == world else state["rng"])
-    carried = extra.get("epoch_sums")
-    return Position(
-        global_batch=int(state["global_batch_size"]),
-        # the same on every rank: the world's sums of the epoch so far, in the file
-        mid_epoch=bool(carried) and float(carried[1]) > 0,
-        epoch=int(state["epoch"]),
-        step=int(state["step"]),
-        carried=carried if rd.is_master() else None,
-        history=DistributedTrainingHistory.from_dict(state["history"]),
-        sampler=state.get("sampler"),
-        precision=None if trainer.prepared is not None else state["precision"],
-    )
-
-
-def continue_data(position: Position, cfg: DistributedTrainingConfig, sampler: Any) -> None:
-    """Check that ``position`` can continue under ``cfg`` on this world, then move the
-    sampler to where the run stopped (the rest of the epoch re-split over this world size).
+def continue_data(state: TrainState, cfg: DistributedTrainingConfig) -> None:
+    """Check that the restored ``state`` can continue under ``cfg`` on this world, then move
+    its sampler to where the run stopped (the rest of the epoch re-split over this world size).
 
     Runs for a resume and after ``load_checkpoint()`` before ``fit()`` alike.
     """
-    if position.global_batch is not None:
-        check_global_batch(
-            position.global_batch, cfg.batch_size, rd.get_world_size(), cfg.grad_accum_steps
-        )
-    check_resumable(position, sampler)
-    saved = position.sampler
-    if sampler is not None and saved is not None and saved["epoch"] == position.epoch:
-        sampler.load_state_dict(saved)
+    restored = state.restored
+    if restored is None:
+        return
+    check_global_batch(
+        restored.global_batch, cfg.batch_size, rd.get_world_size(), cfg.grad_accum_steps
+    )
+    check_resumable(state, restored)
+    saved = restored.cursor
+    if state.sampler is not None and saved is not None and saved["epoch"] == state.epoch:
+        state.sampler.load_state_dict(saved)
 
 
-def check_resumable(position: Position, sampler: Any) -> None:
+def check_resumable(state: TrainState, restored: Restored) -> None:
     """Refuse a mid-epoch resume that cannot continue where the run stopped: without a saved
     rankwise sampler cursor the loader would repeat the epoch from its start (its first part
     trained, and counted, twice)."""
-    if not position.mid_epoch or (sampler is not None and position.sampler is not None):
+    sampler = state.sampler
+    if not restored.mid_epoch or (sampler is not None and restored.cursor is not None):
         return
     missing = "this run's" if sampler is None else "the checkpoint's"
     raise ValueError(
-        f"cannot resume mid-epoch (epoch {position.epoch}, optimizer step {position.step}): "
+        f"cannot resume mid-epoch (epoch {state.epoch}, optimizer step {state.step}): "
         f"{missing} training data has no rankwise DistributedSampler, so the rest of the epoch "
         "is unknown and the loader would repeat it from the start. Put "
         "rankwise.data.DistributedSampler in your DataLoader (or pass the Dataset and let the "

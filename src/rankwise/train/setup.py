@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,14 +25,12 @@ from rankwise.parallel import (
     FSDPConfig,
     Precision,
     enable_gradient_checkpointing,
+    unwrap_model,
     wrap_model,
 )
 from rankwise.parallel.ddp import user_hook_states
 from rankwise.parallel.fsdp import is_fsdp_module
 from rankwise.train.config import DistributedTrainingConfig
-
-if TYPE_CHECKING:
-    from rankwise.train.trainer import DistributedTrainer
 
 
 @dataclass
@@ -44,18 +42,24 @@ class Prepared:
     strategy: str
 
 
-def prepare(trainer: DistributedTrainer, cfg: DistributedTrainingConfig) -> Prepared:
-    module = trainer.module
+def prepare(
+    given: nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    cfg: DistributedTrainingConfig,
+    device: torch.device,
+    device_choice: torch.device | None,
+) -> Prepared:
+    """Wrap ``given`` (the model as the user passed it) for ``cfg.strategy`` and build the
+    optimizer and scheduler over the wrapped parameters (each an instance or a factory) and
+    the precision plug-in. ``device`` is where batches go; ``device_choice`` the user's own
+    (None: the wrapping's default)."""
+    module = unwrap_model(given)
     names = {id(p): n for n, p in module.named_parameters()}
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(module)
-    given = trainer.model  # as passed in (prepare runs at the first fit, before re-binding)
-    model = (
-        _adopt(given, cfg, trainer.device)
-        if is_wrapped(given)
-        else _wrap(module, cfg, trainer.device_choice)
-    )
-    spec = trainer._optimizer_spec
+    model = _adopt(given, cfg, device) if is_wrapped(given) else _wrap(module, cfg, device_choice)
+    spec = optimizer
     if isinstance(spec, torch.optim.Optimizer):
         optimizer = spec
         live = {id(p) for p in model.parameters()}
@@ -68,7 +72,6 @@ def prepare(trainer: DistributedTrainer, cfg: DistributedTrainingConfig) -> Prep
                 f"the optimizer factory returned {type(optimizer).__name__}, not a "
                 "torch.optim.Optimizer; pass e.g. lambda params: torch.optim.AdamW(params)."
             )
-    scheduler = trainer._scheduler_spec
     if scheduler is not None and not hasattr(scheduler, "step"):
         scheduler = scheduler(optimizer)
     elif scheduler is not None and optimizer is not spec:
@@ -77,7 +80,7 @@ def prepare(trainer: DistributedTrainer, cfg: DistributedTrainingConfig) -> Prep
             "scheduler instance points at the old one; pass the scheduler as a callable, e.g. "
             "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)."
         )
-    precision = Precision(cfg.precision, trainer.device)
+    precision = Precision(cfg.precision, device)
     return Prepared(model, optimizer, scheduler, precision, cfg.strategy)
 
 

@@ -1,288 +1,271 @@
-"""Model, optimizer and RNG state that does not depend on how the model is wrapped.
+"""The training state: where a run is, as one object to snapshot, write, read back and send.
 
-Built on ``torch.distributed.checkpoint.state_dict`` (DCP's ``get_model_state_dict`` and
-friends), so the keys are the plain module's parameter names whatever the wrapping: no
-``module.`` prefix from DDP, full (unsharded) tensors from FSDP2, everything on the CPU. A state
-saved from FSDP2 on 2 ranks loads onto FSDP2 on 3 ranks, onto DDP, or onto a plain model in a
-world of one, and the other way round.
+:class:`TrainState` holds the live objects a step changes (the wrapped model, the optimizer,
+the scheduler, the precision plug-in with its GradScaler, the sampler with its resume cursor)
+and the counters around them (epoch, optimizer step, the epoch's running sums, the history,
+whether the learning rate was scaled). ``state_dict()`` turns it into plain values whose model
+and optimizer keys do not depend on the wrapping; ``load_state_dict()`` puts them back, on any
+world size. What is done with those values is a function over them:
 
-Who gets what:
+- :func:`~rankwise.train.snapshot.snapshot`: a copy in reusable CPU buffers, for a writer
+  that works while training goes on;
+- :mod:`rankwise.train.checkpoint` and :mod:`rankwise.train.resume`: atomic, verified files,
+  and picking the newest valid one up again;
+- :func:`broadcast_state`: one rank's state dict on every rank, over the process group.
 
-- plain and DDP models: every rank gets the state (nothing to gather; no communication);
-- FSDP2 (sharded) models: the calls are collectives that every rank must make; rank 0 gets the
-  full state and the other ranks get ``{}`` (so that N ranks never hold N full copies), unless
-  ``all_ranks=True``. Loading onto a sharded model uses rank 0's state and broadcasts it, so
-  the other ranks may pass ``{}``.
+``state_dict()`` (checkpoint format 1)::
+
+    format, model, optimizer, scheduler, precision, sampler (the cursor), epoch (the one to
+    run next: the current one mid-epoch), step, rng (rank 0's), config, world_size,
+    global_batch_size, history, trainer: {epoch_sums (the world's, so far), lr_scaled,
+    comm (a compression hook's state), rng_per_rank}
 
 >>> net = torch.nn.Linear(2, 1)
->>> sorted(model_state_dict(net))
-['bias', 'weight']
+>>> state = TrainState(net, torch.optim.SGD(net.parameters(), lr=0.1))
+>>> saved = state.state_dict()
+>>> saved["step"], sorted(saved["model"])
+(0, ['bias', 'weight'])
+>>> TrainState(torch.nn.Linear(2, 1)).load_state_dict(saved)
 """
 
 from __future__ import annotations
 
-import random
-import warnings
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DataParallel
 
 import rankwise.distributed as rd
-from rankwise.parallel.common import unwrap_model
-from rankwise.parallel.fsdp import as_dtensor, is_fsdp_module
+from rankwise.parallel import Precision, comm_state_dict, load_comm_state_dict
+from rankwise.train import checkpoint as ck
+from rankwise.train.config import DistributedTrainingConfig
+from rankwise.train.history import DistributedTrainingHistory
+from rankwise.train.sums import EpochSums
 
-if TYPE_CHECKING:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
+__all__ = ["Restored", "TrainState", "broadcast_state"]
 
-_RNG_KEYS = ("python", "numpy", "torch")
-# torch.distributed.checkpoint is imported on first use: it doubles `import torch`'s time, and
-# scripts that only touch checkpoint files (or never checkpoint) should not pay for it.
-
-
-def _is_sharded(model: nn.Module) -> bool:
-    if is_fsdp_module(model):
-        return True
-    return any(as_dtensor(p) is not None for p in model.parameters())
+_NO_SUMS = [0.0, 0.0, 0.0, 0.0]
 
 
-def _in_group() -> bool:
-    return rd.has_group() and dist.get_world_size() > 1
+@dataclass
+class Restored:
+    """What a load left for the objects that did not exist yet (the data, the precision)."""
+
+    global_batch: int  # the saved run's; checked against each fit's config
+    mid_epoch: bool  # saved inside an epoch: only a saved sampler cursor continues it
+    cursor: dict[str, Any] | None = None  # the sampler's saved state
+    precision: dict[str, Any] | None = None  # for a Precision built after the load
 
 
-def _to_cpu(state: Any) -> Any:
-    if isinstance(state, torch.Tensor):
-        return state.detach().cpu()
-    if isinstance(state, dict):
-        return {k: _to_cpu(v) for k, v in state.items()}
-    if isinstance(state, list | tuple):
-        return type(state)(_to_cpu(v) for v in state)
-    return state
+@dataclass(eq=False)
+class TrainState:
+    """Everything a resume needs, and nothing else.
 
-
-def _dcp_view(model: nn.Module) -> nn.Module:
-    """What DCP's state-dict functions are given: DataParallel (one process; DCP would keep
-    its ``module.`` prefix) is looked through, DDP and FSDP2 are not (DCP handles them)."""
-    while isinstance(model, DataParallel):
-        model = model.module
-    return model
-
-
-def _read_options(model: nn.Module, all_ranks: bool) -> StateDictOptions:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    if not _is_sharded(model):
-        # Already full on every rank: no gather, and cpu_offload leaves CPU tensors as they are.
-        return StateDictOptions(cpu_offload=True)
-    # cpu_offload with full_state_dict keeps the gathered tensors on rank 0 only.
-    return StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks)
-
-
-def _write_options(model: nn.Module, from_rank0: bool) -> StateDictOptions:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    broadcast = _in_group() and (from_rank0 or _is_sharded(model))
-    return StateDictOptions(
-        full_state_dict=broadcast or _is_sharded(model), broadcast_from_rank0=broadcast
-    )
-
-
-def model_state_dict(model: nn.Module, *, all_ranks: bool = False) -> dict[str, torch.Tensor]:
-    """The model's parameters and buffers as full CPU tensors, keyed by the plain module's names.
-
-    A collective on every rank when the model is sharded (FSDP2); then only rank 0 gets the
-    state (others get ``{}``) unless ``all_ranks``. Plain and DDP models: local, every rank.
-    The tensors may share memory with the model's, as ``state_dict()``'s do: write or clone
-    them before the next optimizer step.
-
-    >>> ddp_like = torch.nn.Sequential(torch.nn.Linear(2, 1))
-    >>> list(model_state_dict(ddp_like))
-    ['0.weight', '0.bias']
+    ``epoch`` is the epoch running (or, between epochs, the next one); ``sums`` the running
+    metric sums of the epoch in progress (None between epochs); ``step`` counts optimizer
+    steps. ``optimizer`` and ``precision`` are None until the trainer has built them.
     """
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    state: dict[str, Any] = get_model_state_dict(
-        _dcp_view(model), options=_read_options(model, all_ranks)
-    )
-    return _to_cpu(state) if all_ranks else state
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None
+    precision: Precision | None = None
+    sampler: Any = None  # a resumable sampler (state_dict / load_state_dict), or None
+    config: DistributedTrainingConfig | None = None
+    epoch: int = 0
+    step: int = 0
+    sums: EpochSums | None = None
+    history: DistributedTrainingHistory = field(default_factory=DistributedTrainingHistory)
+    lr_scaled: bool = False
+    restored: Restored | None = None
 
-
-def load_model_state_dict(
-    model: nn.Module, state: dict[str, torch.Tensor], *, from_rank0: bool = False
-) -> None:
-    """Load a :func:`model_state_dict` into ``model``, whatever its wrapping and world size.
-
-    Sharded models (FSDP2): a collective; rank 0's ``state`` is broadcast and each rank keeps
-    its shard, so the other ranks may pass ``{}``. Plain and DDP models load their own
-    ``state`` locally, unless ``from_rank0`` (then a collective that broadcasts rank 0's).
-    Keys saved with DDP's ``module.`` prefix (a plain ``torch.save(ddp.state_dict())``) are
-    accepted too. Missing or unexpected keys raise torch's ``RuntimeError`` naming them.
-    """
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-    options = _write_options(model, from_rank0)
-    named: dict[str, Any] = _strip_module_prefix(model, state) if state else state
-    set_model_state_dict(_dcp_view(model), named, options=options)
-
-
-def _strip_module_prefix(model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
-    if not all(k.startswith("module.") for k in state):
-        return state
-    names = {n for n, _ in unwrap_model(model).named_parameters()}
-    names |= {n for n, _ in unwrap_model(model).named_buffers()}
-    if names & set(state):  # the model itself has a submodule called "module"
-        return state
-    return {k[len("module.") :]: v for k, v in state.items()}
-
-
-def optimizer_state_dict(
-    model: nn.Module, optimizer: torch.optim.Optimizer, *, all_ranks: bool = False
-) -> dict[str, Any]:
-    """The optimizer's state with parameters keyed by name (``"0.weight"``), full CPU tensors.
-
-    Same rules as :func:`model_state_dict`: a collective for sharded models (rank 0 gets the
-    state unless ``all_ranks``), local for plain and DDP models. An optimizer that never
-    stepped is saved as its hyper-parameters alone; torch's DCP would instead initialise it
-    with a zero step, which changes Adam's bias correction for the rest of the run.
-    """
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    if not optimizer.state:
-        return {"state": {}, "param_groups": _named_param_groups(model, optimizer)}
-    state = get_optimizer_state_dict(
-        _dcp_view(model), optimizer, options=_read_options(model, all_ranks)
-    )
-    return _to_cpu(state) if all_ranks else state
-
-
-def load_optimizer_state_dict(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    state: dict[str, Any],
-    *,
-    from_rank0: bool = False,
-) -> None:
-    """Load an :func:`optimizer_state_dict` into ``optimizer`` (built over ``model``'s params).
-
-    Collective and rank-0-sourced under the same rules as :func:`load_model_state_dict`. Call
-    it before the first backward or after a step (DCP's rule), e.g. right after building the
-    optimizer.
-    """
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-    options = _write_options(model, from_rank0)
-    groups = _stateless_groups(state) if not options.broadcast_from_rank0 else None
-    if options.broadcast_from_rank0:
-        # Every rank must take the same path below; rank 0 alone knows which.
-        header = [_stateless_groups(state) if rd.get_rank() == 0 else None]
-        dist.broadcast_object_list(header, src=0)
-        groups = header[0]
-    if groups is not None:
-        _load_hyperparameters(model, optimizer, groups)
-        return
-    set_optimizer_state_dict(_dcp_view(model), optimizer, state, options=options)
-
-
-def _named_param_groups(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict]:
-    names = {id(p): n for n, p in unwrap_model(model).named_parameters()}
-    groups = []
-    for group in optimizer.param_groups:
-        missing = [i for i, p in enumerate(group["params"]) if id(p) not in names]
-        if missing:
-            raise ValueError(
-                f"the optimizer holds parameters that are not the model's (positions {missing} "
-                "of a param group); build the optimizer from model.parameters() after wrapping."
-            )
-        hyper = {k: v for k, v in group.items() if k != "params"}
-        groups.append({**_to_cpu(hyper), "params": [names[id(p)] for p in group["params"]]})
-    return groups
-
-
-def _stateless_groups(state: dict[str, Any]) -> list[dict] | None:
-    if not isinstance(state, dict) or "param_groups" not in state or state.get("state"):
-        return None
-    return list(state["param_groups"])
-
-
-def _load_hyperparameters(
-    model: nn.Module, optimizer: torch.optim.Optimizer, saved: list[dict]
-) -> None:
-    live = _named_param_groups(model, optimizer)
-    if [g["params"] for g in live] != [g["params"] for g in saved]:
-        raise ValueError(
-            "the saved optimizer's parameter groups "
-            f"{[g['params'] for g in saved]} differ from this optimizer's "
-            f"{[g['params'] for g in live]}; build the optimizer with the same groups."
+    def adopt(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        precision: Precision,
+    ) -> None:
+        """Take the objects the first ``fit`` built (the wrapped model, the optimizer over its
+        parameters); a precision state loaded before them is applied now."""
+        self.model, self.optimizer, self.scheduler, self.precision = (
+            model,
+            optimizer,
+            scheduler,
+            precision,
         )
-    for group, old in zip(optimizer.param_groups, saved, strict=True):
-        group.update({k: v for k, v in old.items() if k != "params"})
+        if self.restored is not None and self.restored.precision is not None:
+            precision.load_state_dict(self.restored.precision)
+            self.restored.precision = None
 
+    def start_over(self) -> None:
+        """A fresh run: epoch 0, no optimizer step, no sums, an empty history."""
+        self.epoch, self.step, self.sums = 0, 0, None
+        self.history = DistributedTrainingHistory()
+        self.restored = None
 
-def rng_state() -> dict[str, Any]:
-    """This process's random generator states: python ``random``, numpy's global, torch's CPU
-    generator and, when CUDA is available, every CUDA device's. Plain values and tensors only.
+    def state_dict(self) -> dict[str, Any]:
+        """The state as plain values (tensors on the CPU, numbers, strings, lists, dicts).
 
-    >>> s = rng_state(); a = torch.rand(2); set_rng_state(s); torch.equal(a, torch.rand(2))
-    True
-    """
-    np_state = np.random.get_state(legacy=False)
-    assert isinstance(np_state, dict)  # legacy=False always returns the dict form
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": {
-            "bit_generator": np_state["bit_generator"],
-            "key": [int(k) for k in np_state["state"]["key"]],
-            "pos": int(np_state["state"]["pos"]),
-            "has_gauss": int(np_state["has_gauss"]),
-            "gauss": float(np_state["gauss"]),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore :func:`rng_state`'s output; the same draws follow as after it was taken.
-
-    CUDA states are restored when CUDA is available (with a warning when the device count
-    differs); a state without them leaves CUDA's generators alone.
-    """
-    missing = [k for k in _RNG_KEYS if k not in state]
-    if missing:
-        raise ValueError(
-            f"RNG state lacks {missing} (has {sorted(state)}); pass the dict rng_state() made."
-        )
-    random.setstate(_as_tuple(state["python"]))
-    np_state = state["numpy"]
-    np.random.set_state(
-        {
-            "bit_generator": np_state["bit_generator"],
-            "state": {"key": np.asarray(np_state["key"], dtype=np.uint32), "pos": np_state["pos"]},
-            "has_gauss": np_state["has_gauss"],
-            "gauss": np_state["gauss"],
+        A collective: the epoch's sums are all-reduced, every rank's RNG state gathered, and
+        a sharded (FSDP2) model gathered to rank 0. Call it on every rank at a step boundary.
+        """
+        if self.optimizer is None:
+            raise ValueError("the training state has no optimizer yet: call fit() first.")
+        world = rd.get_world_size()
+        carried = self.sums.reduced().tolist() if self.sums is not None else list(_NO_SUMS)
+        rngs: list[Any] = [ck.rng_state()]
+        if world > 1 and rd.has_group():
+            rngs = [None] * world
+            dist.all_gather_object(rngs, ck.rng_state())
+        cfg = self.config or DistributedTrainingConfig()
+        precision = self.precision.state_dict() if self.precision is not None else None
+        if precision is None and self.restored is not None:
+            precision = self.restored.precision
+        return {
+            "format": ck.FORMAT_VERSION,
+            "model": ck.model_state_dict(self.model),
+            "optimizer": ck.optimizer_state_dict(self.model, self.optimizer),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "precision": precision,
+            "sampler": self._cursor(),
+            "epoch": self.epoch,
+            "step": self.step,
+            "rng": rngs[0],
+            "config": cfg.to_dict(),
+            "world_size": world,
+            "global_batch_size": cfg.effective_batch_size(world),
+            "history": self.history.to_dict(),
+            "trainer": {
+                "epoch_sums": carried,
+                "lr_scaled": self.lr_scaled,
+                "comm": comm_state_dict(self.model),
+                "rng_per_rank": rngs,
+            },
         }
-    )
-    torch.set_rng_state(state["torch"])
-    cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available():
-        count = torch.cuda.device_count()
-        if len(cuda) != count:
-            warnings.warn(
-                f"the RNG state holds {len(cuda)} CUDA generators and this process sees {count} "
-                "devices; restoring the first min of both.",
-                stacklevel=2,
+
+    def load_state_dict(self, state: dict[str, Any], source: object = "the state") -> None:
+        """Put ``state`` (a :meth:`state_dict`, possibly from another world size) back.
+
+        A collective. Model, optimizer, scheduler, precision and RNG are loaded into the
+        objects that exist; an optimizer or precision built later (a factory, the first
+        ``fit``) starts fresh or takes :attr:`restored`'s values. The sampler's cursor waits
+        in :attr:`restored` for the data (:func:`rankwise.train.resume.continue_data`).
+        ``source`` names the state in errors (a file's path).
+        """
+        version = state.get("format")
+        if version != ck.FORMAT_VERSION:
+            raise ck.CheckpointError(
+                f"{source}: checkpoint format {version!r} is not {ck.FORMAT_VERSION}; it was "
+                "written by another rankwise version or is not a trainer checkpoint. Load it "
+                "with the rankwise version that wrote it, pass a checkpoint this trainer "
+                "saved, or start fresh with resume=None."
             )
-        for device, generator in enumerate(cuda[:count]):
-            torch.cuda.set_rng_state(generator, device)
+        ck.load_model_state_dict(self.model, state["model"])
+        # Before the first fit() an optimizer given as a factory does not exist yet: the next
+        # fit builds it fresh (the model weights are what a loaded checkpoint is mostly for).
+        if self.optimizer is not None:
+            ck.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.precision is not None:
+            self.precision.load_state_dict(state["precision"])
+        extra = state.get("trainer", {})
+        if extra.get("comm"):
+            load_comm_state_dict(self.model, extra["comm"])
+        self.lr_scaled = bool(extra.get("lr_scaled", False))
+        rngs = extra.get("rng_per_rank") or [state["rng"]]
+        # Each rank continues its own random stream when the world is the same; otherwise every
+        # rank takes rank 0's (there is no right answer for a rank that did not exist).
+        same_world = len(rngs) == rd.get_world_size()
+        ck.set_rng_state(rngs[rd.get_rank()] if same_world else state["rng"])
+        # The world's sums of the epoch so far: the same on every rank, in the file; rank 0
+        # alone carries them, so the epoch's all-reduce adds them once.
+        carried = extra.get("epoch_sums") or list(_NO_SUMS)
+        mid_epoch = float(carried[1]) > 0
+        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+        self.history = DistributedTrainingHistory.from_dict(state["history"])
+        self.sums = None
+        if mid_epoch:
+            self.sums = EpochSums(carried=list(carried) if rd.is_master() else list(_NO_SUMS))
+        self.restored = Restored(
+            global_batch=int(state["global_batch_size"]),
+            mid_epoch=mid_epoch,
+            cursor=state.get("sampler"),
+            precision=None if self.precision is not None else state["precision"],
+        )
+
+    def _cursor(self) -> dict[str, Any] | None:
+        if self.sampler is not None:
+            return dict(self.sampler.state_dict())
+        return None if self.restored is None else self.restored.cursor
 
 
-def _as_tuple(value: Any) -> Any:
-    # random.setstate needs tuples; a state that went through JSON comes back as lists.
-    if isinstance(value, list | tuple):
-        return tuple(_as_tuple(v) for v in value)
-    return value
+def broadcast_state(
+    state: dict[str, Any] | None, src: int = 0, group: dist.ProcessGroup | None = None
+) -> dict[str, Any]:
+    """Rank ``src``'s ``state`` (any nest of dicts, lists and tuples over tensors and plain
+    values) on every rank of ``group``; the others pass None. A collective.
+
+    The structure travels as one pickled object with each tensor replaced by its shape and
+    dtype; the tensors' bytes travel as one flat buffer (one broadcast on the collective
+    device, whatever the number of tensors). Received tensors are on the CPU.
+    """
+    if not rd.has_group() or dist.get_world_size(group) == 1:
+        if state is None:
+            raise ValueError("broadcast_state in a world of one needs the state, got None.")
+        return state
+    tensors: list[torch.Tensor] = []
+    box: list[Any] = [_skeleton(state, tensors) if dist.get_rank() == src else None]
+    dist.broadcast_object_list(box, src=src, group=group)
+    skeleton, sizes = box[0]
+    device = rd.collective_device()
+    if dist.get_rank() == src:
+        flat = torch.cat([_bytes(t) for t in tensors]) if tensors else torch.empty(0)
+        flat = flat.to(device, dtype=torch.uint8)
+    else:
+        flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+    if sizes:
+        dist.broadcast(flat, src=src, group=group)
+    parts = iter(torch.split(flat.cpu(), sizes)) if sizes else iter(())
+    return _fill(skeleton, parts)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+
+
+def _skeleton(state: Any, tensors: list[torch.Tensor]) -> tuple[Any, list[int]]:
+    sizes: list[int] = []
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+            sizes.append(value.numel() * value.element_size())
+            return _Slot(tuple(value.shape), value.dtype)
+        if isinstance(value, dict):
+            return type(value)((k, strip(v)) for k, v in value.items())
+        if type(value) in (list, tuple):
+            return type(value)(strip(v) for v in value)
+        return value
+
+    return strip(state), sizes
+
+
+def _fill(skeleton: Any, parts: Any) -> Any:
+    if isinstance(skeleton, _Slot):
+        raw = next(parts).clone()
+        return raw.view(skeleton.dtype).reshape(skeleton.shape)
+    if isinstance(skeleton, dict):
+        return type(skeleton)((k, _fill(v, parts)) for k, v in skeleton.items())
+    if type(skeleton) in (list, tuple):
+        return type(skeleton)(_fill(v, parts) for v in skeleton)
+    return skeleton

@@ -16,6 +16,7 @@ exactly, rank 0 prints and writes checkpoints. See ``docs/train.md``.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -24,28 +25,28 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 import rankwise.distributed as rd
 from rankwise.parallel import unwrap_model
 from rankwise.train import checkpoint as ck
 from rankwise.train import checks
-from rankwise.train import resume as st
+from rankwise.train import resume as rs
 from rankwise.train.config import DistributedTrainingConfig
 from rankwise.train.data import (
-    TrainBatches,
-    UserBatches,
     as_dataset,
     eval_data,
+    fit_datasets,
     parse_fit_args,
-    split_validation,
     to_device,
+    train_source,
 )
 from rankwise.train.evaluation import EvalBatches, eval_batches, evaluate_exact, predict_all
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
-from rankwise.train.loop import EpochSums, train_epoch
+from rankwise.train.loop import StepEnv, epoch_scheduler_step, train_epoch
 from rankwise.train.setup import Prepared, prepare, resolve_device, scale_lr, seed_everything
+from rankwise.train.state import TrainState
+from rankwise.train.sums import EpochSums
 
 OptimizerSpec = torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -90,28 +91,24 @@ class DistributedTrainer:
             )
         rd.init()  # idempotent; a world of one without launcher variables
         self.module = unwrap_model(model)
-        self.model: nn.Module = model
         self.loss_fn = loss_fn
         self._optimizer_spec = optimizer
         self._scheduler_spec = scheduler
-        self.optimizer: torch.optim.Optimizer | None = (
-            optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
+        # Where training is: the objects a step changes and the counters around them.
+        self.state = TrainState(
+            model,
+            optimizer if isinstance(optimizer, torch.optim.Optimizer) else None,
+            None if _is_factory(scheduler) else scheduler,
         )
-        self.scheduler: Any = None if _is_factory(scheduler) else scheduler
         self.callbacks = list(callbacks)
         self.on_batch: Callable[[DistributedTrainer, int, int, Any], None] | None = None
         self.config: DistributedTrainingConfig | None = None
         self.prepared: Prepared | None = None
-        self.history = DistributedTrainingHistory()
-        self.global_step = 0
-        self.lr_scaled = False
         self.train_source: Any = None
         self.logger: Any = None
         self.device_choice = None if device is None else resolve_device(device)
         self.device = self.device_choice or rd.device()
         self._manager: ck.CheckpointManager | None = None
-        self._pending: st.Position | None = None  # from load_checkpoint() before fit()
-        self._epoch = 0
         self._saved_at: int | None = None
         self._step_save_due = False  # a step checkpoint on an epoch's last step, see below
         self.last_evaluation: dict[str, int] = {}  # samples and correct ones of evaluate()
@@ -129,6 +126,30 @@ class DistributedTrainer:
     def precision(self) -> Any:
         return self._require_prepared().precision
 
+    # The training state's objects and counters, under the names the guide uses.
+    @property
+    def model(self) -> nn.Module:
+        """The model as trained: wrapped (DDP, FSDP2) by the first ``fit``."""
+        return self.state.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer (None until ``fit`` builds one given as a factory)."""
+        return self.state.optimizer
+
+    @property
+    def scheduler(self) -> Any:
+        return self.state.scheduler
+
+    @property
+    def history(self) -> DistributedTrainingHistory:
+        return self.state.history
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (restored by a resume)."""
+        return self.state.step
+
     def to_device(self, batch: Any) -> Any:
         return to_device(batch, self.device)
 
@@ -145,40 +166,51 @@ class DistributedTrainer:
         """
         cfg, train, val_data = parse_fit_args(args, config, val)
         self.config = cfg.validate()
-        train_set, val_set = self._datasets(train, val_data, cfg)
-        checks.begin_fit(self, cfg, train_set, val_set)
+        train_set, val_set = fit_datasets(train, val_data, cfg)
+        self.fits += 1
+        self.progress = checks.begin_fit(
+            cfg, self.model, self.optimizer, (train_set, val_set), self.fits
+        )
         self._setup(cfg)
-        self.train_source = self._source(train_set, cfg)
-        position = self._start(cfg)
-        self.global_step = position.step
-        self.history = position.history or DistributedTrainingHistory()
+        self.train_source = train_source(train_set, cfg, record_ids=bool(self.batch_hooks()))
+        state = self.state
+        state.sampler = getattr(self.train_source, "sampler", None)
+        self._start(cfg)
         world = rd.get_world_size()
-        self.history.effective_batch_size = cfg.effective_batch_size(world)
-        self.history.world_size = world
+        state.history.effective_batch_size = cfg.effective_batch_size(world)
+        state.history.world_size = world
         self._step_save_due = False
         self._call("on_fit_start", self)
         self.logger = TrainingLogger(
             cfg.log_dir, cfg.verbose, cfg.log_every_n_batches, rd.is_master(), epochs=cfg.epochs
         )
+        env = StepEnv(
+            cfg,
+            self.loss_fn,
+            self.device,
+            self.progress,
+            self.logger,
+            [functools.partial(hook, self) for hook in self.batch_hooks()],
+            self._after_step,
+        )
         started, samples, train_seconds = time.perf_counter(), 0, 0.0
-        carried = position.carried
         try:
-            for epoch in range(position.epoch, cfg.epochs):
-                self._epoch = epoch
+            for epoch in range(state.epoch, cfg.epochs):
                 t0 = time.perf_counter()
-                sums = EpochSums(carried=carried or [0.0] * 4)
-                carried = None
-                loss, acc, _ = train_epoch(self, self.train_source, epoch, sums)
+                sums = state.sums if state.sums is not None else EpochSums()  # or resumed
+                state.epoch, state.sums = epoch, sums
+                loss, acc, _ = train_epoch(state, env, self.train_source)
                 samples += sum(sums.counts) * world
+                state.epoch, state.sums = epoch + 1, None  # closed: a save now starts the next
                 train_seconds += time.perf_counter() - t0
                 metrics = self._end_epoch(epoch, loss, acc, val_set, t0)
                 self._call("on_epoch_end", self, epoch, metrics)
                 every = cfg.checkpoint_every_n_epochs
                 if (every and (epoch + 1) % every == 0) or self._step_save_due:
-                    self._checkpoint(epoch + 1, None)
+                    self._checkpoint()
                 self._step_save_due = False
-            if self._saved_at != self.global_step:
-                self._checkpoint(max(self._epoch + 1, position.epoch), None)
+            if self._saved_at != state.step:
+                self._checkpoint()
         except RuntimeError as exc:
             if (error := self.progress.explain(exc)) is None:  # a stall names the late rank
                 raise
@@ -191,66 +223,47 @@ class DistributedTrainer:
         self._call("on_fit_end", self, self.history)
         return self.history
 
-    def _datasets(self, train: Any, val: Any, cfg: DistributedTrainingConfig) -> tuple[Any, Any]:
-        if not cfg.validation_split or val is not None:
-            return train, val  # validation data given: it wins over validation_split
-        if isinstance(train, DataLoader):
-            raise ValueError(
-                f"validation_split ({cfg.validation_split}) needs the data itself, not a "
-                "DataLoader; pass the Dataset (the trainer builds the loaders) or your own "
-                "validation loader: fit(train_loader, val_loader, config=cfg)."
-            )
-        return split_validation(train, cfg.validation_split, cfg.seed)
-
-    def _source(self, train: Any, cfg: DistributedTrainingConfig) -> Any:
-        if isinstance(train, DataLoader) or not hasattr(train, "__getitem__"):
-            return UserBatches(train)
-        return TrainBatches(
-            train,
-            cfg.batch_size,
-            shuffle=cfg.shuffle,
-            seed=cfg.seed,
-            num_workers=cfg.num_workers,
-            record_ids=bool(self.batch_hooks()),
-        )
-
     def _setup(self, cfg: DistributedTrainingConfig) -> None:
         """Wrap the model and build optimizer, scheduler and precision (first fit only)."""
+        state = self.state
+        state.config = cfg
         if self.prepared is None:
-            self.prepared = prepare(self, cfg)
-            self.model = self.prepared.model
-            self.optimizer = self.prepared.optimizer
-            self.scheduler = self.prepared.scheduler
+            self.prepared = prepared = prepare(
+                state.model,  # as the user passed it: prepare wraps it
+                self._optimizer_spec,
+                self._scheduler_spec,
+                cfg,
+                self.device,
+                self.device_choice,
+            )
+            state.adopt(prepared.model, prepared.optimizer, prepared.scheduler, prepared.precision)
         elif self.prepared.strategy != cfg.strategy:
             raise ValueError(
                 f"this trainer's model was wrapped for strategy {self.prepared.strategy!r} by "
                 f"an earlier fit(); config.strategy is {cfg.strategy!r}. Keep the strategy or "
                 "build a new DistributedTrainer."
             )
-        if not self.lr_scaled:
+        if not state.lr_scaled:
             scale = cfg.lr_scale(rd.get_world_size())
             if scale != 1.0:
-                scale_lr(self._require_optimizer(), self.scheduler, scale)
-            self.lr_scaled = True  # once per trainer, and recorded in checkpoints
+                scale_lr(self._require_optimizer(), state.scheduler, scale)
+            state.lr_scaled = True  # once per trainer, and recorded in checkpoints
 
-    def _start(self, cfg: DistributedTrainingConfig) -> st.Position:
-        """Resume from a checkpoint or start fresh (seeded)."""
-        self._manager = st.manager_for(cfg)
+    def _start(self, cfg: DistributedTrainingConfig) -> None:
+        """Resume from a checkpoint (or what load_checkpoint() loaded), or start fresh."""
+        state = self.state
+        self._manager = rs.manager_for(cfg)
         with self.progress.operation(f"the resume from the checkpoints (resume={cfg.resume!r})"):
-            loaded = st.load_resume(cfg.resume, self._manager, not cfg.save_on_master_only)
+            loaded = rs.load_resume(cfg.resume, self._manager, not cfg.save_on_master_only)
         if loaded is not None:
-            position = st.apply_state(self, loaded[1], loaded[0])
-        elif self._pending is not None:
-            position = self._pending
-            if position.precision is not None:
-                self.precision.load_state_dict(position.precision)
-        else:
+            state.load_state_dict(loaded[1], loaded[0])
+        elif state.restored is None:  # nothing loaded: a fresh, seeded start
             seed_everything(cfg.seed, rd.get_rank())
-            return st.Position()
-        self._pending = None
-        st.continue_data(position, cfg, getattr(self.train_source, "sampler", None))
-        self._saved_at = position.step
-        return position
+            state.start_over()
+            return
+        rs.continue_data(state, cfg)
+        state.restored = None  # used: a later fit without a resume starts fresh
+        self._saved_at = state.step
 
     def _end_epoch(
         self, epoch: int, loss: float, acc: float | None, val_set: Any, t0: float
@@ -259,12 +272,8 @@ class DistributedTrainer:
         if val_set is not None:
             self.progress.mark(f"the evaluation on the validation data after epoch {epoch}")
             val_loss, val_acc = self.evaluate(val_set)
-        scheduler, cfg = self.scheduler, self.config
-        if scheduler is not None and cfg is not None and cfg.scheduler_interval == "epoch":
-            if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                scheduler.step(val_loss if val_loss is not None else loss)
-            else:
-                scheduler.step()
+        if self.config is not None and self.config.scheduler_interval == "epoch":
+            epoch_scheduler_step(self.state.scheduler, val_loss if val_loss is not None else loss)
         seconds = time.perf_counter() - t0
         self.history.append_epoch(loss, acc, val_loss, val_acc, seconds)
         metrics = {
@@ -277,31 +286,21 @@ class DistributedTrainer:
         self.logger.end_epoch(epoch, metrics)
         return metrics
 
-    # -- the step (called by loop.train_epoch) -----------------------------------------------
+    # -- after each optimizer step (called by loop.train_epoch) ------------------------------
 
-    def optimizer_step(self) -> None:
-        cfg, optimizer = self.config, self._require_optimizer()
-        assert cfg is not None
-        precision = self.precision
-        if cfg.grad_clip_norm is not None:
-            precision.clip_grad_norm_(self.model, cfg.grad_clip_norm, optimizer)
-        precision.step(optimizer)
-        optimizer.zero_grad(set_to_none=True)
-        self.global_step += 1
-        if self.scheduler is not None and cfg.scheduler_interval == "step":
-            self.scheduler.step()
-
-    def after_optimizer_step(self, epoch: int, sums: EpochSums, ends_epoch: bool = False) -> None:
-        checks.check_sync(self)  # every check_sync_every_n_steps optimizer steps
-        every = self.config.checkpoint_every_n_steps if self.config else 0
-        if every and self.global_step % every == 0:
+    def _after_step(self, ends_epoch: bool) -> None:
+        cfg, step = self.config, self.state.step
+        assert cfg is not None, "set by fit()"
+        checks.check_sync(self.model, cfg, step, self.progress)  # every N steps, if set
+        every = cfg.checkpoint_every_n_steps
+        if every and step % every == 0:
             if ends_epoch:
                 # Saved once the epoch is closed (history, epoch scheduler, validation), as
                 # the start of the next epoch: saved here, the sampler would have nothing left
                 # and a resume would re-enter an epoch that is already over.
                 self._step_save_due = True
             else:
-                self._checkpoint(epoch, sums)
+                self._checkpoint()
 
     def batch_hooks(self) -> list[Callable[..., None]]:
         hooks = [cb.on_batch for cb in self.callbacks if hasattr(cb, "on_batch")]
@@ -343,18 +342,19 @@ class DistributedTrainer:
 
     # -- checkpoints -------------------------------------------------------------------------
 
-    def _checkpoint(self, epoch: int, sums: EpochSums | None) -> Path | None:
-        cfg = self.config
+    def _checkpoint(self) -> Path | None:
+        """Save the training state where it is (mid-epoch: with the cursor and the sums)."""
+        cfg, state = self.config, self.state
         if cfg is None or self._manager is None:
             return None
-        self.progress.mark(f"the checkpoint save at step {self.global_step} (broadcast, barrier)")
-        state = st.build_state(self, epoch, sums)
+        self.progress.mark(f"the checkpoint save at step {state.step} (broadcast, barrier)")
+        saved = state.state_dict()
         path = None
         if rd.is_master() or not cfg.save_on_master_only:
-            path = self._manager.save(state, epoch=epoch, step=self.global_step)
-        path = st.share_path(path) if cfg.save_on_master_only else path
+            path = self._manager.save(saved, epoch=state.epoch, step=state.step)
+        path = rs.share_path(path) if cfg.save_on_master_only else path
         rd.barrier()  # no rank runs ahead of a checkpoint that may not exist yet
-        self._saved_at = self.global_step
+        self._saved_at = state.step
         self._call("on_checkpoint_saved", self, path)
         return path
 
@@ -362,9 +362,9 @@ class DistributedTrainer:
         """Write a full checkpoint to ``path`` (collective: call it on every rank; rank 0
         writes atomically)."""
         self._require_prepared()
-        state = st.build_state(self, self._epoch + 1 if self.history.train_losses else 0, None)
+        saved = self.state.state_dict()
         if rd.is_master():
-            ck.save_file(state, path)
+            ck.save_file(saved, path)
         rd.barrier()
         return Path(path)
 
@@ -375,8 +375,7 @@ class DistributedTrainer:
         Works before the first ``fit`` too (e.g. to evaluate a saved model); an optimizer or
         scheduler given as a factory is then built fresh by ``fit``.
         """
-        self._pending = st.apply_state(self, ck.load_file(path), path)
-        self.global_step = self._pending.step
+        self.state.load_state_dict(ck.load_file(path), path)
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -392,8 +391,9 @@ class DistributedTrainer:
         return self.prepared
 
     def _require_optimizer(self) -> torch.optim.Optimizer:
-        assert self.optimizer is not None, "set up by fit()"
-        return self.optimizer
+        optimizer = self.state.optimizer
+        assert optimizer is not None, "set up by fit()"
+        return optimizer
 
 
 def _is_factory(obj: Any) -> bool:
