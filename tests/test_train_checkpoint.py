@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import xxhash
 
 import rankwise.train.checkpoint as ck
 from rankwise.testing import RankFailedError, kill_at_checkpoint, run_distributed
@@ -38,6 +39,23 @@ def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
+def test_a_version_1_manifest_with_sha256_still_verifies_and_catches_a_flip(
+    tmp_path: Path,
+) -> None:
+    path = save_file(_state(1), tmp_path / "old.pt")
+    data = path.read_bytes()
+    old = {"version": 1, "file": path.name, "size": len(data)}
+    old["sha256"] = hashlib.sha256(data).hexdigest()  # what rankwise wrote before XXH3
+    ck.manifest_path(path).write_text(json.dumps(old))
+    assert ck.verify_file(path)["version"] == 1
+    assert torch.equal(load_file(path)["w"], _state(1)["w"])
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 0xFF
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(ck.CheckpointError, match="is corrupt: sha256"):
+        ck.verify_file(path)
+
+
 def test_save_load_round_trip_with_manifest(tmp_path: Path) -> None:
     state = _state(1)
     path = save_file(state, tmp_path / "sub" / "model.pt", meta={"epoch": 2})
@@ -45,7 +63,7 @@ def test_save_load_round_trip_with_manifest(tmp_path: Path) -> None:
     assert loaded.keys() == state.keys() and torch.equal(loaded["w"], state["w"])
     manifest = json.loads(ck.manifest_path(path).read_text())
     # The digest computed while writing is the digest of the bytes on disk.
-    assert manifest["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert manifest["xxh3_128"] == xxhash.xxh3_128(path.read_bytes()).hexdigest()
     assert manifest["size"] == path.stat().st_size and manifest["meta"] == {"epoch": 2}
     assert sorted(p.name for p in path.parent.iterdir()) == ["model.pt", "model.pt.sha256.json"]
     assert torch.equal(torch.load(path, weights_only=True)["w"], state["w"])  # a plain file

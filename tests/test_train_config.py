@@ -48,6 +48,7 @@ BAD_VALUES: list[tuple[dict[str, Any], list[str]]] = [
     ({"compression": "int8"}, ["compression ('int8')", "'powersgd'"]),
     ({"compression": "bf16", "strategy": "fsdp"}, ["compression ('bf16')", "strategy='ddp'"]),
     ({"gradient_checkpointing": "on"}, ["gradient_checkpointing ('on')", "True or False"]),
+    ({"async_checkpoints": 1}, ["async_checkpoints (1)", "True or False"]),
     ({"log_dir": b"logs"}, ["log_dir (b'logs')", "path"]),
     ({"check_sync_every_n_steps": 0}, ["check_sync_every_n_steps (0)", ">= 1", "None for no"]),
     ({"check_sync_every_n_steps": 2.5}, ["check_sync_every_n_steps (2.5)", "integer"]),
@@ -109,6 +110,7 @@ def test_defaults_are_the_agreed_ones() -> None:
         "gradient_checkpointing": False,
         "log_dir": None,
         "check_sync_every_n_steps": None,
+        "async_checkpoints": True,
     }
 
 

@@ -180,6 +180,10 @@ class CheckpointManager:
         self._pending = self._executor.submit(self.save, snapshot, epoch=epoch, step=step)
         return self._pending
 
+    def pending(self) -> concurrent.futures.Future[Path] | None:
+        """The :meth:`save_async` not yet waited for (running or done), or None."""
+        return self._pending
+
     def wait(self) -> Path | None:
         """Block until the pending :meth:`save_async` (if any) is on disk; return its path.
         Re-raises its error."""

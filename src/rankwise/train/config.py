@@ -52,7 +52,13 @@ _OPTIONAL_INTS: dict[str, tuple[int, str]] = {
     "base_batch_size": (1, "the global batch size the learning rate was tuned for, e.g. 64"),
     "check_sync_every_n_steps": (1, "counted in optimizer steps, e.g. 100, or None for no check"),
 }
-_BOOLS = ("shuffle", "verbose", "save_on_master_only", "gradient_checkpointing")
+_BOOLS = (
+    "shuffle",
+    "verbose",
+    "save_on_master_only",
+    "gradient_checkpointing",
+    "async_checkpoints",
+)
 _OPTIONAL_PATHS: dict[str, str] = {
     "checkpoint_dir": "None turns checkpoints off",
     "resume": "None starts fresh, 'auto' resumes from the newest checkpoint in checkpoint_dir",
@@ -104,6 +110,7 @@ class DistributedTrainingConfig:
     gradient_checkpointing: bool = False
     log_dir: str | None = None  # CSV (+ TensorBoard if installed); None = off
     check_sync_every_n_steps: int | None = None  # compare parameters across ranks; None = off
+    async_checkpoints: bool = True  # write checkpoints in the background (False: on the loop)
 
     def __post_init__(self) -> None:
         self.validate()

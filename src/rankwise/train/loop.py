@@ -22,7 +22,7 @@ and one store ``set`` (the stall mark); ``tests/test_train_step_cost.py`` holds 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +55,7 @@ class StepEnv:
     device: torch.device
     progress: rd.Progress  # marks each collective, so a timeout names the late rank
     logger: TrainingLogger
-    hooks: list[BatchHook]  # called after each micro-batch
+    hooks: Sequence[BatchHook]  # called after each micro-batch
     after_step: Callable[[bool], None]  # after each optimizer step: (ends the epoch?)
 
 

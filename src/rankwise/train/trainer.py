@@ -47,6 +47,7 @@ from rankwise.train.loop import StepEnv, epoch_scheduler_step, train_epoch
 from rankwise.train.setup import Prepared, prepare, resolve_device, scale_lr, seed_everything
 from rankwise.train.state import TrainState
 from rankwise.train.sums import EpochSums
+from rankwise.train.writer import CheckpointWriter, drained_on_sigterm, writer_for
 
 OptimizerSpec = torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -109,6 +110,7 @@ class DistributedTrainer:
         self.device_choice = None if device is None else resolve_device(device)
         self.device = self.device_choice or rd.device()
         self._manager: ck.CheckpointManager | None = None
+        self._writer: CheckpointWriter | None = None
         self._saved_at: int | None = None
         self._step_save_due = False  # a step checkpoint on an epoch's last step, see below
         self.last_evaluation: dict[str, int] = {}  # samples and correct ones of evaluate()
@@ -184,44 +186,55 @@ class DistributedTrainer:
         self.logger = TrainingLogger(
             cfg.log_dir, cfg.verbose, cfg.log_every_n_batches, rd.is_master(), epochs=cfg.epochs
         )
-        env = StepEnv(
-            cfg,
-            self.loss_fn,
-            self.device,
-            self.progress,
-            self.logger,
-            [functools.partial(hook, self) for hook in self.batch_hooks()],
-            self._after_step,
+        started = time.perf_counter()
+        writer = self._writer = writer_for(
+            self._manager, cfg, lambda path: self._call("on_checkpoint_saved", self, path)
         )
-        started, samples, train_seconds = time.perf_counter(), 0, 0.0
         try:
-            for epoch in range(state.epoch, cfg.epochs):
-                t0 = time.perf_counter()
-                sums = state.sums if state.sums is not None else EpochSums()  # or resumed
-                state.epoch, state.sums = epoch, sums
-                loss, acc, _ = train_epoch(state, env, self.train_source)
-                samples += sum(sums.counts) * world
-                state.epoch, state.sums = epoch + 1, None  # closed: a save now starts the next
-                train_seconds += time.perf_counter() - t0
-                metrics = self._end_epoch(epoch, loss, acc, val_set, t0)
-                self._call("on_epoch_end", self, epoch, metrics)
-                every = cfg.checkpoint_every_n_epochs
-                if (every and (epoch + 1) % every == 0) or self._step_save_due:
-                    self._checkpoint()
-                self._step_save_due = False
-            if self._saved_at != state.step:
-                self._checkpoint()
+            with drained_on_sigterm(writer):
+                samples, train_seconds = self._epochs(cfg, val_set)
+            if writer is not None:
+                writer.finish()  # fit returns once the last checkpoint is durable
         except RuntimeError as exc:
             if (error := self.progress.explain(exc)) is None:  # a stall names the late rank
                 raise
             raise error from exc
         finally:
+            if writer is not None:
+                writer.drain()  # after an exception: the write in flight still lands
             self.logger.close()
         self.history.total_time_seconds += time.perf_counter() - started
         if samples:  # a resume with nothing left to do keeps the recorded throughput
             self.history.samples_per_second = samples / train_seconds
         self._call("on_fit_end", self, self.history)
         return self.history
+
+    def _epochs(self, cfg: DistributedTrainingConfig, val_set: Any) -> tuple[int, float]:
+        """The epochs left, each closed (validation, scheduler, history, checkpoints); returns
+        the samples trained (all ranks) and the seconds spent training them."""
+        state, world = self.state, rd.get_world_size()
+        hooks = [functools.partial(hook, self) for hook in self.batch_hooks()]
+        env = StepEnv(
+            cfg, self.loss_fn, self.device, self.progress, self.logger, hooks, self._after_step
+        )
+        samples, train_seconds = 0, 0.0
+        for epoch in range(state.epoch, cfg.epochs):
+            t0 = time.perf_counter()
+            sums = state.sums if state.sums is not None else EpochSums()  # or resumed
+            state.epoch, state.sums = epoch, sums
+            loss, acc, _ = train_epoch(state, env, self.train_source)
+            samples += sum(sums.counts) * world
+            state.epoch, state.sums = epoch + 1, None  # closed: a save now starts the next
+            train_seconds += time.perf_counter() - t0
+            metrics = self._end_epoch(epoch, loss, acc, val_set, t0)
+            self._call("on_epoch_end", self, epoch, metrics)
+            every = cfg.checkpoint_every_n_epochs
+            if (every and (epoch + 1) % every == 0) or self._step_save_due:
+                self._checkpoint()
+            self._step_save_due = False
+        if self._saved_at != state.step:
+            self._checkpoint()
+        return samples, train_seconds
 
     def _setup(self, cfg: DistributedTrainingConfig) -> None:
         """Wrap the model and build optimizer, scheduler and precision (first fit only)."""
@@ -246,7 +259,7 @@ class DistributedTrainer:
         if not state.lr_scaled:
             scale = cfg.lr_scale(rd.get_world_size())
             if scale != 1.0:
-                scale_lr(self._require_optimizer(), state.scheduler, scale)
+                scale_lr(state.optimizer, state.scheduler, scale)  # type: ignore[arg-type]
             state.lr_scaled = True  # once per trainer, and recorded in checkpoints
 
     def _start(self, cfg: DistributedTrainingConfig) -> None:
@@ -342,21 +355,12 @@ class DistributedTrainer:
 
     # -- checkpoints -------------------------------------------------------------------------
 
-    def _checkpoint(self) -> Path | None:
+    def _checkpoint(self) -> None:
         """Save the training state where it is (mid-epoch: with the cursor and the sums)."""
-        cfg, state = self.config, self.state
-        if cfg is None or self._manager is None:
-            return None
-        self.progress.mark(f"the checkpoint save at step {state.step} (broadcast, barrier)")
-        saved = state.state_dict()
-        path = None
-        if rd.is_master() or not cfg.save_on_master_only:
-            path = self._manager.save(saved, epoch=state.epoch, step=state.step)
-        path = rs.share_path(path) if cfg.save_on_master_only else path
-        rd.barrier()  # no rank runs ahead of a checkpoint that may not exist yet
-        self._saved_at = state.step
-        self._call("on_checkpoint_saved", self, path)
-        return path
+        if self._writer is not None:
+            self.progress.mark(f"the checkpoint save at step {self.state.step}")
+            self._writer.save(self.state)
+            self._saved_at = self.state.step
 
     def save_checkpoint(self, path: str | Path) -> Path:
         """Write a full checkpoint to ``path`` (collective: call it on every rank; rank 0
@@ -389,11 +393,6 @@ class DistributedTrainer:
         if self.prepared is None:
             raise ValueError("the trainer is not set up yet: call fit() first.")
         return self.prepared
-
-    def _require_optimizer(self) -> torch.optim.Optimizer:
-        optimizer = self.state.optimizer
-        assert optimizer is not None, "set up by fit()"
-        return optimizer
 
 
 def _is_factory(obj: Any) -> bool:

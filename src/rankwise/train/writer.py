@@ -1,0 +1,190 @@
+"""Writing the training state's checkpoints during ``fit``: in the background by default.
+
+A save at a step boundary takes :meth:`TrainState.state_dict` (a collective), copies it into
+reused CPU buffers (:func:`~rankwise.train.snapshot.snapshot`; pinned on CUDA) and hands the
+copy to :meth:`CheckpointManager.save_async`'s one background thread, which writes it exactly
+as a synchronous save does: temporary file, fsync, checksum manifest, rename, pointer, pruning.
+The loop is held only for the state dict and the copy. At most one write is in flight: a save
+that comes before the last one is on disk waits for it, and the wait is counted
+(:class:`SaveStats`). The end of ``fit``, an exception and SIGTERM drain the writer, so the
+last checkpoint is never silently lost; after a crash (a SIGKILL) the newest *complete*
+checkpoint is the one a resume takes, so the work lost is at most one checkpoint interval plus
+one write.
+
+``on_checkpoint_saved`` runs once a checkpoint is durable, on every rank: for a background
+save that is known at the next save (whose state dict is a collective the writing rank enters
+only after its previous write finished) or when ``fit`` drains the writer.
+
+``async_checkpoints=False`` keeps the synchronous save: the writing rank writes, every rank
+learns the path and waits at a barrier.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import rankwise.distributed as rd
+from rankwise.train.checkpoint import CheckpointManager, CheckpointWarning
+from rankwise.train.resume import share_path
+from rankwise.train.state import TrainState
+
+__all__ = ["CheckpointWriter", "SaveStats", "writer_for"]
+
+
+@dataclass
+class SaveStats:
+    """What checkpoints cost the training loop in one ``fit`` (seconds, this rank)."""
+
+    saves: int = 0
+    blocked_seconds: float = 0.0  # the loop held: state dict, copy, and any wait below
+    waited_seconds: float = 0.0  # of which: waiting for the previous write to finish
+    waits: int = 0  # saves that found the previous write still in flight
+
+    @property
+    def blocked_per_save(self) -> float:
+        return self.blocked_seconds / self.saves if self.saves else 0.0
+
+
+class CheckpointWriter:
+    """Saves a :class:`TrainState` through ``manager`` for one ``fit``.
+
+    ``writes``: this rank writes files (rank 0, or every rank with per-rank folders);
+    ``background``: write on the manager's background thread; ``shared``: one writer for
+    all ranks (``save_on_master_only``), whose path the others learn. ``saved(path)`` is called
+    on every rank once a checkpoint is durable.
+    """
+
+    def __init__(
+        self,
+        manager: CheckpointManager,
+        *,
+        writes: bool,
+        background: bool,
+        shared: bool,
+        saved: Callable[[Path], None],
+    ) -> None:
+        self.manager, self.writes, self.background, self.shared = (
+            manager,
+            writes,
+            background,
+            shared,
+        )
+        self.stats = SaveStats()
+        self._saved = saved
+        self._in_flight: Path | None = None  # a background save not yet known to be durable
+
+    def save(self, state: TrainState) -> Path | None:
+        """Checkpoint ``state`` where it is; a collective. Returns the checkpoint's path (in
+        the background: where it is being written)."""
+        started = time.perf_counter()
+        if self.background:
+            self._wait_for_write(started)
+        saved = state.state_dict()  # the writing rank enters it only once its last write ended
+        self._report_in_flight()
+        path: Path | None = None
+        if self.background:
+            path = self.manager.path_for(state.epoch, state.step)
+            if self.writes:
+                self.manager.save_async(saved, epoch=state.epoch, step=state.step)
+            self._in_flight = path
+        else:
+            if self.writes:
+                path = self.manager.save(saved, epoch=state.epoch, step=state.step)
+            path = share_path(path) if self.shared else path
+            rd.barrier()  # no rank runs ahead of a checkpoint that may not exist yet
+        self.stats.saves += 1
+        self.stats.blocked_seconds += time.perf_counter() - started
+        if path is not None and not self.background:
+            self._saved(path)
+        return path
+
+    def finish(self) -> None:
+        """The end of ``fit``: return once the last checkpoint is durable on disk; a
+        collective (every rank waits for the writing rank)."""
+        if self._in_flight is None:
+            return
+        if self.writes:
+            self.manager.wait()  # re-raises the background write's error
+        rd.barrier()  # the other ranks learn that the writer is done
+        self._report_in_flight()
+
+    def drain(self) -> None:
+        """After an exception or on SIGTERM: wait for the write in flight (it stays a valid
+        checkpoint); its own error, if any, is reported as a warning, not raised over the
+        error that stopped ``fit``. Local: no collective."""
+        if not self.writes or not self.background:
+            return
+        try:
+            self.manager.wait()
+        except Exception as e:  # the fit is already failing: say so, do not mask its error
+            warnings.warn(
+                f"the background checkpoint write failed as well: {type(e).__name__}: {e}",
+                CheckpointWarning,
+                stacklevel=2,
+            )
+
+    def _wait_for_write(self, started: float) -> None:
+        if not self.writes:
+            return
+        pending = self.manager.pending()
+        if pending is not None and not pending.done():
+            self.stats.waits += 1
+        self.manager.wait()  # re-raises the background write's error
+        if pending is not None:
+            self.stats.waited_seconds += time.perf_counter() - started
+
+    def _report_in_flight(self) -> None:
+        path, self._in_flight = self._in_flight, None
+        if path is not None:
+            self._saved(path)
+
+
+def writer_for(
+    manager: CheckpointManager | None, cfg: Any, saved: Callable[[Path], None]
+) -> CheckpointWriter | None:
+    """The writer ``fit`` saves through under ``cfg`` (None without a checkpoint folder)."""
+    if manager is None:
+        return None
+    return CheckpointWriter(
+        manager,
+        writes=rd.is_master() or not cfg.save_on_master_only,
+        background=cfg.async_checkpoints,
+        shared=cfg.save_on_master_only,
+        saved=saved,
+    )
+
+
+@contextmanager
+def drained_on_sigterm(writer: CheckpointWriter | None) -> Iterator[None]:
+    """While the block runs, SIGTERM (a launcher's stop, a scheduler's preemption) first waits
+    for the checkpoint write in flight, then does what it did before (by default: ends the
+    process). Only in the main thread, where Python delivers signals."""
+    if writer is None or not writer.background or not writer.writes:
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        writer.drain()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:  # the default action: end the process, as before
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
