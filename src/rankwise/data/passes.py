@@ -19,23 +19,40 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
 from rankwise.data.partition import strided_positions
 from rankwise.data.permutation import DEFAULT_CHUNK
 
-if TYPE_CHECKING:
-    from rankwise.data.sampler import DistributedSampler
+__all__ = ["PassOwner", "SamplerPass"]
 
-__all__ = ["SamplerPass"]
+
+class PassOwner(Protocol):
+    """What a pass reads and moves on the sampler that started it (``DistributedSampler``
+    satisfies it): the world's shape, the global order, and the cursor. A protocol, so this
+    module does not import the sampler that imports it."""
+
+    num_replicas: int
+    rank: int
+    _cursor: int
+    _pass_start: int | None
+    _drained: bool
+
+    def _end(self) -> int: ...
+
+    def _indices(self, positions: np.ndarray) -> np.ndarray: ...
+
+    def _state_at(self, position: int) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class _Chunks:
     """The source of a pass: this rank's indices, one list iterator per chunk of positions."""
 
-    def __init__(self, sampler: DistributedSampler, origin: int) -> None:
+    def __init__(self, sampler: PassOwner, origin: int) -> None:
         self.sampler = sampler
         self.origin = origin  # global position where the pass (or its resume) began
         self.before = 0  # indices of this rank in the chunks before the current one
@@ -78,7 +95,7 @@ class SamplerPass(itertools.chain[int]):
     _chunks: _Chunks
 
     @classmethod
-    def start(cls, sampler: DistributedSampler, origin: int) -> SamplerPass:
+    def start(cls, sampler: PassOwner, origin: int) -> SamplerPass:
         chunks = _Chunks(sampler, origin)
         # from_iterable builds an instance of cls (chain's constructor is a classmethod).
         self = cast(SamplerPass, cls.from_iterable(chunks))
