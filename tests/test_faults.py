@@ -67,8 +67,10 @@ def test_rank_killed_mid_epoch_resumes_bit_identical(reference, tmp_path):
 
 
 def test_kills_during_checkpoint_writes_never_resume_from_a_corrupt_file(reference, tmp_path):
-    # Attempt 0 dies writing its 2nd save (step 6) mid-file, attempt 1 dies on its 2nd save
-    # (step 9) between the write and the rename; attempt 2 finishes.
+    # fit saves in the background (the default): attempt 0 is SIGKILLed while its writer thread
+    # is in the middle of its 2nd save's file (step 6), attempt 1 while its writer is between
+    # the write and the rename of its 2nd save (step 9); attempt 2 finishes. Training ran on
+    # past each save meanwhile: the steps after the last complete checkpoint are redone.
     result = launch(
         tmp_path,
         "--kill-in-save",
@@ -78,6 +80,9 @@ def test_kills_during_checkpoint_writes_never_resume_from_a_corrupt_file(referen
         restarts=2,
     )
     params = finished(result, tmp_path)
+    for attempt in (0, 1):  # both kills hit fit's background writer, not the training thread
+        thread = (tmp_path / f"save-thread-attempt{attempt}").read_text()
+        assert thread != "MainThread", thread
     assert exactly_once(tmp_path, attempts=3) == [0, 3, 6]
     assert_equal(params, reference)
     assert "CheckpointWarning" not in result.stderr  # no file had to be skipped

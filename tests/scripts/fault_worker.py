@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import torch
 import rankwise.distributed as rd
 from rankwise.testing import kill_at_checkpoint
 from rankwise.train import AuditLog, DistributedTrainer, DistributedTrainingConfig
+from rankwise.train.checkpoint import set_fault_hook
 
 NUM_SAMPLES = 192
 
@@ -72,6 +74,17 @@ def fault(trainer: DistributedTrainer, epoch: int, step: int, ids: object) -> No
 save_faults = [point for point in args.kill_in_save.split(",") if point]
 if config.restart_count < len(save_faults) and rank == 0:  # rank 0 writes the checkpoints
     kill_at_checkpoint(save_faults[config.restart_count], after=args.kill_save_index)
+    kill = set_fault_hook(None)
+    assert kill is not None
+
+    def record_thread(point: str) -> None:
+        """Which thread writes: the kill lands in the background writer unless saves are
+        synchronous."""
+        marker = args.out / f"save-thread-attempt{config.restart_count}"
+        marker.write_text(threading.current_thread().name)
+        kill(point)
+
+    set_fault_hook(record_thread)
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))

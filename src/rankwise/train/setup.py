@@ -218,6 +218,16 @@ def _rebuild(
     return type(old)(groups, **old.defaults)
 
 
+def same_strategy(prepared: Prepared, cfg: DistributedTrainingConfig) -> None:
+    """A later ``fit`` keeps the wrapping the first one chose."""
+    if prepared.strategy != cfg.strategy:
+        raise ValueError(
+            f"this trainer's model was wrapped for strategy {prepared.strategy!r} by "
+            f"an earlier fit(); config.strategy is {cfg.strategy!r}. Keep the strategy or "
+            "build a new DistributedTrainer."
+        )
+
+
 def scale_lr(optimizer: torch.optim.Optimizer, scheduler: Any, scale: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] *= scale

@@ -27,10 +27,11 @@ import torch
 from torch import nn
 
 import rankwise.distributed as rd
-from rankwise.parallel import unwrap_model
+from rankwise.parallel import Precision, unwrap_model
 from rankwise.train import checkpoint as ck
 from rankwise.train import checks
 from rankwise.train import resume as rs
+from rankwise.train import setup as st
 from rankwise.train.config import DistributedTrainingConfig
 from rankwise.train.data import (
     as_dataset,
@@ -44,10 +45,9 @@ from rankwise.train.evaluation import EvalBatches, eval_batches, evaluate_exact,
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
 from rankwise.train.loop import StepEnv, epoch_scheduler_step, train_epoch
-from rankwise.train.setup import Prepared, prepare, resolve_device, scale_lr, seed_everything
 from rankwise.train.state import TrainState
 from rankwise.train.sums import EpochSums
-from rankwise.train.writer import CheckpointWriter, drained_on_sigterm, writer_for
+from rankwise.train.writer import CheckpointWriter, SaveStats, drained_on_sigterm, writer_for
 
 OptimizerSpec = torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -104,10 +104,10 @@ class DistributedTrainer:
         self.callbacks = list(callbacks)
         self.on_batch: Callable[[DistributedTrainer, int, int, Any], None] | None = None
         self.config: DistributedTrainingConfig | None = None
-        self.prepared: Prepared | None = None
+        self.prepared: st.Prepared | None = None
         self.train_source: Any = None
         self.logger: Any = None
-        self.device_choice = None if device is None else resolve_device(device)
+        self.device_choice = None if device is None else st.resolve_device(device)
         self.device = self.device_choice or rd.device()
         self._manager: ck.CheckpointManager | None = None
         self._writer: CheckpointWriter | None = None
@@ -151,6 +151,11 @@ class DistributedTrainer:
     def global_step(self) -> int:
         """Optimizer steps taken (restored by a resume)."""
         return self.state.step
+
+    @property
+    def checkpoint_stats(self) -> SaveStats | None:
+        """What checkpoint saves cost the loop in the last ``fit`` (None without a folder)."""
+        return None if self._writer is None else self._writer.stats
 
     def to_device(self, batch: Any) -> Any:
         return to_device(batch, self.device)
@@ -241,7 +246,7 @@ class DistributedTrainer:
         state = self.state
         state.config = cfg
         if self.prepared is None:
-            self.prepared = prepared = prepare(
+            self.prepared = prepared = st.prepare(
                 state.model,  # as the user passed it: prepare wraps it
                 self._optimizer_spec,
                 self._scheduler_spec,
@@ -250,16 +255,12 @@ class DistributedTrainer:
                 self.device_choice,
             )
             state.adopt(prepared.model, prepared.optimizer, prepared.scheduler, prepared.precision)
-        elif self.prepared.strategy != cfg.strategy:
-            raise ValueError(
-                f"this trainer's model was wrapped for strategy {self.prepared.strategy!r} by "
-                f"an earlier fit(); config.strategy is {cfg.strategy!r}. Keep the strategy or "
-                "build a new DistributedTrainer."
-            )
+        else:
+            st.same_strategy(self.prepared, cfg)
         if not state.lr_scaled:
             scale = cfg.lr_scale(rd.get_world_size())
             if scale != 1.0:
-                scale_lr(state.optimizer, state.scheduler, scale)  # type: ignore[arg-type]
+                st.scale_lr(state.optimizer, state.scheduler, scale)  # type: ignore[arg-type]
             state.lr_scaled = True  # once per trainer, and recorded in checkpoints
 
     def _start(self, cfg: DistributedTrainingConfig) -> None:
@@ -271,7 +272,7 @@ class DistributedTrainer:
         if loaded is not None:
             state.load_state_dict(loaded[1], loaded[0])
         elif state.restored is None:  # nothing loaded: a fresh, seeded start
-            seed_everything(cfg.seed, rd.get_rank())
+            st.seed_everything(cfg.seed, rd.get_rank())
             state.start_over()
             return
         rs.continue_data(state, cfg)
@@ -349,8 +350,6 @@ class DistributedTrainer:
         return self.config.batch_size if self.config is not None else 64
 
     def _precision_or_default(self) -> Any:
-        from rankwise.parallel import Precision
-
         return self.prepared.precision if self.prepared is not None else Precision("fp32")
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -389,7 +388,7 @@ class DistributedTrainer:
             if method is not None:
                 method(*args)
 
-    def _require_prepared(self) -> Prepared:
+    def _require_prepared(self) -> st.Prepared:
         if self.prepared is None:
             raise ValueError("the trainer is not set up yet: call fit() first.")
         return self.prepared
