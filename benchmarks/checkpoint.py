@@ -11,22 +11,30 @@ see ``first_round_blocked_s`` in the JSON).
   checksum, not atomic (a kill mid-write leaves a torn file under the final name);
 - ``torch.save+fsync``: the same, fsynced: the price of durability in torch alone;
 - ``rankwise save``: ``CheckpointManager.save`` with ``model_state_dict`` / ``optimizer_state_dict``
-  (temporary file, SHA-256 while writing, fsync, atomic rename, manifest, pointer);
+  (temporary file, XXH3-128 while writing, fsync, atomic rename, manifest, pointer);
 - ``rankwise save_async``: ``CheckpointManager.save_async``: blocked only while the tensors are
   copied; "durable after" is when the background write is fsynced and the pointer moved.
 
-Loads (resume): ``torch.load`` vs ``rankwise load_file`` (SHA-256 verify + ``torch.load``).
-Prints a table and writes ``benchmarks/out/checkpoint.json``::
+Loads (resume): ``torch.load`` vs ``rankwise load_file`` (checksum verify + ``torch.load``).
 
-    python benchmarks/checkpoint.py                 # 5 rounds
+Inside ``fit`` (world of one, the same model and Adam, a step checkpoint every ``--every``
+steps): the same run three ways, with no checkpoints, with background saves (the default) and
+with ``async_checkpoints=False``; per save, the time the loop was blocked
+(``trainer.checkpoint_stats``: state dict, copy, and any wait for the previous write) against a
+plain ``torch.save`` of the same state in the same run, the time until durable, and the
+run's wall time against the run with no checkpoints (what the writer thread costs the steps).
+
+Prints the tables and writes ``benchmarks/out/checkpoint.json``::
+
+    python benchmarks/checkpoint.py                 # 5 rounds; fit: 48 steps, every 12
     python benchmarks/checkpoint.py --rounds 3 --dir /some/disk
+    python benchmarks/checkpoint.py --quick         # small model, for a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import platform
@@ -38,9 +46,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 from torch import nn
 
 import rankwise.train.checkpoint as ck
+from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 
 OUT = Path(__file__).resolve().parent / "out"
 MB = 1e6
@@ -154,8 +164,8 @@ def _run(payload: str, full: bool, width: int, rounds: int, root: Path) -> dict[
             loads[name].append(seconds)
     data = written["torch.save"].read_bytes()
     t0 = time.perf_counter()
-    hashlib.sha256(data).hexdigest()
-    sha_seconds = time.perf_counter() - t0  # the checksum's share of a save (and of a load)
+    xxhash.xxh3_128_hexdigest(data)
+    sum_seconds = time.perf_counter() - t0  # the checksum's share of a save (and of a load)
     params = sum(p.numel() for p in model.parameters())
     rows = []
     for name, pairs in samples.items():
@@ -181,7 +191,7 @@ def _run(payload: str, full: bool, width: int, rounds: int, root: Path) -> dict[
         "params": params,
         "rows": rows,
         "loads": load_rows,
-        "sha256_in_memory_s": sha_seconds,
+        "checksum_in_memory_s": sum_seconds,
     }
 
 
@@ -201,7 +211,77 @@ def _print(result: dict[str, Any]) -> None:
         )
     for row in result["loads"]:
         print(f"  load: {row['case']:<20}{row['seconds']:>8.3f} s")
-    print(f"  SHA-256 of the bytes in memory: {result['sha256_in_memory_s']:.3f} s")
+    print(f"  XXH3-128 of the bytes in memory: {result['checksum_in_memory_s']:.3f} s")
+
+
+def _fit(width: int, steps: int, every: int, mode: str, root: Path) -> dict[str, Any]:
+    """One fit of ``steps`` optimizer steps; ``mode``: "none", "background" or "synchronous"."""
+    model, opt = _model(width)
+    trainer = DistributedTrainer(model, nn.CrossEntropyLoss(), opt)
+    batch = 32
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(steps * batch, width // 4, generator=g)
+    y = torch.randint(0, width // 4, (steps * batch,), generator=g)
+    folder = root / f"fit-{mode}"
+    shutil.rmtree(folder, ignore_errors=True)
+    cfg = DistributedTrainingConfig(
+        epochs=1,
+        batch_size=batch,
+        verbose=False,
+        seed=0,
+        checkpoint_dir=None if mode == "none" else str(folder),
+        checkpoint_every_n_steps=every,
+        checkpoint_every_n_epochs=0,
+        keep_last_checkpoints=2,
+        async_checkpoints=mode == "background",
+    )
+    t0 = time.perf_counter()
+    trainer.fit(x, y, cfg)
+    wall = time.perf_counter() - t0
+    stats = trainer.checkpoint_stats
+    row: dict[str, Any] = {"mode": mode, "wall_s": wall, "saves": 0}
+    if stats is not None:
+        # The first save allocates the copy's buffers; a long run saves many times.
+        row.update(
+            saves=stats.saves,
+            blocked_per_save_s=stats.blocked_per_save,
+            waits=stats.waits,
+            waited_s=stats.waited_seconds,
+            durable_after_s=statistics.median(stats.durable_after),
+        )
+        plain = []
+        for _ in range(3):  # the baseline: a plain torch.save of this trainer's state
+            state = trainer.state.state_dict()
+            path = folder / "plain.pt"
+            started = time.perf_counter()
+            torch.save(state, path)
+            plain.append(time.perf_counter() - started)
+            path.unlink()
+        row["torch_save_s"] = statistics.median(plain)
+    shutil.rmtree(folder, ignore_errors=True)
+    return row
+
+
+def _fit_runs(width: int, steps: int, every: int, root: Path) -> list[dict[str, Any]]:
+    rows = [_fit(width, steps, every, mode, root) for mode in ("none", "background", "synchronous")]
+    base = rows[0]["wall_s"]
+    print(f"\nInside fit: {steps} steps, a checkpoint every {every} (world of one)")
+    print(
+        f"{'saves':<14}{'wall s':>8}{'vs none':>9}{'blocked/save s':>16}{'vs torch.save':>15}"
+        f"{'durable s':>11}{'waits':>7}"
+    )
+    for row in rows:
+        line = f"{row['mode']:<14}{row['wall_s']:>8.2f}{row['wall_s'] / base:>8.2f}x"
+        if row["saves"]:
+            ratio = row["blocked_per_save_s"] / row["torch_save_s"]
+            line += (
+                f"{row['blocked_per_save_s']:>16.3f}{ratio:>14.2f}x"
+                f"{row['durable_after_s']:>11.3f}{row['waits']:>7d}"
+            )
+        print(line)
+    saved = [r for r in rows if r["saves"]]
+    print(f"  plain torch.save of the same state: {saved[0]['torch_save_s']:.3f} s (median of 3)")
+    return rows
 
 
 def main() -> None:
@@ -210,7 +290,12 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=4096, help="hidden width (4096: 25.2M)")
     parser.add_argument("--dir", default=str(OUT / "checkpoint-tmp"), help="a folder on disk")
     parser.add_argument("--out", default=str(OUT / "checkpoint.json"))
+    parser.add_argument("--fit-steps", type=int, default=48, help="optimizer steps in the fit runs")
+    parser.add_argument("--every", type=int, default=12, help="a checkpoint every N fit steps")
+    parser.add_argument("--quick", action="store_true", help="width 1024, 2 rounds, 12 steps")
     args = parser.parse_args()
+    if args.quick:
+        args.width, args.rounds, args.fit_steps, args.every = 1024, 2, 12, 4
     torch.set_num_threads(1)
     root = Path(args.dir)
     results = []
@@ -219,6 +304,7 @@ def main() -> None:
             result = _run(payload, full, args.width, args.rounds, root)
             _print(result)
             results.append(result)
+        fit_rows = _fit_runs(args.width, args.fit_steps, args.every, root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -229,7 +315,9 @@ def main() -> None:
         "rounds": args.rounds,
         "dir": str(root),
     }
-    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    Path(args.out).write_text(
+        json.dumps({"meta": meta, "results": results, "fit": fit_rows}, indent=2)
+    )
     print(f"\nwrote {args.out}")
 
 

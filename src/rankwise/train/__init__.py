@@ -3,7 +3,9 @@
 ``DistributedTrainer`` trains, ``DistributedTrainingConfig`` says what a run does,
 ``DistributedTrainingHistory`` records what it did, ``TrainingLogger`` prints and logs it on
 rank 0; ``AuditLog`` (opt-in) records which samples each rank consumed per step;
-``ConfigTree`` reads a script's own nested YAML settings. See ``docs/train.md``.
+``ConfigTree`` reads a script's own nested YAML settings. ``TrainState`` is where training is
+(``trainer.state``: what a checkpoint holds, what ``broadcast_state`` sends to another rank);
+``SaveStats`` what background checkpoint saves cost the loop. See ``docs/train.md``.
 
 Checkpoints (:mod:`rankwise.train.checkpoint`): atomic, verified files; a manager with a
 ``latest`` pointer and pruning; model / optimizer / RNG state independent of the wrapping.
@@ -31,7 +33,9 @@ from rankwise.train.config import DistributedTrainingConfig, parse_overrides
 from rankwise.train.config_tree import ConfigKeyError, ConfigTree
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
+from rankwise.train.state import TrainState, broadcast_state
 from rankwise.train.trainer import DistributedTrainer
+from rankwise.train.writer import SaveStats
 
 __all__ = [
     "FAULT_POINTS",
@@ -46,7 +50,10 @@ __all__ = [
     "DistributedTrainer",
     "DistributedTrainingConfig",
     "DistributedTrainingHistory",
+    "SaveStats",
+    "TrainState",
     "TrainingLogger",
+    "broadcast_state",
     "find_latest",
     "load_file",
     "load_model_state_dict",

@@ -27,7 +27,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,8 @@ class SaveStats:
     blocked_seconds: float = 0.0  # the loop held: state dict, copy, and any wait below
     waited_seconds: float = 0.0  # of which: waiting for the previous write to finish
     waits: int = 0  # saves that found the previous write still in flight
+    # per save, seconds from its start until file, manifest and pointer were on disk
+    durable_after: list[float] = field(default_factory=list)
 
     @property
     def blocked_per_save(self) -> float:
@@ -94,6 +96,7 @@ class CheckpointWriter:
             path = self.manager.path_for(state.epoch, state.step)
             if self.writes:
                 self.manager.save_async(saved, epoch=state.epoch, step=state.step)
+                self._time_write(started)
             self._in_flight = path
         else:
             if self.writes:
@@ -102,6 +105,8 @@ class CheckpointWriter:
             rd.barrier()  # no rank runs ahead of a checkpoint that may not exist yet
         self.stats.saves += 1
         self.stats.blocked_seconds += time.perf_counter() - started
+        if self.writes and not self.background:
+            self.stats.durable_after.append(time.perf_counter() - started)
         if path is not None and not self.background:
             self._saved(path)
         return path
@@ -140,6 +145,12 @@ class CheckpointWriter:
         self.manager.wait()  # re-raises the background write's error
         if pending is not None:
             self.stats.waited_seconds += time.perf_counter() - started
+
+    def _time_write(self, started: float) -> None:
+        pending = self.manager.pending()
+        if pending is not None:
+            done = self.stats.durable_after.append
+            pending.add_done_callback(lambda _: done(time.perf_counter() - started))
 
     def _report_in_flight(self) -> None:
         path, self._in_flight = self._in_flight, None
