@@ -161,6 +161,11 @@ def compare_released(
     return cases
 
 
+def plot_path(text: str) -> Path | None:
+    """``--plot``'s value: ``''`` means no plot (``Path('')`` is ``'.'``, which is truthy)."""
+    return Path(text) if text else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -178,7 +183,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--plot",
-        type=Path,
+        type=plot_path,
         default=Path(__file__).resolve().parent / "blocks.png",
         help="where to draw throughput against diversity (needs matplotlib; '' to skip)",
     )
@@ -235,7 +240,7 @@ def main() -> None:
     result = {"meta": meta, "cases": cases, "released": released}
     (OUT / "blocks.json").write_text(json.dumps(result, indent=2))
     print(f"\nwrote {OUT / 'blocks.json'}")
-    if str(args.plot):
+    if args.plot is not None:
         plot(cases, meta, args.plot)
     adata.file.close()
 

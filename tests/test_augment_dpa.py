@@ -140,6 +140,7 @@ def test_params_errors_use_the_guide_messages(args: dict, message: str) -> None:
 def test_dpa_path_leaves_global_random_alone() -> None:
     random.seed(99)
     state = random.getstate()
+    RankAwareSeedGenerator(42, 8).generate_seed(7, 1)
     gen_distributed_augmentation_params(3, 1, world_size=2)
     list(stream_distributed_augmentation_chain(20, 0, 2))
     assert random.getstate() == state
@@ -331,13 +332,19 @@ def test_guide_multiprocess_workflow() -> None:
     assert [r["processed"] for r in sorted(results, key=lambda x: x["rank"])] == [26, 26, 26, 25]
 
 
+def guide_custom_value(base_seed: int, world_size: int, sample_id: int, rank: int) -> float:
+    """The guide's "Custom Seed Generation": Python's ``random`` seeded with rankwise's seed."""
+    seed = RankAwareSeedGenerator(base_seed, world_size).generate_seed(sample_id, rank)
+    return random.Random(int(seed, 16)).random()  # the guide's random.seed(int(seed, 16))
+
+
 def test_seed_as_random_seed_as_in_advanced_topics() -> None:
-    generator = RankAwareSeedGenerator(base_seed=42, world_size=8)
-    seed = generator.generate_seed(sample_id=100, rank=3)
-    assert re.fullmatch(r"[0-9a-f]{64}", seed)
-    assert seed == generator.generate_seed(sample_id=100, rank=3)
-    assert seed != generator.generate_seed(sample_id=100, rank=2)
-    # The guide seeds Python's random with it: the same seed gives the same stream ...
-    assert random.Random(int(seed, 16)).random() == random.Random(int(seed, 16)).random()
-    # ... and it is the seed behind that sample's parameters on that rank.
+    # The custom value is a function of (base_seed, sample_id, rank): a fresh generator gives
+    # it again, and changing any one of the three changes it.
+    value = guide_custom_value(42, 8, 100, 3)
+    assert value == guide_custom_value(42, 8, 100, 3)
+    others = [guide_custom_value(*k) for k in ((42, 8, 100, 2), (42, 8, 101, 3), (43, 8, 100, 3))]
+    assert len({value, *others}) == 4, (value, others)
+    # ... and its seed is the one behind that sample's parameters on that rank.
+    seed = RankAwareSeedGenerator(base_seed=42, world_size=8).generate_seed(sample_id=100, rank=3)
     assert gen_distributed_augmentation_params(100, 3, base_seed=42, world_size=8)["hash"] == seed

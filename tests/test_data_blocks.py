@@ -1,8 +1,9 @@
 """FetchDataset: splits over ranks and workers, strategies, callbacks, h5py / backed AnnData,
-set_epoch inside DataLoader workers, and real gloo ranks."""
+set_epoch inside DataLoader workers, real gloo ranks, and the flags of benchmarks/blocks.py."""
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +17,9 @@ from torch.utils.data import DataLoader
 import rankwise.data.blocks as blocks
 from rankwise.data import BlockShuffling, FetchDataset, Permutation, Streaming, rank_fetches
 from rankwise.data.blocks import fetch_permutation
-from rankwise.testing import run_distributed
+from rankwise.testing import child_env, run_distributed, run_isolated
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def rows_of(batches: list[Any]) -> list[int]:
@@ -319,3 +322,22 @@ def test_golden_orders(case: tuple[int, int, int, int, int], rows: list[int]) ->
         # each position's block (shuffled block order) and its row within the block
         positions = fetch_permutation(8, seed=0, epoch=0, start=0).take(0, 8)
         assert (Permutation(25, 0, 0)[positions // 4] * 4 + positions % 4).tolist() == rows
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("plot", "drawn"), [("", []), ("chart.png", ["chart.png"])])
+def test_blocks_benchmark_plot_flag(plot: str, drawn: list[str], tmp_path: Path) -> None:
+    """benchmarks/blocks.py: ``--plot ''`` draws nothing (it once wrote ``.png``: ``Path('')``
+    is ``'.'``, and matplotlib names a suffix-less ``'.'`` ``.png``); a path draws there."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("anndata")
+    # A copy, so its out/ folder (next to the script) and the plot land in tmp_path.
+    script = tmp_path / "blocks.py"
+    script.write_text((ROOT / "benchmarks" / "blocks.py").read_text())
+    cmd = [sys.executable, str(script), "--rows", "256", "--cols", "4", "--batch-size", "8"]
+    cmd += ["--random-samples", "32", "--block-sizes", "4", "--fetch-factors", "2"]
+    cmd += ["--ranks", "0", "--plot", plot]
+    result = run_isolated(cmd, env=child_env(), timeout=100, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert (tmp_path / "out" / "blocks.json").exists()
+    assert sorted(p.name for p in tmp_path.rglob("*.png")) == drawn

@@ -1,0 +1,477 @@
+"""docs/troubleshooting.md misses nothing silently: every message rankwise raises or warns is in
+its table, or listed here with the reason it is not.
+
+tests/test_troubleshooting.py checks that each row's error is raised as written; this is the
+reverse check. Every ``SomeError("...")`` / ``SomeError(f"...")`` call (raised, or returned by a
+helper that builds the error) and every ``warnings.warn("...")`` in src/rankwise is read with
+``ast`` into a template: its literal text, with ``{}`` for each formatted part. A template is
+covered when a row's message matches it (each ``{}`` matching any text; messages that wrap
+another, such as ``cannot resume: ...``, cover the wrapped one too). Otherwise it must be in
+:data:`INTERNAL` (an invariant a user cannot reach through the public API) or
+:data:`NOT_YET_ROWS` (user-facing, the message names the value and the fix, but no row yet: the
+backlog), each entry with a one-line reason. A new message that is in none of them fails the
+test, and so does an entry that no longer matches a message or that a row now covers.
+
+Pure Python: no processes, nothing imported from rankwise.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src" / "rankwise"
+TABLE = ROOT / "docs" / "troubleshooting.md"
+
+# A template with less literal text than this says too little to match a row by (e.g. "{}").
+MIN_LITERAL = 12
+
+# -- the allow-lists: (file under src/rankwise, text the template contains) -> reason ------------
+
+_INVARIANT = "an internal invariant: the public API never lets it fail"
+_WRAPPER = "re-raises another error's message with a prefix; the wrapped message is the one to list"
+_TESTING = "rankwise.testing reports a test's failure, not a user's"
+_GUARD = "guards a private helper's arguments, which rankwise's own callers always pass valid"
+
+INTERNAL: dict[tuple[str, str], str] = {
+    ("data/fetch_plan.py", "batches consumed, but the workers hold only"): _INVARIANT,
+    ("train/state.py", "broadcast_state in a world of one needs the state"): _INVARIANT,
+    ("parallel/hooks.py", "powersgd_hook needs HookState.powersgd"): _INVARIANT,
+    ("train/config.py", "{} (config file {})"): _WRAPPER,
+    ("train/files.py", "checkpoint {} verifies but does not load: {}"): _WRAPPER,
+    ("distributed/environment.py", "{}. Start the script with `srun python"): _WRAPPER,
+    ("testing/__init__.py", "world_size ({}) must be >= 1."): _TESTING,
+    ("testing/__init__.py", "rank {} of {} failed{}:"): _TESTING,
+    ("testing/__init__.py", "did not finish within {} s"): _TESTING,
+    ("testing/faults.py", "is not a checkpoint fault point"): _TESTING,
+    ("testing/faults.py", "after ({}) must be an integer >= 0."): _TESTING,
+    ("__init__.py", "module 'rankwise' has no attribute {}"): "Python's own AttributeError text",
+    ("compat/tensorbrain/_alias.py", "has no attribute {}: it is an alias"): "Python's own text",
+    ("train/state.py", "the training state has no optimizer yet"): (
+        "the trainer refuses first with 'the trainer is not set up yet' (row trainer-not-set-up)"
+    ),
+    ("distributed/rendezvous.py", "no live store at {}"): (
+        "the cause quoted inside the master-unreachable error, never raised on its own"
+    ),
+}
+
+# The backlog: user-facing, each names the value and the fix, but no row documents it yet. Rows
+# went first to what a user meets most (config values and files, launch, checkpoints, resume,
+# the trainer's inputs); moving an entry into the table means a row, a trigger, and deleting it.
+_CHECKS = "the shared integer / rank check behind many arguments; rows name the callers' fields"
+_AUGMENT = "an augmentation API argument (apply_augmentation, AugmentedDataset, presets)"
+_DATA = "a data API argument or saved data state (samplers, FetchDataset, weighted strategies)"
+_DISTRIBUTED = "a rarer distributed set-up or collective argument error"
+_NEEDS_GPU = "fires only on machines with(out) CUDA, so a trigger here cannot be portable"
+_MODELS = "a reference model's constructor argument (rankwise.models)"
+_COMPAT = "a seed guide's compatibility API, documented in docs/seeds/"
+_PARALLEL = "a rankwise.parallel argument (DDPConfig, FSDPConfig, Precision, recipes, ExplicitDDP)"
+_TRAIN = "a trainer, history or config-tree input error not yet given a row"
+
+NOT_YET_ROWS: dict[tuple[str, str], str] = {
+    ("_checks.py", "{} ({}) must be an integer, got {}; pass int({}) if it h"): _CHECKS,
+    ("_checks.py", "{} ({}) must be <= {}; reduce it modulo 2**64."): _CHECKS,
+    ("augment/apply.py", "unknown augmentation parameter(s) {}; valid keys are {}"): _AUGMENT,
+    ("augment/apply.py", "scale must be > 0 for every image, got {}."): _AUGMENT,
+    ("augment/apply.py", "noise must be >= 0 (a std), got {}."): _AUGMENT,
+    ("augment/apply.py", "images must be a torch.Tensor, got {}."): _AUGMENT,
+    ("augment/apply.py", "images must be a (B, C, H, W) batch, got shape {}; for o"): _AUGMENT,
+    ("augment/apply.py", "images must be floating point, got {}; convert with imag"): _AUGMENT,
+    ("augment/apply.py", "params[{}] must hold numbers, got {}."): _AUGMENT,
+    ("augment/apply.py", "params[{}] must be finite, got {}."): _AUGMENT,
+    ("augment/apply.py", "params['seed'] must hold integers, got {}."): _AUGMENT,
+    ("augment/apply.py", "params['seed'] must hold integers, got dtype {}."): _AUGMENT,
+    ("augment/apply.py", "params[{}] has shape {}; give one {} per image, shape ({"): _AUGMENT,
+    ("augment/apply.py", "params has no 'seed', and images {} and {} have identica"): _AUGMENT,
+    ("augment/dataset.py", "epoch_source ({}) has no 'epoch' attribute; pass the sam"): _AUGMENT,
+    ("augment/dataset.py", "this dataset reads its epoch from {}.epoch, which has no"): _AUGMENT,
+    ("augment/dataset.py", "base[{}] must be a (C, H, W) tensor or a tuple starting"): _AUGMENT,
+    ("augment/params.py", "{} ({}) must be a (low, high) pair of numbers, e.g. (0.8"): _AUGMENT,
+    ("augment/params.py", "{} ({}) must be finite; use bounded values."): _AUGMENT,
+    ("augment/params.py", "{} ({}) must have low {} 0: {}."): _AUGMENT,
+    ("augment/params.py", "config must be an AugmentationConfig or None, got {}; bu"): _AUGMENT,
+    ("augment/seeds.py", "sample_ids must be integers, got dtype {}; pass np.asarr"): _AUGMENT,
+    ("augment/seeds.py", "sample_id ({}) must be >= 0; sample ids are dataset indi"): _AUGMENT,
+    ("compat/cyxwiz/nn.py", "SequentialModel.add takes a module such as cx.LinearModu"): _COMPAT,
+    ("compat/frameworm.py", "unknown model {}; the known models are {} (e.g. get_mode"): _COMPAT,
+    ("data/blocks.py", "strategy ({}) must be a Strategy such as rankwise.data.S"): _DATA,
+    ("data/blocks.py", "advance({}) passes the end of the pass: {} of {} batches"): _DATA,
+    ("data/blocks.py", "FetchDataset.load_state_dict() (or set_epoch() after a p"): _DATA,
+    ("data/blocks.py", "advance() was called but this dataset was never iterated"): _DATA,
+    ("data/blocks.py", "FetchDataset resumes from the whole world's state, not a"): _DATA,
+    ("data/blocks.py", "FetchDataset: epoch {} was already consumed and is repea"): _DATA,
+    ("data/blocks.py", "FetchDataset: drop_last=True and the {} rows left of epo"): _DATA,
+    ("data/fetch_io.py", "source ({}) cannot be read by an array of row indices ({"): _DATA,
+    ("data/fetch_io.py", "source ({}) must have a len() or a shape; FetchDataset n"): _DATA,
+    ("data/fetch_io.py", "the AnnData has no X matrix; read a layer instead, e.g."): _DATA,
+    ("data/fetch_state.py", "FetchDataset state is missing {}; pass a dict from Fetch"): _DATA,
+    ("data/fetch_state.py", "FetchDataset state has order version {}, but this rankwi"): _DATA,
+    ("data/fetch_state.py", "FetchDataset state was saved for epochs of {} positions"): _DATA,
+    ("data/fetch_state.py", "{} ({}) must be a list; the state is corrupt."): _DATA,
+    ("data/fetch_state.py", "a piece of state['pieces'] ({}) must be [start, stop, lo"): _DATA,
+    ("data/fetch_state.py", "piece {} of state['pieces'] must satisfy start < stop <="): _DATA,
+    ("data/passes.py", "this sampler iterator is exhausted; load the state into"): _DATA,
+    ("data/permutation.py", "n ({}) must be < 2**62."): _DATA,
+    ("data/permutation.py", "positions must be integers in [0, {}); got values from {"): _DATA,
+    ("data/permutation.py", "step ({}) must be >= 1."): _DATA,
+    ("data/sampler.py", "pass the data exactly once: DistributedSampler(dataset_o"): _DATA,
+    ("data/sampler.py", "advance({}) passes the end of epoch {}: only {} samples"): _DATA,
+    ("data/sampler.py", "state['consumed'] ({}) must be <= state['dataset_size']"): _DATA,
+    ("data/strategies.py", "indices must be a 1-D array of integer row indices (got"): _DATA,
+    ("data/strategies.py", "indices must be >= 0 (got {})."): _DATA,
+    ("data/strategies.py", "indices reach row {} but the source has only {} rows."): _DATA,
+    ("data/strategies.py", "block_size ({}) must be an integer >= 1."): _DATA,
+    ("data/weighted.py", "labels must be a non-empty 1-D array with one class labe"): _DATA,
+    ("data/weighted.py", "replace=False needs sampling_size (the distinct rows dra"): _DATA,
+    ("data/weighted.py", "sampling_size ({}) is ignored with replace=True: every d"): _DATA,
+    ("data/weighted.py", "total_size ({}) draws need rows to draw from, but there"): _DATA,
+    ("data/weighted.py", "replace=False draws rounds of {} distinct rows, but only"): _DATA,
+    ("data/weighted.py", "weights has {} entries but must have one per row: {}; pa"): _DATA,
+    ("data/weighted.py", "the weights of the rows that can be drawn sum to 0; give"): _DATA,
+    ("data/weighted.py", "labels has {} entries, fewer than the {} indices; pass o"): _DATA,
+    ("data/weighted.py", "labels has {} entries but must have one per row: {}; pas"): _DATA,
+    ("data/weighted.py", "weights must be 1-D, one per row (got shape {})."): _DATA,
+    ("data/weighted.py", "weights must be finite and >= 0, but weights[{}] is {} ("): _DATA,
+    ("data/weighted.py", "weights sum to 0; give at least one row a positive weigh"): _DATA,
+    ("distributed/collectives.py", "op {} is not supported; use one of {}."): _DISTRIBUTED,
+    (
+        "distributed/collectives.py",
+        "all_gather needs one output tensor per rank: got {} for",
+    ): _DISTRIBUTED,
+    (
+        "distributed/collectives.py",
+        "scatter on the source rank {} needs scatter_list with on",
+    ): _DISTRIBUTED,
+    (
+        "distributed/collectives.py",
+        "weight ({}) must be a finite number >= 0; pass this rank",
+    ): _DISTRIBUTED,
+    (
+        "distributed/collectives.py",
+        "reduce_metrics: the weights sum to 0 on all ranks; nothi",
+    ): _DISTRIBUTED,
+    ("distributed/collectives.py", "src ({}) must be a rank in 0..{}."): _DISTRIBUTED,
+    (
+        "distributed/config.py",
+        "local_rank ({}) must be >= 0 (LOCAL_RANK): it is the dev",
+    ): _DISTRIBUTED,
+    (
+        "distributed/config.py",
+        "master_addr ({}) must be a host name or IP address (MAST",
+    ): _DISTRIBUTED,
+    ("distributed/config.py", "{} ({}) must be an integer ({}), got {}."): _DISTRIBUTED,
+    (
+        "distributed/environment.py",
+        "SLURM_PROCID is set but neither MASTER_PORT nor SLURM_JO",
+    ): _DISTRIBUTED,
+    (
+        "distributed/environment.py",
+        "SLURM_JOB_NODELIST={} names no host; expected e.g. 'node",
+    ): _DISTRIBUTED,
+    (
+        "distributed/group.py",
+        "torch.distributed is already initialised as rank {} of {",
+    ): _DISTRIBUTED,
+    (
+        "distributed/group.py",
+        "the local rank of rank {} is unknown: torch's {} group w",
+    ): _DISTRIBUTED,
+    (
+        "distributed/group.py",
+        "backend 'nccl' needs CUDA GPUs and NCCL, and this machin",
+    ): _NEEDS_GPU,
+    (
+        "distributed/group.py",
+        "local_rank ({}) is beyond the {} visible CUDA device(s):",
+    ): _NEEDS_GPU,
+    (
+        "distributed/group.py",
+        "this build of torch has no gloo backend (DISTRIBUTED_BAC",
+    ): _NEEDS_GPU,
+    (
+        "distributed/progress.py",
+        "Progress needs a name that is the same on every rank, go",
+    ): _DISTRIBUTED,
+    (
+        "distributed/rendezvous.py",
+        "could not listen on MASTER_PORT={} ({}); pick another po",
+    ): _DISTRIBUTED,
+    (
+        "distributed/rendezvous.py",
+        "rank {} timed out after {} s waiting for rank 0 to annou",
+    ): _DISTRIBUTED,
+    (
+        "distributed/rendezvous.py",
+        "rank {} built its process group, but after another {} s",
+    ): _DISTRIBUTED,
+    (
+        "distributed/rendezvous.py",
+        "rank {} lost the rendezvous store during init(): rank 0,",
+    ): _DISTRIBUTED,
+    ("models/resnet.py", "layers ({}) must be four block counts >= 1, one per stag"): _MODELS,
+    ("models/resnet.py", "{} ({}) must be an integer >= 1."): _MODELS,
+    ("models/vae.py", "{}.{} ({}) must be an integer >= 1, e.g. 16."): _MODELS,
+    ("models/vae.py", "VAE.beta ({}) must be a number >= 0, e.g. 1.0."): _MODELS,
+    ("models/vae.py", "{} expects a batch of inputs with input_dim ({}) feature"): _MODELS,
+    (
+        "parallel/activation.py",
+        "blocks must be nn.Module instances or nn.Module types, g",
+    ): _PARALLEL,
+    (
+        "parallel/activation.py",
+        "{}.block_names names {}, which is not a submodule of it;",
+    ): _PARALLEL,
+    (
+        "parallel/consistency.py",
+        "check_consistent takes a mapping of field name to value,",
+    ): _PARALLEL,
+    (
+        "parallel/consistency.py",
+        "check_consistent got no fields: a check of nothing prove",
+    ): _PARALLEL,
+    ("parallel/consistency.py", "check_consistent field names must be str, got {}."): _PARALLEL,
+    (
+        "parallel/consistency.py",
+        "check_consistent cannot compare field {}: its value {} i",
+    ): _PARALLEL,
+    (
+        "parallel/consistency.py",
+        "check_consistent field {}: dict key {} must be a str or",
+    ): _PARALLEL,
+    ("parallel/ddp.py", "DDPConfig.bucket_size_mb ({}) must be > 0, e.g. 25 (DDP'"): _PARALLEL,
+    ("parallel/ddp.py", "DDPConfig.{} ({}) must be True or False."): _PARALLEL,
+    ("parallel/ddp.py", "DDPConfig.{} ({}) must be an integer >= {} ({})."): _PARALLEL,
+    ("parallel/ddp.py", "wrap_model needs a torch.nn.Module, got {}."): _PARALLEL,
+    ("parallel/ddp.py", "strategy='fsdp' takes an FSDPConfig, got {}; pass FSDPCo"): _PARALLEL,
+    ("parallel/ddp.py", "an FSDPConfig was passed with strategy={}; use strategy="): _PARALLEL,
+    ("parallel/ddp.py", "strategy='dp' runs one process over several GPUs, but th"): _PARALLEL,
+    ("parallel/ddp.py", "strategy='dp' needs 2 or more CUDA devices and this mach"): _NEEDS_GPU,
+    ("parallel/ddp.py", "the saved state is PowerSGD's but this model has no Powe"): _PARALLEL,
+    ("parallel/ddp.py", "index ({}) must be in 0..{}."): _PARALLEL,
+    ("parallel/explicit.py", "DDPConfig(compression={}, count_bytes={}) configures DDP"): _PARALLEL,
+    ("parallel/explicit.py", "ExplicitDDP.backward() needs the output of a forward() f"): _PARALLEL,
+    ("parallel/explicit.py", "parameters {} have no gradient to synchronise (unused in"): _PARALLEL,
+    ("parallel/fsdp.py", "FSDPConfig.{} ({}) is not supported; use None, 'fp32', '"): _PARALLEL,
+    ("parallel/fsdp.py", "FSDPConfig.{} ({}) must be a bool."): _PARALLEL,
+    ("parallel/fsdp.py", "FSDPConfig.block_types ({}) must be a tuple of nn.Module"): _PARALLEL,
+    ("parallel/fsdp.py", "strategy='fsdp' in a world of one (no process group): no"): _PARALLEL,
+    ("parallel/precision.py", "init_scale ({}) must be > 0, e.g. 65536."): _PARALLEL,
+    ("parallel/precision.py", "growth_interval ({}) must be >= 1, e.g. 2000."): _PARALLEL,
+    (
+        "parallel/precision.py",
+        "Precision('fp16').clip_grad_norm_ needs the optimizer, t",
+    ): _PARALLEL,
+    (
+        "parallel/precision.py",
+        "step() needs the optimizer(s) to step, e.g. precision.st",
+    ): _PARALLEL,
+    (
+        "parallel/precision.py",
+        "not a Precision state: mode {}; pass what Precision.stat",
+    ): _PARALLEL,
+    ("parallel/precision.py", "the checkpoint was saved with precision {} and this run"): _PARALLEL,
+    ("parallel/precision.py", "max_norm ({}) must be > 0, e.g. 1.0."): _PARALLEL,
+    ("parallel/recipes.py", "optimizer_class must be a torch.optim.Optimizer subclass"): _PARALLEL,
+    ("parallel/recipes.py", "{} {} ({}) must be a finite number > 0, e.g. 0.001."): _PARALLEL,
+    ("parallel/recipes.py", "this {} is already bound to another model's parameters;"): _PARALLEL,
+    ("parallel/recipes.py", "{}.backward() takes the loss tensor forward() returned,"): _PARALLEL,
+    ("parallel/recipes.py", "{}.backward() needs a forward(output, target) on an outp"): _PARALLEL,
+    (
+        "parallel/sync_check.py",
+        "atol ({}) must be >= 0 (0.0 demands bit-identical summar",
+    ): _PARALLEL,
+    ("train/audit.py", "AuditLog needs the sample ids, which the trainer knows o"): _TRAIN,
+    ("train/checkpoint.py", "prefix ({}) must be a plain file-name part (letters, dig"): _TRAIN,
+    ("train/checkpoint.py", "{} ({}) must be an integer >= 0."): _TRAIN,
+    ("train/checks.py", "check_sync_every_n_steps={} with strategy='fsdp': FSDP2"): _TRAIN,
+    ("train/config.py", "DistributedTrainingConfig.from_dict needs a mapping of f"): _TRAIN,
+    ("train/config.py", "override {}: {} is not a YAML scalar ({})."): _TRAIN,
+    ("train/config.py", "override {} must set a single value, got a {}; quote the"): _TRAIN,
+    ("train/config_tree.py", "{} must be a mapping of setting names to values, got {};"): _TRAIN,
+    ("train/config_tree.py", "config file {} not found (looked in {}); pass the path o"): _TRAIN,
+    ("train/config_tree.py", "config file {} is not valid YAML: {}"): _TRAIN,
+    ("train/config_tree.py", "config file {} holds a {}, not a mapping; write `key: va"): _TRAIN,
+    ("train/config_tree.py", "{}.{}: the key {} clashes with ConfigTree's own {} ({} a"): _TRAIN,
+    ("train/data.py", "{} must be a torch.Tensor or a numpy array, got {}; for"): _TRAIN,
+    ("train/data.py", "validation_split needs a map-style dataset (with len and"): _TRAIN,
+    ("train/data.py", "cannot tell the batch size of a {}; batches must be tens"): _TRAIN,
+    ("train/data.py", "ranks {} ran out of batches after {} steps while the oth"): _TRAIN,
+    ("train/data.py", "fit with arrays takes (X, y) or (X, y, X_val, y_val), go"): _TRAIN,
+    ("train/data.py", "fit takes fit(X, y, config), fit(X, y, X_val, y_val, con"): _TRAIN,
+    ("train/data.py", "evaluate takes (X, y) or (dataset_or_loader), got {} arg"): _TRAIN,
+    ("train/data.py", "validation_split ({}) needs the data itself, not a DataL"): _TRAIN,
+    ("train/evaluation.py", "cannot evaluate on a {}; pass (X, y) arrays, a Dataset o"): _TRAIN,
+    ("train/evaluation.py", "a batch must be an (input, target) pair, got a {}{}; mak"): _TRAIN,
+    ("train/evaluation.py", "evaluate: the data has no samples; pass a non-empty data"): _TRAIN,
+    ("train/evaluation.py", "predict: the data has no samples (len 0); pass a non-emp"): _TRAIN,
+    ("train/evaluation.py", "predict gathers tensor outputs (or dicts of tensors); th"): _TRAIN,
+    ("train/files.py", "save_file takes a dict, got {}."): _TRAIN,
+    ("train/files.py", "{} ends with {}, the manifest suffix; rename it."): _TRAIN,
+    ("train/files.py", "{} is a {}; checkpoints hold full tensors: gather sharde"): _TRAIN,
+    ("train/files.py", "checkpoint {} holds a {}, not a dict."): _TRAIN,
+    ("train/history.py", "DistributedTrainingHistory.from_dict needs a mapping, go"): _TRAIN,
+    ("train/history.py", "unknown DistributedTrainingHistory field {}{}; the field"): _TRAIN,
+    ("train/history.py", "DistributedTrainingHistory lists must have one entry per"): _TRAIN,
+    ("train/history.py", "{} is not a JSON history file: {}"): _TRAIN,
+    ("train/history.py", "{} is not a DistributedTrainingHistory: {}"): _TRAIN,
+    ("train/history.py", "DistributedTrainingHistory.plot needs matplotlib: pip in"): _TRAIN,
+    ("train/history.py", "{} ({}) must be a number; pass a float such as loss.item"): _TRAIN,
+    ("train/history.py", "{} ({}) must be a fraction in [0, 1] (correct / total),"): _TRAIN,
+    ("train/loggers.py", "log_every_n_batches ({}) must be an integer >= 0 (0 turn"): _TRAIN,
+    ("train/loggers.py", "log_every_n_batches ({}) must be >= 0; 0 turns step line"): _TRAIN,
+    ("train/portable.py", "the optimizer holds parameters that are not the model's"): _TRAIN,
+    ("train/portable.py", "the saved optimizer's parameter groups {} differ from th"): _TRAIN,
+    ("train/portable.py", "RNG state lacks {} (has {}); pass the dict rng_state() m"): _TRAIN,
+    ("train/portable.py", "the RNG state holds {} CUDA generators and this process"): _NEEDS_GPU,
+    ("train/resume.py", "cannot resume mid-epoch (epoch {}, optimizer step {}): {"): _TRAIN,
+    ("train/resume.py", "cannot resume: the ranks' newest valid checkpoints diffe"): _TRAIN,
+    ("train/setup.py", "the optimizer factory returned {}, not a torch.optim.Opt"): _TRAIN,
+    ("train/setup.py", "the optimizer was rebuilt over the sharded parameters (s"): _TRAIN,
+    ("train/setup.py", "device ({}) is not a torch device; pass 'cpu', 'cuda', '"): _TRAIN,
+    ("train/setup.py", "device ({}) is a CUDA device, but torch.cuda.is_availabl"): _NEEDS_GPU,
+    ("train/setup.py", "config.compression ({}) is applied when rankwise wraps t"): _TRAIN,
+    ("train/setup.py", "config.strategy is 'none' but the model came wrapped in"): _TRAIN,
+    ("train/setup.py", "config.strategy is {} but the model came wrapped in {};"): _TRAIN,
+    ("train/setup.py", "the model is a DataParallel in a world of {} ranks: noth"): _TRAIN,
+    ("train/setup.py", "the DDP model's comm hook state ({}) is not checkpointed"): _TRAIN,
+    ("train/setup.py", "the model came wrapped in {} on {}, but the trainer's de"): _TRAIN,
+    ("train/setup.py", "the optimizer already holds state (it has stepped) and t"): _TRAIN,
+    ("train/setup.py", "{} optimizer parameter(s) are not parameters of the mode"): _TRAIN,
+    ("train/trainer.py", "optimizer must be a torch.optim.Optimizer or a callable"): _TRAIN,
+    ("train/trainer.py", "this trainer's model was wrapped for strategy {} by an e"): _TRAIN,
+}
+
+
+# -- reading the sources ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Site:
+    path: str  # under src/rankwise
+    line: int
+    kind: str  # the exception or warning class as written
+    template: str  # literal text, "{}" for each formatted part
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line} {self.kind}: {self.template!r}"
+
+
+def _template(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _template(node.left), _template(node.right)
+        if left is None and right is None:
+            return None
+        return (left if left is not None else "{}") + (right if right is not None else "{}")
+    return None
+
+
+def _is_error_class(func: ast.expr) -> bool:
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    return re.search(r"(Error|Exception|Warning)$", name) is not None
+
+
+def _is_warn(func: ast.expr) -> bool:
+    return ast.unparse(func) in ("warnings.warn", "warn")
+
+
+def _warning_kind(call: ast.Call) -> str:
+    if len(call.args) > 1:
+        return ast.unparse(call.args[1])
+    category = [k.value for k in call.keywords if k.arg == "category"]
+    return ast.unparse(category[0]) if category else "UserWarning"
+
+
+def sites() -> list[Site]:
+    """Every error or warning rankwise builds with a message written at the call."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            if _is_warn(node.func):
+                kind = _warning_kind(node)
+            elif _is_error_class(node.func):
+                kind = ast.unparse(node.func)
+            else:
+                continue
+            template = _template(node.args[0])
+            if template is not None:
+                rel = path.relative_to(SRC).as_posix()
+                found.append(Site(rel, node.lineno, kind, template))
+    return found
+
+
+def row_messages() -> dict[str, str]:
+    """``id -> message`` of the table's rows (as tests/test_troubleshooting.py reads them)."""
+    rows = {}
+    for line in TABLE.read_text().splitlines():
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if len(cells) >= 5 and cells[0].startswith("`") and cells[4].startswith("`` "):
+            rows[cells[0].strip("`")] = cells[4][3:-3]
+    return rows
+
+
+def _regex(template: str) -> re.Pattern[str]:
+    return re.compile(".*?".join(re.escape(part) for part in template.split("{}")), re.DOTALL)
+
+
+def covering_row(site: Site, rows: dict[str, str]) -> str | None:
+    if len(site.template.replace("{}", "")) < MIN_LITERAL:
+        return None
+    pattern = _regex(site.template)
+    return next((row for row, message in rows.items() if pattern.search(message)), None)
+
+
+def _listed(site: Site) -> list[tuple[str, str]]:
+    return [
+        key for key in (*INTERNAL, *NOT_YET_ROWS) if key[0] == site.path and key[1] in site.template
+    ]
+
+
+# -- the checks ------------------------------------------------------------------------------
+
+
+def test_the_scan_finds_the_messages_it_should() -> None:
+    """The scanner itself: it sees raises, returned errors, warnings and f-string parts."""
+    found = sites()
+    assert len(found) >= 250, len(found)
+    templates = {(s.path, s.template) for s in found}
+    # a plain raise with an f-string
+    assert ("train/files.py", "save_file takes a dict, got {}.") in templates
+    # an error a helper builds and returns (environment.py's _bad_nodelist)
+    assert any(s.path == "distributed/environment.py" and "SLURM host list" in s.template
+               for s in found)  # fmt: skip
+    # a warning, with its category
+    assert any(s.kind == "CheckpointWarning" and s.path == "train/writer.py" for s in found)
+    # a message concatenated from a literal and an expression
+    assert any(s.template.startswith("{} Skipping it and trying") for s in found)
+
+
+def test_every_message_is_in_the_table_or_listed_with_a_reason() -> None:
+    rows = row_messages()
+    unlisted = [s for s in sites() if covering_row(s, rows) is None and not _listed(s)]
+    assert not unlisted, (
+        "messages neither in docs/troubleshooting.md's table nor in this test's INTERNAL / "
+        "NOT_YET_ROWS (add a row with a trigger in tests/test_troubleshooting*.py, or list it "
+        "with a reason):\n" + "\n".join(map(str, unlisted))
+    )
+
+
+def test_no_listed_message_is_covered_by_a_row_or_gone() -> None:
+    rows = row_messages()
+    found = sites()
+    stale = [k for k in (*INTERNAL, *NOT_YET_ROWS) if not any(k in _listed(s) for s in found)]
+    assert not stale, f"allow-list entries that match no message any more: {stale}"
+    covered = [
+        (str(s), row) for s in found if _listed(s) and (row := covering_row(s, rows)) is not None
+    ]
+    assert not covered, f"listed, yet a row covers them (drop them from the lists): {covered}"
+    assert all(reason.strip() for reason in (*INTERNAL.values(), *NOT_YET_ROWS.values()))
+    assert not set(INTERNAL) & set(NOT_YET_ROWS)
