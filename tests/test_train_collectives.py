@@ -35,7 +35,9 @@ def test_evaluate_on_three_ranks_equals_one_rank_also_with_fewer_samples_than_ra
     for result in run_distributed(_evaluate_few, 3, args=(n,), timeout=90):
         assert result["count"] == n  # the world's samples, not this rank's
         assert result["correct"] == reference["correct"]
-        assert result["loss"] == pytest.approx(reference["loss"], rel=1e-9)
+        # Sums are float64, but a float32 forward over another batch grouping may round a
+        # per-sample loss differently in its last bit (CPU kernels choose by batch shape).
+        assert result["loss"] == pytest.approx(reference["loss"], rel=1e-6)
 
 
 def _empty_evaluate() -> str:
