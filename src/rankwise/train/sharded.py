@@ -269,6 +269,7 @@ def verify_folder(folder: str | os.PathLike[str], *, shards: bool = True) -> dic
                 f"checkpoint {folder} lacks {name}, which its manifest lists (a file lost or "
                 f"not copied); it is not used: {_USE_ANOTHER}."
             )
+        # Without ``shards`` a size that differs still fails here, with the full message.
         if shards or name == REST or path.stat().st_size != size:
             _check_bytes(path, size, digest, "xxh3_128", f"checkpoint {folder}: {name}")
     if REST not in files:
