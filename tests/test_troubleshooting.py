@@ -116,6 +116,19 @@ def _damaged_checkpoint(damage: str) -> BaseException:
     return raised(load_file, path)
 
 
+def _damaged_folder(damage: str) -> BaseException:
+    """A sharded checkpoint folder (a world of one), then stripped of its manifest or of a
+    shard file."""
+    from rankwise.train.checkpoint import CheckpointManager, read_checkpoint
+    from rankwise.train.state import TrainState
+
+    net = nn.Linear(2, 2)
+    state = TrainState(net, torch.optim.SGD(net.parameters(), lr=0.1)).state_dict(sharded=True)
+    path = CheckpointManager(tempfile.mkdtemp(), sharded=True).save(state, epoch=0, step=0)
+    (path / ("manifest.json" if damage == "manifest" else "__0_0.distcp")).unlink()
+    return raised(read_checkpoint, path)
+
+
 def _trainer() -> DistributedTrainer:
     model = nn.Linear(2, 2)
     return DistributedTrainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1))
@@ -315,9 +328,14 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "config-unknown-field": lambda: raised(DistributedTrainingConfig.from_dict, {"epoch": 3}),
     "config-override": lambda: raised(DistributedTrainingConfig().with_overrides, ["epochs"]),
     "config-lr-scaling": lambda: raised(DistributedTrainingConfig, lr_scaling="linear"),
+    "config-fsdp-per-rank": lambda: raised(
+        DistributedTrainingConfig, strategy="fsdp", save_on_master_only=False
+    ),
     "checkpoint-torn": lambda: _damaged_checkpoint("torn"),
     "checkpoint-corrupt": lambda: _damaged_checkpoint("flip"),
     "checkpoint-no-manifest": lambda: _damaged_checkpoint("manifest"),
+    "checkpoint-folder-no-manifest": lambda: _damaged_folder("manifest"),
+    "checkpoint-shard-missing": lambda: _damaged_folder("shard"),
     "checkpoint-format": _checkpoint_format,
     "resume-missing-file": _resume_missing_file,
     "resume-global-batch": _global_batch_changed,

@@ -6,6 +6,8 @@
 - :class:`CheckpointManager`: numbered checkpoints in a folder, a ``latest`` pointer that
   moves only once the new file is safe, pruning only after that, and :meth:`~CheckpointManager.
   latest` that falls back to the previous good checkpoint when the newest is torn or corrupt.
+  With ``sharded=True`` (FSDP2) a checkpoint is a DCP folder every rank writes its shards to,
+  under the same rules (:mod:`rankwise.train.sharded`); :func:`read_checkpoint` reads either.
 - Wrapping-independent state (:mod:`rankwise.train.portable`): :func:`model_state_dict`,
   :func:`optimizer_state_dict` and their loaders, :func:`rng_state` / :func:`set_rng_state`.
 
@@ -26,10 +28,13 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rankwise.train import sharded as sh
 from rankwise.train.files import (
     _TMP_MARK,
     FAULT_POINTS,
@@ -67,6 +72,7 @@ __all__ = [
     "manifest_path",
     "model_state_dict",
     "optimizer_state_dict",
+    "read_checkpoint",
     "rng_state",
     "save_file",
     "set_fault_hook",
@@ -79,18 +85,26 @@ _PREFIX = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
 class CheckpointManager:
-    """Numbered checkpoints ``{prefix}-e{epoch}-s{step}.pt`` in ``directory``, newest last.
+    """Numbered checkpoints ``{prefix}-e{epoch}-s{step}.pt`` in ``directory``, newest last
+    (``.dcp`` folders with ``sharded=True``; both kinds are found, verified and pruned).
 
     :meth:`save` writes the file and its manifest atomically, then moves the pointer
     ``{prefix}-latest.json`` to it, then deletes all but the ``keep_last`` newest (``None``
     keeps all). A kill at any point of a save leaves :meth:`latest` returning a valid
     checkpoint: the new one once the pointer has moved, the previous one before. One writer per
     directory and prefix: with several writing ranks, give each its own prefix or folder.
-    Nothing is created until the first save.
+    Nothing is created until the first save. ``sharded``: saves write DCP folders and are
+    collectives, called on every rank (each writes its shards; rank 0 the rest and the
+    manifest, and moves the pointer).
     """
 
     def __init__(
-        self, directory: str | os.PathLike[str], keep_last: int | None = 3, prefix: str = "ckpt"
+        self,
+        directory: str | os.PathLike[str],
+        keep_last: int | None = 3,
+        prefix: str = "ckpt",
+        *,
+        sharded: bool = False,
     ) -> None:
         if keep_last is not None and (
             isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
@@ -107,7 +121,9 @@ class CheckpointManager:
         self.directory = Path(directory)
         self.keep_last = keep_last
         self.prefix = prefix
-        self._name = re.compile(rf"^{re.escape(prefix)}-e(\d+)-s(\d+)\.pt$")
+        self.sharded = sharded
+        self._name = re.compile(rf"^{re.escape(prefix)}-e(\d+)-s(\d+)(\.pt|\{sh.SUFFIX})$")
+        self._dcp: sh.ShardedWriter | None = None
         self._warned_newer = False
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: concurrent.futures.Future[Path] | None = None
@@ -125,8 +141,10 @@ class CheckpointManager:
         return self.directory / f"{self.prefix}-latest.json"
 
     def path_for(self, epoch: int, step: int) -> Path:
-        """The file a save at ``(epoch, step)`` writes (zero-padded, so names sort by age)."""
-        return self.directory / f"{self.prefix}-e{epoch:06d}-s{step:09d}.pt"
+        """The file (or folder) a save at ``(epoch, step)`` writes (zero-padded: names sort by
+        age)."""
+        suffix = sh.SUFFIX if self.sharded else ".pt"
+        return self.directory / f"{self.prefix}-e{epoch:06d}-s{step:09d}{suffix}"
 
     def _key(self, path: Path) -> tuple[int, int]:
         match = self._name.match(path.name)
@@ -134,7 +152,7 @@ class CheckpointManager:
         return int(match[1]), int(match[2])
 
     def checkpoints(self) -> list[Path]:
-        """Every checkpoint file of this prefix, valid or not, oldest first (by epoch, step)."""
+        """Every checkpoint of this prefix, valid or not, oldest first (by epoch, step)."""
         if not self.directory.is_dir():
             return []
         files = [p for p in self.directory.iterdir() if self._name.match(p.name)]
@@ -144,20 +162,45 @@ class CheckpointManager:
         """Write ``state`` as the checkpoint of ``(epoch, step)``; return its path.
 
         Call it on the writing rank only (see :func:`model_state_dict` for gathering sharded
-        state on every rank first). The pointer moves after the file and its manifest are
-        fsynced; pruning happens after the pointer moved.
+        state on every rank first); sharded: on every rank. The pointer moves after the file
+        and its manifest are fsynced; pruning happens after the pointer moved.
         """
-        for name, value in (("epoch", epoch), ("step", step)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} ({value!r}) must be an integer >= 0.")
+        _check_position(epoch, step)
         path = self.path_for(epoch, step)
+        if self.sharded:
+            return self._start_sharded(state, path, background=False)()
         self._remove_orphan_tmp_files()
         save_file(state, path, meta={"epoch": epoch, "step": step})
+        self._commit(path)
+        return path
+
+    def _commit(self, path: Path) -> None:
+        epoch, step = self._key(path)
         _fault_point("before-pointer")
         _write_json_atomic(self.pointer_path, {"file": path.name, "epoch": epoch, "step": step})
         _fault_point("before-prune")
         self._prune(path)
-        return path
+
+    def _start_sharded(
+        self, state: dict[str, Any], path: Path, *, background: bool
+    ) -> Callable[[], Path]:
+        """Start every rank's DCP write of ``state`` (the loop is held for the staging copy
+        only); return what finishes the save once it is written."""
+        if self._dcp is None:
+            self._dcp = sh.ShardedWriter()
+        tmp, written, rest = self._dcp.start(state, path, background=background)
+
+        def finish() -> Path:
+            written.result()  # rank 0: every rank's shards are on disk (DCP's last gather)
+            if rest is not None:  # rank 0
+                self._remove_orphan_tmp_files()
+                epoch, step = self._key(path)
+                meta = {"epoch": epoch, "step": step, "world_size": state.get("world_size")}
+                sh.publish(tmp, path, rest, meta)
+                self._commit(path)
+            return path
+
+        return finish
 
     def save_async(
         self, state: dict[str, Any], *, epoch: int, step: int
@@ -171,12 +214,17 @@ class CheckpointManager:
         interpreter waits for a pending save at exit; a kill leaves the previous checkpoint.
         """
         self.wait()
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, "rankwise-checkpoint")
+        if self.sharded:  # every rank; DCP stages the tensors (cached buffers)
+            _check_position(epoch, step)
+            finish = self._start_sharded(state, self.path_for(epoch, step), background=True)
+            self._pending = self._executor.submit(finish)
+            return self._pending
         _check_plain(state, "state")  # here, not as an error on the background thread
         # The model and optimizer change in place from now on: write a copy. The previous
         # snapshot's write is finished (wait() above), so its memory can be refilled.
         snapshot = self._staged = take_snapshot(state, into=self._staged)
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(1, "rankwise-checkpoint")
         self._pending = self._executor.submit(self.save, snapshot, epoch=epoch, step=step)
         return self._pending
 
@@ -199,7 +247,7 @@ class CheckpointManager:
         """
         for path in self._candidates():
             try:
-                verify_file(path)
+                sh.verify_folder(path) if sh.is_sharded_path(path) else verify_file(path)
             except CheckpointError as e:
                 self._skip(e)
                 continue
@@ -210,7 +258,7 @@ class CheckpointManager:
         """``(path, state)`` of the newest valid checkpoint (verified once), or ``None``."""
         for path in self._candidates():
             try:
-                return path, load_file(path)
+                return path, read_checkpoint(path)
             except CheckpointError as e:
                 self._skip(e)
         return None
@@ -269,11 +317,14 @@ class CheckpointManager:
             )
         older = [p for p in files if self._key(p) < self._key(saved)]
         # A file with no manifest is a save killed before it finished: never valid, not kept.
-        doomed = [p for p in older if not manifest_path(p).exists()]
+        doomed = [p for p in older if not _manifest_of(p).exists()]
         if self.keep_last is not None:
             complete = [p for p in older if p not in doomed]
             doomed += complete[: max(0, len(complete) - (self.keep_last - 1))]
         for path in doomed:
+            if sh.is_sharded_path(path):
+                sh.remove_folder(path)
+                continue
             # Manifest first: a kill between the two leaves an unverifiable file, never a
             # manifest vouching for a missing one.
             with contextlib.suppress(FileNotFoundError):
@@ -288,8 +339,30 @@ class CheckpointManager:
         for path in self.directory.glob(f".{self.prefix}-*{_TMP_MARK}*"):
             pid = path.name.rsplit(_TMP_MARK, 1)[1].split("-", 1)[0]
             if pid.isdigit() and not _pid_running(int(pid)):
-                with contextlib.suppress(FileNotFoundError):
+                if path.is_dir():  # a sharded save's folder
+                    shutil.rmtree(path, ignore_errors=True)
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                     path.unlink()
+
+
+def _check_position(epoch: int, step: int) -> None:
+    for name, value in (("epoch", epoch), ("step", step)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} ({value!r}) must be an integer >= 0.")
+
+
+def _manifest_of(path: Path) -> Path:
+    return path / sh.MANIFEST if sh.is_sharded_path(path) else manifest_path(path)
+
+
+def read_checkpoint(path: str | os.PathLike[str], *, verify_shards: bool = True) -> dict[str, Any]:
+    """A verified checkpoint's state: a file's whole content (:func:`load_file`), or a sharded
+    folder's plain part whose ``"dcp"`` entry names the folder; ``TrainState.load_state_dict``
+    reads its shards into the model. ``verify_shards=False`` checks a folder's shards by size
+    only (a rank loading what rank 0 verified in full)."""
+    if sh.is_sharded_path(path):
+        return sh.read_state(path, verify_shards=verify_shards)
+    return load_file(path)
 
 
 def _pid_running(pid: int) -> bool:

@@ -155,6 +155,14 @@ class DistributedTrainingConfig:
                 f"compresses DDP's gradient all-reduce, but strategy is {self.strategy!r}; "
                 "set compression=None or strategy='ddp'",
             )
+        if self.strategy == "fsdp" and not self.save_on_master_only and self.checkpoint_dir:
+            _fail(
+                "save_on_master_only",
+                self.save_on_master_only,
+                "would give each rank its own checkpoint folder, but strategy='fsdp' writes "
+                "one sharded checkpoint that every rank writes its part of, in a checkpoint_dir "
+                "every rank sees (a shared filesystem); set save_on_master_only=True",
+            )
         if self.resume == "auto" and self.checkpoint_dir is None:
             _fail(
                 "resume",

@@ -263,24 +263,35 @@ def verify_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(
             f"checkpoint {path}: its manifest {mpath.name} is unreadable ({e})."
         ) from e
-    actual = path.stat().st_size
-    if actual != size:
-        what = "truncated (torn write)" if actual < size else "longer than written"
-        raise CheckpointError(
-            f"checkpoint {path} is {what}: {actual} bytes, expected {size}; it is not used: "
-            f"{_USE_ANOTHER}."
-        )
+    _check_bytes(path, size, digest, algorithm, f"checkpoint {path}")
+    return dict(manifest)
+
+
+def _digest(path: Path, algorithm: str = "xxh3_128") -> str:
+    """The checksum of ``path``'s bytes under ``algorithm`` (a key of the manifests)."""
     checksum = _CHECKSUMS[algorithm]()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             checksum.update(chunk)
-    if checksum.hexdigest() != digest:
+    return str(checksum.hexdigest())
+
+
+def _check_bytes(path: Path, size: int, digest: str, algorithm: str, what: str) -> None:
+    """Raise :class:`CheckpointError` (naming ``what``) when ``path`` is not ``size`` bytes
+    whose ``algorithm`` checksum is ``digest``."""
+    actual = path.stat().st_size
+    if actual != size:
+        kind = "truncated (torn write)" if actual < size else "longer than written"
         raise CheckpointError(
-            f"checkpoint {path} is corrupt: {algorithm} {checksum.hexdigest()[:16]}... does not "
-            f"match the manifest's {digest[:16]}... (bytes changed after it was written); it "
-            f"is not used: {_USE_ANOTHER}."
+            f"{what} is {kind}: {actual} bytes, expected {size}; it is not used: {_USE_ANOTHER}."
         )
-    return dict(manifest)
+    found = _digest(path, algorithm)
+    if found != digest:
+        raise CheckpointError(
+            f"{what} is corrupt: {algorithm} {found[:16]}... does not match the manifest's "
+            f"{digest[:16]}... (bytes changed after it was written); it is not used: "
+            f"{_USE_ANOTHER}."
+        )
 
 
 def load_file(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> dict[str, Any]:

@@ -79,12 +79,14 @@ def check_resumable(state: TrainState, restored: Restored) -> None:
 
 
 def manager_for(cfg: DistributedTrainingConfig) -> ck.CheckpointManager | None:
-    """The checkpoint folder's manager (one folder per rank unless rank 0 alone saves)."""
+    """The checkpoint folder's manager (one folder per rank unless rank 0 alone saves);
+    under ``strategy="fsdp"`` it writes sharded DCP folders, every rank its shards."""
     if cfg.checkpoint_dir is None:
         return None
     base = Path(cfg.checkpoint_dir)
     folder = base if cfg.save_on_master_only else base / f"rank-{rd.get_rank()}"
-    return ck.CheckpointManager(folder, keep_last=cfg.keep_last_checkpoints)
+    sharded = cfg.strategy == "fsdp"
+    return ck.CheckpointManager(folder, keep_last=cfg.keep_last_checkpoints, sharded=sharded)
 
 
 def load_resume(
@@ -103,8 +105,8 @@ def load_resume(
     found: tuple[Path, dict[str, Any]] | None = None
     error: str | None = None
     try:
-        if resume != "auto":
-            found = Path(resume), ck.load_file(resume)
+        if resume != "auto":  # a sharded folder's shards: checked in full by rank 0 alone
+            found = Path(resume), ck.read_checkpoint(resume, verify_shards=rd.is_master())
         elif per_rank or rd.is_master():
             found = manager.load_latest() if manager is not None else None
     except Exception as e:  # any failure must reach every rank, below
@@ -112,8 +114,8 @@ def load_resume(
     if resume == "auto" and not per_rank:
         path = _broadcast_path(found[0] if found is not None else None)
         if path is not None and not rd.is_master():
-            try:
-                found = path, ck.load_file(path)
+            try:  # rank 0 verified it in full
+                found = path, ck.read_checkpoint(path, verify_shards=False)
             except Exception as e:
                 error = f"{type(e).__name__}: {e}"
     _agree(found, error)

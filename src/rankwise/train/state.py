@@ -40,6 +40,7 @@ from torch import nn
 import rankwise.distributed as rd
 from rankwise.parallel import Precision, comm_state_dict, load_comm_state_dict
 from rankwise.train import checkpoint as ck
+from rankwise.train import sharded as sh
 from rankwise.train.config import DistributedTrainingConfig
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.sums import EpochSums
@@ -106,11 +107,13 @@ class TrainState:
         self.history = DistributedTrainingHistory()
         self.restored = None
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, sharded: bool = False) -> dict[str, Any]:
         """The state as plain values (tensors on the CPU, numbers, strings, lists, dicts).
 
         A collective: the epoch's sums are all-reduced, every rank's RNG state gathered, and
         a sharded (FSDP2) model gathered to rank 0. Call it on every rank at a step boundary.
+        ``sharded``: the model and optimizer state stay as each rank holds them (FSDP2's
+        DTensor shards, nothing gathered), for a DCP folder (:mod:`rankwise.train.sharded`).
         """
         if self.optimizer is None:
             raise ValueError("the training state has no optimizer yet: call fit() first.")
@@ -124,10 +127,15 @@ class TrainState:
         precision = self.precision.state_dict() if self.precision is not None else None
         if precision is None and self.restored is not None:
             precision = self.restored.precision
+        if sharded:
+            model, optimizer = sh.sharded_state_dicts(self.model, self.optimizer)
+        else:
+            model = ck.model_state_dict(self.model)
+            optimizer = ck.optimizer_state_dict(self.model, self.optimizer)
         return {
             "format": ck.FORMAT_VERSION,
-            "model": ck.model_state_dict(self.model),
-            "optimizer": ck.optimizer_state_dict(self.model, self.optimizer),
+            "model": model,
+            "optimizer": optimizer,
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "precision": precision,
             "sampler": self._cursor(),
@@ -163,11 +171,14 @@ class TrainState:
                 "with the rankwise version that wrote it, pass a checkpoint this trainer "
                 "saved, or start fresh with resume=None."
             )
-        ck.load_model_state_dict(self.model, state["model"])
         # Before the first fit() an optimizer given as a factory does not exist yet: the next
         # fit builds it fresh (the model weights are what a loaded checkpoint is mostly for).
-        if self.optimizer is not None:
-            ck.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+        if "dcp" in state:  # a sharded checkpoint: the tensors are in its folder's shards
+            sh.load_tensors(self.model, self.optimizer, state)
+        else:
+            ck.load_model_state_dict(self.model, state["model"])
+            if self.optimizer is not None:
+                ck.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if self.precision is not None:

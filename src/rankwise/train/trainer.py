@@ -378,7 +378,7 @@ class DistributedTrainer:
         Works before the first ``fit`` too (e.g. to evaluate a saved model); an optimizer or
         scheduler given as a factory is then built fresh by ``fit``.
         """
-        self.state.load_state_dict(ck.load_file(path), path)
+        self.state.load_state_dict(ck.read_checkpoint(path), path)
 
     # -- helpers -----------------------------------------------------------------------------
 

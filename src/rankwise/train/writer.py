@@ -89,7 +89,8 @@ class CheckpointWriter:
         started = time.perf_counter()
         if self.background:
             self._wait_for_write(started)
-        saved = state.state_dict()  # the writing rank enters it only once its last write ended
+        # The writing rank enters it only once its last write ended.
+        saved = state.state_dict(sharded=self.manager.sharded)
         self._report_in_flight()
         path: Path | None = None
         if self.background:
@@ -166,9 +167,10 @@ def writer_for(
         return None
     return CheckpointWriter(
         manager,
-        writes=rd.is_master() or not cfg.save_on_master_only,
+        # sharded (FSDP2): every rank writes its shards into one folder
+        writes=manager.sharded or rd.is_master() or not cfg.save_on_master_only,
         background=cfg.async_checkpoints,
-        shared=cfg.save_on_master_only,
+        shared=manager.sharded or cfg.save_on_master_only,
         saved=saved,
     )
 

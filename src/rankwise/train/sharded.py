@@ -1,0 +1,324 @@
+"""Sharded (FSDP2) checkpoints: one DCP folder per checkpoint, each rank writing its shards.
+
+Under ``strategy="fsdp"`` a checkpoint is a folder, not a file::
+
+    ckpt-e000002-s000000300.dcp/
+        __0_0.distcp, __1_0.distcp, ...  each rank's shards of the model and optimizer tensors
+        .metadata                        DCP's index of the shards (rank 0)
+        train_state.pt                   everything else (rank 0): epoch, step, sampler cursor,
+                                         the epoch's sums, RNG, config, world size, scheduler,
+                                         history, the optimizer's param groups
+        manifest.json                    size and XXH3-128 of every file above (rank 0, last)
+
+Every rank writes its own shards with ``torch.distributed.checkpoint.async_save``: the loop is
+held for the staging copy only; the write and DCP's collectives (plans, metadata) run on a
+background thread over a gloo group of their own, so they never interleave with training's
+collectives on the default group. The folder is written under a temporary name; once every
+rank's shards are on disk rank 0 writes ``train_state.pt`` and the manifest, renames the
+folder into place and fsyncs, then the manager moves its pointer and prunes. The rules are a
+checkpoint file's: a folder without a manifest that matches is never loaded, and
+:meth:`~rankwise.train.checkpoint.CheckpointManager.latest` falls back past it.
+
+The DCP part holds tensors only: DCP unpickles non-tensor entries with ``weights_only=False``,
+so every plain value goes to ``train_state.pt``, read with ``weights_only=True``. Loading
+(:func:`load_tensors`) reads the shards into the live model's and optimizer's layout with
+``torch.distributed.checkpoint.load``, which reshards onto any world size, or into a plain
+model in a world of one.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import rankwise.distributed as rd
+from rankwise.train.files import (
+    _USE_ANOTHER,
+    CheckpointError,
+    _check_bytes,
+    _check_plain,
+    _digest,
+    _fault_point,
+    _fsync_dir,
+    _tmp_name,
+    _write_atomic,
+    _write_json_atomic,
+)
+from rankwise.train.portable import _dcp_view, _in_group, load_optimizer_state_dict
+from rankwise.train.portable import optimizer_state_dict as _stateless_optimizer
+from rankwise.train.snapshot import snapshot
+
+__all__ = [
+    "MANIFEST",
+    "REST",
+    "SUFFIX",
+    "ShardedWriter",
+    "is_sharded_path",
+    "load_tensors",
+    "read_state",
+    "remove_folder",
+    "sharded_state_dicts",
+    "verify_folder",
+]
+
+SUFFIX = ".dcp"
+MANIFEST = "manifest.json"
+REST = "train_state.pt"
+_VERSION = 1  # of the folder manifest
+
+
+def is_sharded_path(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names a sharded checkpoint folder (by its suffix, ``.dcp``)."""
+    return Path(path).suffix == SUFFIX
+
+
+def sharded_state_dicts(
+    model: nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model's and the optimizer's state as each rank holds it: DTensor shards under FSDP2
+    (nothing is gathered), plain tensors for a plain model. Keys are the plain module's names.
+    An optimizer that never stepped gives its hyper-parameters alone (no zero step)."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    view = _dcp_view(model)
+    model_state: dict[str, Any] = get_model_state_dict(view)
+    if not optimizer.state:
+        return model_state, _stateless_optimizer(model, optimizer)
+    return model_state, dict(get_optimizer_state_dict(view, optimizer))
+
+
+def _split(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(tensors for DCP, plain rest)`` of a sharded :meth:`TrainState.state_dict`."""
+    optimizer = state["optimizer"]
+    tensors: dict[str, Any] = {"model": state["model"]}
+    if optimizer.get("state"):
+        tensors["optimizer"] = optimizer["state"]
+    rest = {
+        **state,
+        "model": None,
+        "optimizer": {"state": {}, "param_groups": optimizer["param_groups"]},
+        "dcp": {"optimizer": "optimizer" in tensors},
+    }
+    return tensors, rest
+
+
+class ShardedWriter:
+    """Every rank's side of sharded saves for one :class:`CheckpointManager`: it keeps the
+    staging buffers (reused from save to save) and the background process group."""
+
+    def __init__(self) -> None:
+        self._group: dist.ProcessGroup | None = None
+        self._stager: Any = None
+
+    def start(
+        self, state: dict[str, Any], final: Path, *, background: bool
+    ) -> tuple[Path, concurrent.futures.Future[Any], dict[str, Any] | None]:
+        """Begin writing ``state`` towards ``final``; a collective on every rank.
+
+        Returns the temporary folder, this rank's write (a future: in the background it is
+        done once the shards are on disk, on rank 0 once every rank's are) and, on rank 0, a
+        copy of the plain rest that :func:`publish` writes.
+        """
+        import torch.distributed.checkpoint as dcp
+
+        tensors, rest = _split(state)
+        _check_plain(rest, "state")  # here, not as an error on the background thread
+        tmp = _shared_tmp(final)
+        storage = dcp.FileSystemWriter(str(tmp))
+        no_dist = _no_dist()
+        written: concurrent.futures.Future[Any]
+        if background:
+            response = dcp.async_save(
+                tensors,
+                storage_writer=storage,
+                process_group=self._background_group(),
+                async_stager=self._staging(),
+                no_dist=no_dist,
+            )
+            # A plain future of the upload (staging was synchronous); a newer DCP may answer
+            # with a response holding it.
+            written = getattr(response, "upload_completion", response)  # type: ignore[arg-type]
+        else:
+            written = concurrent.futures.Future()
+            written.set_result(dcp.save(tensors, storage_writer=storage, no_dist=no_dist))
+        return tmp, written, snapshot(rest) if rd.is_master() else None
+
+    def _background_group(self) -> dist.ProcessGroup | None:
+        # DCP's collectives run on its writer thread; on the default group they would
+        # interleave with the loop's. gloo: DCP's async save needs a CPU group.
+        if self._group is None and _in_group():
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def _staging(self) -> Any:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._stager is None:
+            # Synchronous staging into cached CPU storages (refilled by the next save); pinned
+            # where CUDA is, so device-to-host copies are fast.
+            pinned = torch.cuda.is_available()
+            self._stager = DefaultStager(StagingOptions(pinned, False, False, False))
+        return self._stager
+
+
+def _no_dist() -> bool:
+    """Whether DCP runs without a group (a world of one). DCP then warns, on every save and
+    load, that it assumes a single process: that is rankwise's intent, so that one warning
+    (matched by its text) is silenced; it is raised on DCP's writer thread too, where a
+    ``catch_warnings`` block would not be thread-safe."""
+    if _in_group():
+        return False
+    warnings.filterwarnings(
+        "ignore",
+        message="torch.distributed is disabled, unavailable or uninitialized, assuming the "
+        "intent is to (save|load) in a single process",
+        category=UserWarning,
+    )
+    return True
+
+
+def _shared_tmp(final: Path) -> Path:
+    """A fresh temporary folder beside ``final``, named by rank 0 and known to every rank."""
+    tmp: Path | None = None
+    if rd.is_master():
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _tmp_name(final)
+        tmp.mkdir()
+    if _in_group():
+        box: list[Any] = [None if tmp is None else str(tmp)]
+        dist.broadcast_object_list(box, src=0)
+        tmp = Path(box[0])
+    assert tmp is not None  # rank 0 made it; the others received it
+    return tmp
+
+
+def publish(tmp: Path, final: Path, rest: dict[str, Any], meta: dict[str, Any]) -> None:
+    """Rank 0, once every rank's shards are in ``tmp``: the rest, the manifest (last), then
+    ``tmp`` renamed to ``final`` and the parent folder fsynced."""
+    _write_atomic(tmp / REST, lambda f: torch.save(rest, f))
+    _fault_point("before-manifest")
+    files = {}
+    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        name = path.relative_to(tmp).as_posix()
+        files[name] = {"size": path.stat().st_size, "xxh3_128": _digest(path)}
+    manifest = {
+        "version": _VERSION,
+        "layout": "dcp",
+        "files": files,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "meta": meta,
+    }
+    _write_json_atomic(tmp / MANIFEST, manifest)
+    _fault_point("before-rename")
+    if final.exists():  # the same step saved again: the old folder goes first (a kill in
+        remove_folder(final)  # between leaves neither, and the previous checkpoint is used)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+
+
+def remove_folder(folder: Path) -> None:
+    """Delete a checkpoint folder: renamed away first (atomic), so a kill mid-delete never
+    leaves a half-deleted folder under a checkpoint's name."""
+    doomed = _tmp_name(folder)
+    try:
+        os.replace(folder, doomed)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def verify_folder(folder: str | os.PathLike[str], *, shards: bool = True) -> dict[str, Any]:
+    """Check a sharded checkpoint folder against its manifest; return the manifest or raise
+    :class:`CheckpointError` naming the folder, the file and the fault. ``shards=False``
+    checks every file's size but only ``train_state.pt``'s checksum (for ranks that load a
+    folder rank 0 has verified in full)."""
+    folder = Path(folder)
+    if not folder.exists():
+        raise FileNotFoundError(f"checkpoint {folder} does not exist.")
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        files = {str(k): (int(v["size"]), str(v["xxh3_128"])) for k, v in manifest["files"].items()}
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"checkpoint {folder} has no manifest ({MANIFEST}): its save did not finish, or "
+            "it was copied without it; it cannot be verified, so it is not used. Copy the "
+            f"whole folder, or {_USE_ANOTHER}."
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(
+            f"checkpoint {folder}: its manifest {MANIFEST} is unreadable ({e})."
+        ) from e
+    for name, (size, digest) in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(
+                f"checkpoint {folder} lacks {name}, which its manifest lists (a file lost or "
+                f"not copied); it is not used: {_USE_ANOTHER}."
+            )
+        # Without ``shards`` a size that differs still fails here, with the full message.
+        if shards or name == REST or path.stat().st_size != size:
+            _check_bytes(path, size, digest, "xxh3_128", f"checkpoint {folder}: {name}")
+    if REST not in files:
+        raise CheckpointError(f"checkpoint {folder}: its manifest lists no {REST}.")
+    return dict(manifest)
+
+
+def read_state(folder: str | os.PathLike[str], *, verify_shards: bool = True) -> dict[str, Any]:
+    """The plain part of a verified sharded checkpoint, with ``"dcp"`` naming the folder whose
+    shards :func:`load_tensors` reads (``TrainState.load_state_dict`` does)."""
+    folder = Path(folder)
+    verify_folder(folder, shards=verify_shards)
+    try:
+        state = torch.load(folder / REST, map_location="cpu", weights_only=True)
+    except Exception as e:  # verified bytes that do not unpickle
+        raise CheckpointError(f"checkpoint {folder}: {REST} verifies but does not load: {e}") from e
+    if not isinstance(state, dict) or not isinstance(state.get("dcp"), dict):
+        raise CheckpointError(f"checkpoint {folder}: {REST} is not a rankwise training state.")
+    state["dcp"] = {**state["dcp"], "folder": str(folder)}
+    return state
+
+
+def load_tensors(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
+) -> None:
+    """Read the shards of :func:`read_state`'s folder into ``model`` (and ``optimizer``) as
+    this world lays them out; a collective. DCP reshards: the folder may come from any world
+    size, and loads into a plain model in a world of one."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    info, view = state["dcp"], _dcp_view(model)
+    with_optimizer = bool(info["optimizer"])
+    target: dict[str, Any] = {"model": get_model_state_dict(view)}
+    if optimizer is not None and with_optimizer:
+        # DCP creates the state it fills (a zero step); every entry is overwritten below.
+        target["optimizer"] = get_optimizer_state_dict(view, optimizer)["state"]
+    dcp.load(target, checkpoint_id=info["folder"], no_dist=_no_dist())
+    set_model_state_dict(view, target["model"])
+    if optimizer is None:
+        return
+    if with_optimizer:
+        groups = state["optimizer"]["param_groups"]
+        loaded = {"state": target["optimizer"], "param_groups": groups}
+        set_optimizer_state_dict(view, optimizer, loaded)
+    else:  # saved before its first step: hyper-parameters alone
+        load_optimizer_state_dict(model, optimizer, state["optimizer"])

@@ -1,0 +1,205 @@
+"""Sharded (FSDP2) checkpoints: a DCP folder per checkpoint that every rank writes its shards
+to in the background, with the file checkpoints' manifest, pointer and fallback rules; a
+resume on the same world ends bit-identical, on another world size within 1e-4."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import rankwise.distributed as rd
+from rankwise.testing import run_distributed
+from rankwise.train import DistributedTrainer, DistributedTrainingConfig
+from rankwise.train import checkpoint as ck
+from rankwise.train.sharded import MANIFEST, REST
+from rankwise.train.state import TrainState
+
+
+class Stop(Exception):
+    """Raised by the batch hook: a crash at a chosen optimizer step."""
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return torch.randn(96, 16, generator=g), torch.randint(0, 4, (96,), generator=g)
+
+
+def _run(folder: Path, batch_size: int, stop_at: int | None = None, resume: Any = None) -> Any:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    trainer = DistributedTrainer(
+        model, nn.CrossEntropyLoss(), lambda p: torch.optim.Adam(p, lr=1e-2)
+    )
+    started: list[int] = []
+    trainer.callbacks.append(
+        type("Probe", (), {"on_fit_start": lambda s, t: started.append(t.global_step)})()
+    )
+    if stop_at is not None:
+
+        def stop(_trainer: Any, _epoch: int, step: int, _ids: Any) -> None:
+            if step == stop_at:
+                raise Stop
+
+        trainer.on_batch = stop
+    # 96 samples, a global batch of 16: 6 optimizer steps an epoch, a checkpoint every 4.
+    cfg = DistributedTrainingConfig(
+        epochs=2,
+        batch_size=batch_size,
+        verbose=False,
+        strategy="fsdp",
+        checkpoint_dir=str(folder),
+        checkpoint_every_n_steps=4,
+        checkpoint_every_n_epochs=0,
+        keep_last_checkpoints=2,
+        resume=resume,
+    )
+    with contextlib.suppress(Stop):
+        trainer.fit(*_data(), cfg)
+    full = ck.model_state_dict(trainer.model, all_ranks=True)  # gathered from the shards
+    return {"params": full, "started_at": started[0], "stats": trainer._writer.stats}
+
+
+def _two_ranks(tmp: str) -> dict[str, Any]:
+    full = _run(Path(tmp, "full"), 8)
+    _run(Path(tmp, "cut"), 8, stop_at=9)  # in step 9: the newest checkpoint is step 8
+    if rd.is_master():  # as the crash left it, for the resume on one rank
+        shutil.copytree(Path(tmp, "cut"), Path(tmp, "cut-for-one"))
+    rd.barrier()
+    resumed = _run(Path(tmp, "cut"), 8, resume="auto")
+    return {
+        "full": full["params"],
+        "resumed": resumed["params"],
+        "started_at": resumed["started_at"],
+        "saves": full["stats"].saves,
+    }
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    folder = tmp_path_factory.mktemp("sharded")
+    results = run_distributed(_two_ranks, 2, args=(str(folder),), timeout=240)
+    assert results[0]["full"].keys() == results[1]["full"].keys()
+    return folder, results[0]
+
+
+@pytest.mark.timeout(300)
+def test_a_fsdp_checkpoint_is_a_dcp_folder_with_a_manifest(
+    two_ranks: tuple[Path, dict[str, Any]],
+) -> None:
+    folder, result = two_ranks
+    full = folder / "full"
+    assert result["saves"] == 3  # steps 4 and 8, and the end of fit at step 12
+    names = sorted(p.name for p in full.iterdir())
+    # keep_last=2 pruned step 4's folder; nothing temporary is left behind
+    assert names == [
+        "ckpt-e000001-s000000008.dcp",
+        "ckpt-e000002-s000000012.dcp",
+        "ckpt-latest.json",
+    ]
+    newest = full / "ckpt-e000002-s000000012.dcp"
+    assert json.loads((full / "ckpt-latest.json").read_text())["file"] == newest.name
+    files = sorted(p.name for p in newest.iterdir())
+    assert files == sorted([".metadata", "__0_0.distcp", "__1_0.distcp", REST, MANIFEST])
+    manifest = json.loads((newest / MANIFEST).read_text())
+    assert sorted(manifest["files"]) == sorted(set(files) - {MANIFEST})
+    assert manifest["meta"] == {"epoch": 2, "step": 12, "world_size": 2}
+    assert ck.CheckpointManager(full).latest() == newest
+
+
+@pytest.mark.timeout(300)
+def test_resume_on_the_same_world_is_bit_identical(
+    two_ranks: tuple[Path, dict[str, Any]],
+) -> None:
+    _, result = two_ranks
+    assert result["started_at"] == 8  # mid-epoch 1, from the sharded folder of step 8
+    for name, value in result["full"].items():
+        assert torch.equal(value, result["resumed"][name]), name
+
+
+@pytest.mark.timeout(300)
+def test_resume_on_one_rank_matches_within_1e_4(two_ranks: tuple[Path, dict[str, Any]]) -> None:
+    folder, result = two_ranks
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="strategy='fsdp' in a world of one")
+        # A world of one: a plain model, the same global batch of 16.
+        one = _run(folder / "cut-for-one", 16, resume="auto")
+    assert one["started_at"] == 8
+    for name, value in result["full"].items():
+        assert float((value - one["params"][name]).abs().max()) < 1e-4, name
+    # the world of one went on writing DCP folders (no group: DCP without collectives)
+    assert ck.CheckpointManager(folder / "cut-for-one").latest().name == (
+        "ckpt-e000002-s000000012.dcp"
+    )
+
+
+@pytest.mark.timeout(300)
+def test_a_torn_shard_falls_back_to_the_previous_folder(
+    two_ranks: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    folder, _ = two_ranks
+    copy = tmp_path / "copy"
+    shutil.copytree(folder / "full", copy)
+    shard = copy / "ckpt-e000002-s000000012.dcp" / "__1_0.distcp"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])  # torn: a crash mid-write
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = ck.CheckpointManager(copy).latest()
+    assert found == copy / "ckpt-e000001-s000000008.dcp"
+    messages = [str(w.message) for w in caught if issubclass(w.category, ck.CheckpointWarning)]
+    assert len(messages) == 1 and "__1_0.distcp is truncated (torn write)" in messages[0]
+    # a folder without its manifest (a save that did not finish) is never loaded either
+    (found / MANIFEST).unlink()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert ck.CheckpointManager(copy).latest() is None
+    assert f"{found} has no manifest (manifest.json)" in str(caught[-1].message)
+
+
+# -- one process: the manager's sharded saves without a group ------------------------------
+
+
+def test_sharded_saves_in_a_world_of_one(tmp_path: Path) -> None:
+    net = nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.1)
+    state = TrainState(net, optimizer)
+    manager = ck.CheckpointManager(tmp_path, keep_last=2, sharded=True)
+    first = manager.save(state.state_dict(sharded=True), epoch=0, step=0)
+    assert first.is_dir() and (first / MANIFEST).is_file()
+    for step in (1, 2, 3):
+        net(torch.randn(4, 3)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        state.step = step
+        pending = manager.save_async(state.state_dict(sharded=True), epoch=0, step=step)
+        expected = net.weight.detach().clone()  # as staged: the next step changes it in place
+    assert manager.wait() == pending.result() == tmp_path / "ckpt-e000000-s000000003.dcp"
+    assert [p.name[-7:-4] for p in manager.checkpoints()] == ["002", "003"]
+    net(torch.randn(4, 3)).sum().backward()
+    optimizer.step()  # after the save: not in it
+    again = nn.Linear(3, 2)
+    other = torch.optim.Adam(again.parameters(), lr=0.5)
+    path, loaded = manager.load_latest() or (None, {})
+    TrainState(again, other).load_state_dict(loaded, path)
+    assert torch.equal(again.weight, expected)
+    assert other.param_groups[0]["lr"] == 0.1 and int(other.state[again.weight]["step"]) == 3
+
+
+def test_a_sharded_save_before_the_first_step_keeps_the_hyper_parameters(tmp_path: Path) -> None:
+    net = nn.Linear(3, 2)
+    state = TrainState(net, torch.optim.Adam(net.parameters(), lr=0.1))
+    path = ck.CheckpointManager(tmp_path, sharded=True).save(
+        state.state_dict(sharded=True), epoch=0, step=0
+    )
+    again = nn.Linear(3, 2)
+    other = torch.optim.Adam(again.parameters(), lr=0.5)
+    TrainState(again, other).load_state_dict(ck.read_checkpoint(path), path)
+    assert other.param_groups[0]["lr"] == 0.1 and not other.state  # no zero step
