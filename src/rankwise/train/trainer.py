@@ -250,12 +250,8 @@ class DistributedTrainer:
                 self.device_choice,
             )
             state.adopt(prepared.model, prepared.optimizer, prepared.scheduler, prepared.precision)
-        elif self.prepared.strategy != cfg.strategy:
-            raise ValueError(
-                f"this trainer's model was wrapped for strategy {self.prepared.strategy!r} by "
-                f"an earlier fit(); config.strategy is {cfg.strategy!r}. Keep the strategy or "
-                "build a new DistributedTrainer."
-            )
+        else:
+            self.prepared.check_refit(cfg)
         if not state.lr_scaled:
             scale = cfg.lr_scale(rd.get_world_size())
             if scale != 1.0:
