@@ -331,6 +331,17 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "config-fsdp-per-rank": lambda: raised(
         DistributedTrainingConfig, strategy="fsdp", save_on_master_only=False
     ),
+    "config-compile-options": lambda: raised(
+        DistributedTrainingConfig, compile=True, compile_options={"mdoe": "max-autotune"}
+    ),
+    "config-compile-mode-and-options": lambda: raised(
+        DistributedTrainingConfig,
+        compile=True,
+        compile_options={"mode": "max-autotune", "options": {"shape_padding": True}},
+    ),
+    "config-prefetch-without-workers": lambda: raised(
+        DistributedTrainingConfig, prefetch_factor=4
+    ),
     "checkpoint-torn": lambda: _damaged_checkpoint("torn"),
     "checkpoint-corrupt": lambda: _damaged_checkpoint("flip"),
     "checkpoint-no-manifest": lambda: _damaged_checkpoint("manifest"),

@@ -341,7 +341,7 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
     ("train/setup.py", "the optimizer already holds state (it has stepped) and t"): _TRAIN,
     ("train/setup.py", "{} optimizer parameter(s) are not parameters of the mode"): _TRAIN,
     ("train/trainer.py", "optimizer must be a torch.optim.Optimizer or a callable"): _TRAIN,
-    ("train/setup.py", "this trainer's model was wrapped for strategy {} by an e"): _TRAIN,
+    ("train/setup.py", "this trainer's model was prepared with {}={} by an earli"): _TRAIN,
     ("train/sharded.py", "checkpoint {}: its manifest lists no {}."): _TRAIN,
     ("train/sharded.py", "checkpoint {}: {} is not a rankwise training state."): _TRAIN,
     ("train/sharded.py", "checkpoint {}: {} verifies but does not load: {}"): _TRAIN,
