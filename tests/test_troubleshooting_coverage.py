@@ -53,6 +53,9 @@ INTERNAL: dict[tuple[str, str], str] = {
     ("train/state.py", "the training state has no optimizer yet"): (
         "the trainer refuses first with 'the trainer is not set up yet' (row trainer-not-set-up)"
     ),
+    ("train/files.py", "checkpoint {} holds a {}, not a dict."): (
+        "save_file writes dicts only, and a file without its manifest fails verification first"
+    ),
     ("distributed/rendezvous.py", "no live store at {}"): (
         "the cause quoted inside the master-unreachable error, never raised on its own"
     ),
@@ -69,7 +72,6 @@ _NEEDS_GPU = "fires only on machines with(out) CUDA, so a trigger here cannot be
 _MODELS = "a reference model's constructor argument (rankwise.models)"
 _COMPAT = "a seed guide's compatibility API, documented in docs/seeds/"
 _PARALLEL = "a rankwise.parallel argument (DDPConfig, FSDPConfig, Precision, recipes, ExplicitDDP)"
-_TRAIN = "a trainer, history or config-tree input error not yet given a row"
 
 NOT_YET_ROWS: dict[tuple[str, str], str] = {
     ("_checks.py", "{} ({}) must be an integer, got {}; pass int({}) if it h"): _CHECKS,
@@ -283,65 +285,8 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
         "parallel/sync_check.py",
         "atol ({}) must be >= 0 (0.0 demands bit-identical summar",
     ): _PARALLEL,
-    ("train/audit.py", "AuditLog needs the sample ids, which the trainer knows o"): _TRAIN,
-    ("train/checkpoint.py", "prefix ({}) must be a plain file-name part (letters, dig"): _TRAIN,
-    ("train/checkpoint.py", "{} ({}) must be an integer >= 0."): _TRAIN,
-    ("train/checks.py", "check_sync_every_n_steps={} with strategy='fsdp': FSDP2"): _TRAIN,
-    ("train/config.py", "DistributedTrainingConfig.from_dict needs a mapping of f"): _TRAIN,
-    ("train/config.py", "override {}: {} is not a YAML scalar ({})."): _TRAIN,
-    ("train/config.py", "override {} must set a single value, got a {}; quote the"): _TRAIN,
-    ("train/config_tree.py", "{} must be a mapping of setting names to values, got {};"): _TRAIN,
-    ("train/config_tree.py", "config file {} not found (looked in {}); pass the path o"): _TRAIN,
-    ("train/config_tree.py", "config file {} is not valid YAML: {}"): _TRAIN,
-    ("train/config_tree.py", "config file {} holds a {}, not a mapping; write `key: va"): _TRAIN,
-    ("train/config_tree.py", "{}.{}: the key {} clashes with ConfigTree's own {} ({} a"): _TRAIN,
-    ("train/data.py", "{} must be a torch.Tensor or a numpy array, got {}; for"): _TRAIN,
-    ("train/data.py", "validation_split needs a map-style dataset (with len and"): _TRAIN,
-    ("train/data.py", "cannot tell the batch size of a {}; batches must be tens"): _TRAIN,
-    ("train/data.py", "ranks {} ran out of batches after {} steps while the oth"): _TRAIN,
-    ("train/data.py", "fit with arrays takes (X, y) or (X, y, X_val, y_val), go"): _TRAIN,
-    ("train/data.py", "fit takes fit(X, y, config), fit(X, y, X_val, y_val, con"): _TRAIN,
-    ("train/data.py", "evaluate takes (X, y) or (dataset_or_loader), got {} arg"): _TRAIN,
-    ("train/data.py", "validation_split ({}) needs the data itself, not a DataL"): _TRAIN,
-    ("train/evaluation.py", "cannot evaluate on a {}; pass (X, y) arrays, a Dataset o"): _TRAIN,
-    ("train/evaluation.py", "a batch must be an (input, target) pair, got a {}{}; mak"): _TRAIN,
-    ("train/evaluation.py", "evaluate: the data has no samples; pass a non-empty data"): _TRAIN,
-    ("train/evaluation.py", "predict: the data has no samples (len 0); pass a non-emp"): _TRAIN,
-    ("train/evaluation.py", "predict gathers tensor outputs (or dicts of tensors); th"): _TRAIN,
-    ("train/files.py", "save_file takes a dict, got {}."): _TRAIN,
-    ("train/files.py", "{} ends with {}, the manifest suffix; rename it."): _TRAIN,
-    ("train/files.py", "{} is a {}; checkpoints hold full tensors: gather sharde"): _TRAIN,
-    ("train/files.py", "checkpoint {} holds a {}, not a dict."): _TRAIN,
-    ("train/history.py", "DistributedTrainingHistory.from_dict needs a mapping, go"): _TRAIN,
-    ("train/history.py", "unknown DistributedTrainingHistory field {}{}; the field"): _TRAIN,
-    ("train/history.py", "DistributedTrainingHistory lists must have one entry per"): _TRAIN,
-    ("train/history.py", "{} is not a JSON history file: {}"): _TRAIN,
-    ("train/history.py", "{} is not a DistributedTrainingHistory: {}"): _TRAIN,
-    ("train/history.py", "DistributedTrainingHistory.plot needs matplotlib: pip in"): _TRAIN,
-    ("train/history.py", "{} ({}) must be a number; pass a float such as loss.item"): _TRAIN,
-    ("train/history.py", "{} ({}) must be a fraction in [0, 1] (correct / total),"): _TRAIN,
-    ("train/loggers.py", "log_every_n_batches ({}) must be an integer >= 0 (0 turn"): _TRAIN,
-    ("train/loggers.py", "log_every_n_batches ({}) must be >= 0; 0 turns step line"): _TRAIN,
-    ("train/portable.py", "the optimizer holds parameters that are not the model's"): _TRAIN,
-    ("train/portable.py", "the saved optimizer's parameter groups {} differ from th"): _TRAIN,
-    ("train/portable.py", "RNG state lacks {} (has {}); pass the dict rng_state() m"): _TRAIN,
     ("train/portable.py", "the RNG state holds {} CUDA generators and this process"): _NEEDS_GPU,
-    ("train/resume.py", "cannot resume mid-epoch (epoch {}, optimizer step {}): {"): _TRAIN,
-    ("train/resume.py", "cannot resume: the ranks' newest valid checkpoints diffe"): _TRAIN,
-    ("train/setup.py", "the optimizer factory returned {}, not a torch.optim.Opt"): _TRAIN,
-    ("train/setup.py", "the optimizer was rebuilt over the sharded parameters (s"): _TRAIN,
-    ("train/setup.py", "device ({}) is not a torch device; pass 'cpu', 'cuda', '"): _TRAIN,
     ("train/setup.py", "device ({}) is a CUDA device, but torch.cuda.is_availabl"): _NEEDS_GPU,
-    ("train/setup.py", "config.compression ({}) is applied when rankwise wraps t"): _TRAIN,
-    ("train/setup.py", "config.strategy is 'none' but the model came wrapped in"): _TRAIN,
-    ("train/setup.py", "config.strategy is {} but the model came wrapped in {};"): _TRAIN,
-    ("train/setup.py", "the model is a DataParallel in a world of {} ranks: noth"): _TRAIN,
-    ("train/setup.py", "the DDP model's comm hook state ({}) is not checkpointed"): _TRAIN,
-    ("train/setup.py", "the model came wrapped in {} on {}, but the trainer's de"): _TRAIN,
-    ("train/setup.py", "the optimizer already holds state (it has stepped) and t"): _TRAIN,
-    ("train/setup.py", "{} optimizer parameter(s) are not parameters of the mode"): _TRAIN,
-    ("train/trainer.py", "optimizer must be a torch.optim.Optimizer or a callable"): _TRAIN,
-    ("train/trainer.py", "this trainer's model was wrapped for strategy {} by an e"): _TRAIN,
 }
 
 
