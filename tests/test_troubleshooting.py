@@ -36,6 +36,7 @@ from rankwise.launch import check_args
 from rankwise.testing import child_env, free_port, run_distributed, run_isolated
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig, load_file, save_file
 from test_troubleshooting_data import TRIGGERS as DATA_TRIGGERS
+from test_troubleshooting_distributed import TRIGGERS as DISTRIBUTED_TRIGGERS
 from test_troubleshooting_parallel import TRIGGERS as PARALLEL_TRIGGERS
 from test_troubleshooting_train import TRIGGERS as TRAIN_TRIGGERS
 from troubleshooting_table import check_row, raised, rows
@@ -337,7 +338,13 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
 def test_every_row_has_a_trigger_and_every_trigger_a_row() -> None:
     documented = rows()
     assert len(documented) >= 20
-    everywhere = [*TRIGGERS, *TRAIN_TRIGGERS, *DATA_TRIGGERS, *PARALLEL_TRIGGERS]
+    everywhere = [
+        *TRIGGERS,
+        *TRAIN_TRIGGERS,
+        *DATA_TRIGGERS,
+        *PARALLEL_TRIGGERS,
+        *DISTRIBUTED_TRIGGERS,
+    ]
     assert len(everywhere) == len(set(everywhere)), "a row id with two triggers"
     assert sorted(documented) == sorted(everywhere)
 
