@@ -35,6 +35,7 @@ from rankwise.distributed import DistributedConfig
 from rankwise.launch import check_args
 from rankwise.testing import child_env, free_port, run_distributed, run_isolated
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig, load_file, save_file
+from test_troubleshooting_augment import TRIGGERS as AUGMENT_TRIGGERS
 from test_troubleshooting_data import TRIGGERS as DATA_TRIGGERS
 from test_troubleshooting_distributed import TRIGGERS as DISTRIBUTED_TRIGGERS
 from test_troubleshooting_parallel import TRIGGERS as PARALLEL_TRIGGERS
@@ -344,6 +345,7 @@ def test_every_row_has_a_trigger_and_every_trigger_a_row() -> None:
         *DATA_TRIGGERS,
         *PARALLEL_TRIGGERS,
         *DISTRIBUTED_TRIGGERS,
+        *AUGMENT_TRIGGERS,
     ]
     assert len(everywhere) == len(set(everywhere)), "a row id with two triggers"
     assert sorted(documented) == sorted(everywhere)

@@ -64,9 +64,6 @@ INTERNAL: dict[tuple[str, str], str] = {
 # The backlog: user-facing, each names the value and the fix, but no row documents it yet. Rows
 # went first to what a user meets most (config values and files, launch, checkpoints, resume,
 # the trainer's inputs); moving an entry into the table means a row, a trigger, and deleting it.
-_CHECKS = "the shared integer / rank check behind many arguments; rows name the callers' fields"
-_AUGMENT = "an augmentation API argument (apply_augmentation, AugmentedDataset, presets)"
-_DATA = "a data API argument or saved data state (samplers, FetchDataset, weighted strategies)"
 _MID_INIT = (
     "fires only when a peer crashes or stalls at a precise moment inside init() (rank 0 exiting "
     "while it hosts the store, a rank stuck between building the group and the final check, "
@@ -75,31 +72,8 @@ _MID_INIT = (
 _NEEDS_GPU = "fires only on machines with(out) CUDA, so a trigger here cannot be portable"
 _MODELS = "a reference model's constructor argument (rankwise.models)"
 _COMPAT = "a seed guide's compatibility API, documented in docs/seeds/"
-_PARALLEL = "a rankwise.parallel argument (DDPConfig, FSDPConfig, Precision, recipes, ExplicitDDP)"
 
 NOT_YET_ROWS: dict[tuple[str, str], str] = {
-    ("_checks.py", "{} ({}) must be <= {}; reduce it modulo 2**64."): _CHECKS,
-    ("augment/apply.py", "unknown augmentation parameter(s) {}; valid keys are {}"): _AUGMENT,
-    ("augment/apply.py", "scale must be > 0 for every image, got {}."): _AUGMENT,
-    ("augment/apply.py", "noise must be >= 0 (a std), got {}."): _AUGMENT,
-    ("augment/apply.py", "images must be a torch.Tensor, got {}."): _AUGMENT,
-    ("augment/apply.py", "images must be a (B, C, H, W) batch, got shape {}; for o"): _AUGMENT,
-    ("augment/apply.py", "images must be floating point, got {}; convert with imag"): _AUGMENT,
-    ("augment/apply.py", "params[{}] must hold numbers, got {}."): _AUGMENT,
-    ("augment/apply.py", "params[{}] must be finite, got {}."): _AUGMENT,
-    ("augment/apply.py", "params['seed'] must hold integers, got {}."): _AUGMENT,
-    ("augment/apply.py", "params['seed'] must hold integers, got dtype {}."): _AUGMENT,
-    ("augment/apply.py", "params[{}] has shape {}; give one {} per image, shape ({"): _AUGMENT,
-    ("augment/apply.py", "params has no 'seed', and images {} and {} have identica"): _AUGMENT,
-    ("augment/dataset.py", "epoch_source ({}) has no 'epoch' attribute; pass the sam"): _AUGMENT,
-    ("augment/dataset.py", "this dataset reads its epoch from {}.epoch, which has no"): _AUGMENT,
-    ("augment/dataset.py", "base[{}] must be a (C, H, W) tensor or a tuple starting"): _AUGMENT,
-    ("augment/params.py", "{} ({}) must be a (low, high) pair of numbers, e.g. (0.8"): _AUGMENT,
-    ("augment/params.py", "{} ({}) must be finite; use bounded values."): _AUGMENT,
-    ("augment/params.py", "{} ({}) must have low {} 0: {}."): _AUGMENT,
-    ("augment/params.py", "config must be an AugmentationConfig or None, got {}; bu"): _AUGMENT,
-    ("augment/seeds.py", "sample_ids must be integers, got dtype {}; pass np.asarr"): _AUGMENT,
-    ("augment/seeds.py", "sample_id ({}) must be >= 0; sample ids are dataset indi"): _AUGMENT,
     ("compat/cyxwiz/nn.py", "SequentialModel.add takes a module such as cx.LinearModu"): _COMPAT,
     ("compat/frameworm.py", "unknown model {}; the known models are {} (e.g. get_mode"): _COMPAT,
     (
