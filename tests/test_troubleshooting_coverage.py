@@ -61,21 +61,17 @@ INTERNAL: dict[tuple[str, str], str] = {
     ),
 }
 
-# The backlog: user-facing, each names the value and the fix, but no row documents it yet. Rows
-# went first to what a user meets most (config values and files, launch, checkpoints, resume,
-# the trainer's inputs); moving an entry into the table means a row, a trigger, and deleting it.
+# The backlog: user-facing, each names the value and the fix, but no row documents it yet,
+# because no trigger can provoke it portably and fast (below: the reason for each). Moving an
+# entry into the table means a row, a trigger, and deleting it.
 _MID_INIT = (
     "fires only when a peer crashes or stalls at a precise moment inside init() (rank 0 exiting "
     "while it hosts the store, a rank stuck between building the group and the final check, "
     "torchrun's store without rank 0's announcement): no fast, deterministic trigger"
 )
 _NEEDS_GPU = "fires only on machines with(out) CUDA, so a trigger here cannot be portable"
-_MODELS = "a reference model's constructor argument (rankwise.models)"
-_COMPAT = "a seed guide's compatibility API, documented in docs/seeds/"
 
 NOT_YET_ROWS: dict[tuple[str, str], str] = {
-    ("compat/cyxwiz/nn.py", "SequentialModel.add takes a module such as cx.LinearModu"): _COMPAT,
-    ("compat/frameworm.py", "unknown model {}; the known models are {} (e.g. get_mode"): _COMPAT,
     (
         "distributed/group.py",
         "backend 'nccl' needs CUDA GPUs and NCCL, and this machin",
@@ -100,10 +96,6 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
         "distributed/rendezvous.py",
         "rank {} lost the rendezvous store during init(): rank 0,",
     ): _MID_INIT,
-    ("models/resnet.py", "layers ({}) must be four block counts >= 1, one per stag"): _MODELS,
-    ("models/vae.py", "{}.{} ({}) must be an integer >= 1, e.g. 16."): _MODELS,
-    ("models/vae.py", "VAE.beta ({}) must be a number >= 0, e.g. 1.0."): _MODELS,
-    ("models/vae.py", "{} expects a batch of inputs with input_dim ({}) feature"): _MODELS,
     ("train/portable.py", "the RNG state holds {} CUDA generators and this process"): _NEEDS_GPU,
     ("train/setup.py", "device ({}) is a CUDA device, but torch.cuda.is_availabl"): _NEEDS_GPU,
 }
