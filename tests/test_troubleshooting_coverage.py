@@ -97,7 +97,6 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
         "rank {} lost the rendezvous store during init(): rank 0,",
     ): _MID_INIT,
     ("train/portable.py", "the RNG state holds {} CUDA generators and this process"): _NEEDS_GPU,
-    ("train/setup.py", "device ({}) is a CUDA device, but torch.cuda.is_availabl"): _NEEDS_GPU,
 }
 
 

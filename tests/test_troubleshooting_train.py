@@ -200,6 +200,12 @@ def _predict_tuple() -> BaseException:
     return raised(trainer.predict, _X)
 
 
+def _cuda_device_without_cuda() -> BaseException:
+    if torch.cuda.is_available():
+        pytest.skip("device='cuda' is valid on a machine with CUDA")
+    return raised(DistributedTrainer, nn.Linear(2, 2), nn.MSELoss(), torch.optim.SGD, device="cuda")
+
+
 def _fitted(model: nn.Module | None = None) -> DistributedTrainer:
     trainer = _trainer(model, nn.MSELoss())
     trainer.fit(_X, _Y, _config())
@@ -469,6 +475,7 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "trainer-device": lambda: raised(
         DistributedTrainer, nn.Linear(2, 2), nn.MSELoss(), torch.optim.SGD, device="gpu0"
     ),
+    "trainer-device-no-cuda": _cuda_device_without_cuda,
     "trainer-strategy-changed": _strategy_changed,
     "optimizer-not-model-parameters": _foreign_optimizer,
     "audit-needs-sampler": _audit_with_loader,
