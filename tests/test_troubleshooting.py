@@ -4,8 +4,8 @@ The table is parsed; each row's ``id`` names a trigger here that provokes the er
 process, or on real gloo ranks where the error needs peers). A row without a trigger, or a
 trigger without a row, fails the test, so the table and the code cannot drift apart. In a
 documented message ``<NAME>`` stands for a part that changes from run to run (a port).
-Later rows' triggers live by layer in tests/test_troubleshooting_train.py and
-tests/test_troubleshooting_data.py; the pairing check here covers all of them, and
+Later rows' triggers live by layer in tests/test_troubleshooting_{train,data,distributed,
+parallel,augment,models,compat}.py; the pairing check here covers all of them, and
 tests/test_troubleshooting_coverage.py checks that no message rankwise raises is missing.
 """
 
@@ -35,7 +35,12 @@ from rankwise.distributed import DistributedConfig
 from rankwise.launch import check_args
 from rankwise.testing import child_env, free_port, run_distributed, run_isolated
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig, load_file, save_file
+from test_troubleshooting_augment import TRIGGERS as AUGMENT_TRIGGERS
+from test_troubleshooting_compat import TRIGGERS as COMPAT_TRIGGERS
 from test_troubleshooting_data import TRIGGERS as DATA_TRIGGERS
+from test_troubleshooting_distributed import TRIGGERS as DISTRIBUTED_TRIGGERS
+from test_troubleshooting_models import TRIGGERS as MODELS_TRIGGERS
+from test_troubleshooting_parallel import TRIGGERS as PARALLEL_TRIGGERS
 from test_troubleshooting_train import TRIGGERS as TRAIN_TRIGGERS
 from troubleshooting_table import check_row, raised, rows
 
@@ -365,7 +370,16 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
 def test_every_row_has_a_trigger_and_every_trigger_a_row() -> None:
     documented = rows()
     assert len(documented) >= 20
-    everywhere = [*TRIGGERS, *TRAIN_TRIGGERS, *DATA_TRIGGERS]
+    everywhere = [
+        *TRIGGERS,
+        *TRAIN_TRIGGERS,
+        *DATA_TRIGGERS,
+        *PARALLEL_TRIGGERS,
+        *DISTRIBUTED_TRIGGERS,
+        *AUGMENT_TRIGGERS,
+        *MODELS_TRIGGERS,
+        *COMPAT_TRIGGERS,
+    ]
     assert len(everywhere) == len(set(everywhere)), "a row id with two triggers"
     assert sorted(documented) == sorted(everywhere)
 

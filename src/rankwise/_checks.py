@@ -14,6 +14,7 @@ __all__ = ["MAX_EPOCH", "check_epoch", "check_int", "check_rank"]
 
 # Epochs are shared with DataLoader workers through int64 tensors (see check_epoch).
 MAX_EPOCH = 2**63 - 1
+_MAX_U64 = 2**64 - 1  # seeds
 
 
 def check_int(name: str, value: object, *, minimum: int = 0, maximum: int | None = None) -> int:
@@ -36,7 +37,11 @@ def check_int(name: str, value: object, *, minimum: int = 0, maximum: int | None
         fix = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
         raise ValueError(f"{name} ({value}) must be >= {minimum}; pass {fix}.")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{name} ({value}) must be <= {maximum}; reduce it modulo 2**64.")
+        if maximum == _MAX_U64:  # a seed: any integer works once reduced
+            raise ValueError(f"{name} ({value}) must be <= {maximum}; reduce it modulo 2**64.")
+        raise ValueError(
+            f"{name} ({value}) must be <= {maximum}; pass an integer in {minimum}..{maximum}."
+        )
     return value
 
 

@@ -210,7 +210,7 @@ class Permutation:
         ):
             raise ValueError(
                 f"positions must be integers in [0, {self.n}); got values from "
-                f"{arr.min()!r} to {arr.max()!r}."
+                f"{arr.min().item()!r} to {arr.max().item()!r}."
             )
         return arr.astype(np.uint64)
 

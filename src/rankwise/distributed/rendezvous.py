@@ -118,7 +118,9 @@ def _connect_store(cfg: DistributedConfig, port: int, deadline: float) -> dist.T
     except (RuntimeError, OSError) as exc:  # DistNetworkError / DistStoreError derive from these
         if hosts:
             raise DistributedConfigError(
-                f"could not listen on MASTER_PORT={port} ({exc}); pick another port."
+                f"could not listen on MASTER_PORT={port} ({exc}); pick another port, and check "
+                f"that MASTER_ADDR={cfg.master_addr} is rank 0's own machine (rank 0 hosts the "
+                "store there)."
             ) from exc
         if isinstance(exc, dist.DistNetworkError):
             raise  # a store closing under us, or a dead round's port: the caller tries again

@@ -1,0 +1,25 @@
+"""docs/troubleshooting.md's rows for the reference models (rankwise.models), each provoked in
+this process. tests/test_troubleshooting.py checks that these rows and triggers pair up."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from rankwise.models import VAE, ResNet
+from troubleshooting_table import check_row, raised
+
+TRIGGERS: dict[str, Callable[[], BaseException]] = {
+    "resnet-layers": lambda: raised(ResNet, (3, 4, 6)),
+    "resnet-classes": lambda: raised(ResNet, (1, 1, 1, 1), num_classes=0),
+    "model-dimension": lambda: raised(VAE, 4, 0),
+    "vae-beta": lambda: raised(VAE, 4, 2, beta=-1),
+    "model-input-features": lambda: raised(VAE(4, 2), torch.zeros(3, 5)),
+}
+
+
+@pytest.mark.parametrize("row_id", sorted(TRIGGERS))
+def test_documented_message_is_the_one_raised(row_id: str) -> None:
+    check_row(row_id, TRIGGERS[row_id])
