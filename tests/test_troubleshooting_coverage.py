@@ -69,6 +69,10 @@ _MID_INIT = (
     "while it hosts the store, a rank stuck between building the group and the final check, "
     "torchrun's store without rank 0's announcement): no fast, deterministic trigger"
 )
+_FORGED = (
+    "fires only for a sharded checkpoint folder whose manifest was rewritten by hand to match "
+    "changed files (a torn or changed file fails verification first): a trigger must forge one"
+)
 _NEEDS_GPU = "fires only on machines with(out) CUDA, so a trigger here cannot be portable"
 
 NOT_YET_ROWS: dict[tuple[str, str], str] = {
@@ -97,10 +101,9 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
         "rank {} lost the rendezvous store during init(): rank 0,",
     ): _MID_INIT,
     ("train/portable.py", "the RNG state holds {} CUDA generators and this process"): _NEEDS_GPU,
-    ("train/setup.py", "this trainer's model was prepared with {}={} by an earli"): _TRAIN,
-    ("train/sharded.py", "checkpoint {}: its manifest lists no {}."): _TRAIN,
-    ("train/sharded.py", "checkpoint {}: {} is not a rankwise training state."): _TRAIN,
-    ("train/sharded.py", "checkpoint {}: {} verifies but does not load: {}"): _TRAIN,
+    ("train/sharded.py", "checkpoint {}: its manifest lists no {}."): _FORGED,
+    ("train/sharded.py", "checkpoint {}: {} is not a rankwise training state."): _FORGED,
+    ("train/sharded.py", "checkpoint {}: {} verifies but does not load: {}"): _FORGED,
 }
 
 
