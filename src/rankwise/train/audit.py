@@ -85,6 +85,12 @@ class AuditLog:
             }
         )
 
+    def on_regroup(self, trainer: Any) -> None:
+        """The survivors of a lost rank go on from the last completed step (``rankwise launch
+        --on-failure continue``): a new attempt from there, so the lost step's records of the
+        old attempt are rolled back by :func:`read_audit` as a resume's are."""
+        self.on_fit_start(trainer)
+
     def on_batch(self, trainer: Any, epoch: int, step: int, sample_ids: Any) -> None:
         ids = [] if sample_ids is None else [int(i) for i in sample_ids]
         self._write({"epoch": epoch, "step": step + 1, "ids": ids, "time": time.time()})

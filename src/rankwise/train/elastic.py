@@ -1,0 +1,215 @@
+"""Training on through a lost rank (``rankwise launch --on-failure continue``).
+
+Without that launcher :func:`epoch_runner` is :func:`~rankwise.train.loop.train_epoch` itself.
+Under it, each epoch runs inside :class:`Continuing`, which keeps a *mark* at every optimizer
+step (the step, the sampler cursor, the length of the epoch's sums) and, when a collective
+fails because a peer is gone (closed gloo connection, collective timeout):
+
+1. drops its references to the broken group (the DDP wrapper) and the partial step (gradients
+   zeroed, the micro-batches after the mark taken out of the sums);
+2. regroups with the survivors (:meth:`rankwise.distributed.membership.Membership.regroup`:
+   same processes, a new gloo group);
+3. re-wraps the module for the new group and checks every survivor is at the same optimizer
+   step (DDP makes their parameters identical there);
+4. re-splits the rest of the epoch from the mark's cursor over the new world, keeping the
+   global batch (``3 x 32 = 96`` becomes ``2 x 48``), so the steps that follow see the same
+   samples, with the same mean gradient, as the uninterrupted run;
+5. tells the callbacks (``on_regroup``: the :class:`~rankwise.train.audit.AuditLog` starts a
+   new attempt from the mark's step, which rolls back the lost step's records) and goes on.
+
+>>> epoch_runner(None, None, None, lambda: None) is train_epoch   # no membership: plain
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import rankwise.distributed as rd
+from rankwise.distributed.membership import Membership, RegroupError
+from rankwise.parallel import unwrap_model
+from rankwise.train.config import DistributedTrainingConfig
+from rankwise.train.data import TrainBatches
+from rankwise.train.loop import StepEnv, train_epoch
+from rankwise.train.setup import rewrap
+from rankwise.train.state import TrainState
+
+__all__ = ["Continuing", "epoch_runner", "is_peer_failure"]
+
+EpochFn = Callable[[TrainState, StepEnv, Any], tuple[float, float | None, int]]
+
+# What gloo and c10d say when a peer is gone: a closed or reset connection, or the
+# collective timeout (a frozen peer).
+_PEER_GONE = (
+    "closed by peer",
+    "connection reset",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "connection refused",
+    "socket",
+)
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` (from a collective) says a peer is gone, not that the code is wrong.
+
+    >>> is_peer_failure(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]"))
+    True
+    >>> is_peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    False
+    """
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(word in text for word in _PEER_GONE)
+
+
+def epoch_runner(
+    state: TrainState | None,
+    cfg: DistributedTrainingConfig | None,
+    device: torch.device | None,
+    notify: Callable[[], None],
+) -> EpochFn:
+    """``train_epoch``, or a :class:`Continuing` one under ``--on-failure continue``."""
+    membership = rd.membership()
+    if membership is None or state is None or cfg is None:
+        return train_epoch
+    return Continuing(membership, state, cfg, device, notify).run_epoch
+
+
+@dataclasses.dataclass
+class _Mark:
+    step: int
+    cursor: dict[str, Any] | None
+    sums: tuple[int, int, int, int]  # lengths of losses, counts, hits; classed
+
+
+class Continuing:
+    """One ``fit``'s epochs under ``--on-failure continue`` (see module doc)."""
+
+    def __init__(
+        self,
+        membership: Membership,
+        state: TrainState,
+        cfg: DistributedTrainingConfig,
+        device: torch.device | None,
+        notify: Callable[[], None],
+    ) -> None:
+        self.membership, self.state, self.cfg = membership, state, cfg
+        self.device, self.notify = device, notify
+        self.global_batch = cfg.batch_size * rd.get_world_size() * cfg.grad_accum_steps
+        self.source: Any = None
+        self.mark: _Mark | None = None
+        self.regroups = 0
+
+    def run_epoch(self, state: TrainState, env: StepEnv, source: Any) -> tuple:
+        """``train_epoch`` until it finishes, regrouping after each lost peer."""
+        if self.source is None or self.source.dataset is not getattr(source, "dataset", None):
+            if not isinstance(source, TrainBatches):
+                raise RegroupError(
+                    "--on-failure continue re-splits the rest of the epoch over the survivors, "
+                    "which needs the trainer's own sampler: pass arrays or a Dataset to fit(), "
+                    "not a DataLoader (or launch with --on-failure restart)."
+                )
+            self.source = source
+        env = dataclasses.replace(env, after_step=self._marking(env.after_step))
+        self.mark = self._take_mark()
+        while True:
+            try:
+                return train_epoch(state, env, self.source)
+            except RuntimeError as exc:
+                if not is_peer_failure(exc):
+                    raise
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            # Outside the except block: the traceback's frames hold the DDP wrapper, and so
+            # the broken group, whose sockets must close for blocked peers to wake up.
+            self._recover(reason)
+
+    # -- marks ------------------------------------------------------------------------------
+
+    def _marking(self, inner: Callable[[bool], None]) -> Callable[[bool], None]:
+        def after_step(ends_epoch: bool) -> None:
+            self.mark = self._take_mark()  # first: the step is done, whatever follows fails
+            inner(ends_epoch)
+
+        return after_step
+
+    def _take_mark(self) -> _Mark:
+        sums, sampler = self.state.sums, self.state.sampler
+        lengths = (0, 0, 0, 0)
+        if sums is not None:
+            lengths = (len(sums.losses), len(sums.counts), len(sums.hits), sums.classed)
+        cursor = dict(sampler.state_dict()) if sampler is not None else None
+        return _Mark(self.state.step, cursor, lengths)
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    def _recover(self, reason: str) -> None:
+        state, mark = self.state, self.mark
+        assert mark is not None and state.optimizer is not None, "set by run_epoch / fit"
+        module = unwrap_model(state.model)
+        state.model = module  # the wrapper holds the broken group: let it go
+        state.optimizer.zero_grad(set_to_none=True)  # the partial step's gradients
+        gc.collect()
+        old_world = rd.get_world_size() if rd.has_group() else None
+        self.membership.regroup()
+        self.regroups += 1
+        world = self.membership.world_size
+        if self.global_batch % (world * self.cfg.grad_accum_steps):
+            raise RegroupError(
+                f"the global batch {self.global_batch} cannot be split evenly over the "
+                f"{world} rank(s) left x {self.cfg.grad_accum_steps} accumulation steps "
+                "(uneven per-rank batches are not supported yet): the job stops. Choose "
+                "batch_size x nproc so that every world size down to --min-nproc divides it, "
+                "or raise --min-nproc."
+            )
+        state.model = rewrap(module, self.cfg, self.device)
+        steps: list[Any] = [None] * world
+        dist.all_gather_object(steps, mark.step)
+        if len(set(steps)) > 1:
+            raise RegroupError(
+                f"the survivors stopped at different optimizer steps ({steps}) after "
+                f"{reason}; handing the furthest state to the others is not supported yet."
+            )
+        state.step = mark.step
+        self._truncate_sums(mark)
+        self._resplit(mark, world)
+        if rd.is_master():
+            print(
+                f"rankwise: a peer was lost ({reason}); continuing on {world} rank(s) "
+                f"(was {old_world or '?'}) from optimizer step {mark.step}, global batch "
+                f"{self.global_batch} = {world} x {self.global_batch // world}",
+                flush=True,
+            )
+        self.notify()
+
+    def _truncate_sums(self, mark: _Mark) -> None:
+        sums = self.state.sums
+        if sums is None:
+            return
+        losses, counts, hits, classed = mark.sums
+        del sums.losses[losses:], sums.counts[counts:]
+        del sums.hits[min(hits, len(sums.hits)) :]
+        sums.classed = classed
+
+    def _resplit(self, mark: _Mark, world: int) -> None:
+        old = self.source
+        per_rank = self.global_batch // (world * self.cfg.grad_accum_steps)
+        self.source = TrainBatches(
+            old.dataset,
+            per_rank,
+            shuffle=self.cfg.shuffle,
+            seed=self.cfg.seed,
+            num_workers=self.cfg.num_workers,
+            record_ids=old.record_ids,
+        )
+        if mark.cursor is not None:
+            self.source.sampler.load_state_dict(mark.cursor)
+        self.state.sampler = self.source.sampler
