@@ -87,3 +87,15 @@ def test_survivors_keep_their_pids_and_all_reduce_in_a_new_group(tmp_path, how):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_init_refuses_continue_under_plain_torchrun(monkeypatch):
+    import rankwise.distributed as rd
+
+    for key, value in {
+        "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "x",
+        "RANKWISE_ON_FAILURE": "continue",
+    }.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    with pytest.raises(DistributedConfigError, match="--on-failure continue"):
+        rd.init()

@@ -39,7 +39,7 @@ class _Slot:
     index: int
     proc: subprocess.Popen[bytes]
     incarnation: int = 0
-    member_seen: bool = False  # in a generation's member list since this start
+    member_seen: bool = True  # in a generation since this start (a first start: generation 0)
     exit_codes: list[int] = field(default_factory=list)
 
 

@@ -100,6 +100,12 @@ def _build_group(cfg: DistributedConfig, backend: str, device: torch.device | No
     if device is not None:
         torch.cuda.set_device(device)  # rankwise's own group: this rank's GPU is its local rank
     timeout = timedelta(milliseconds=cfg.collective_timeout_ms)
+    if (member := MemberConfig.from_environment()) is not None:  # --on-failure continue
+        global _membership
+        member = dataclasses.replace(member, collective_timeout_s=timeout.total_seconds())
+        _membership = Membership(member, timeout_s=cfg.timeout_ms / 1000 + 60)
+        _membership.start()
+        return
     if cfg.world_size == 1:  # nobody to meet: an in-process store, no port
         dist.init_process_group(
             backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
@@ -108,12 +114,6 @@ def _build_group(cfg: DistributedConfig, backend: str, device: torch.device | No
         return
     if "gloo" in backend:
         choose_gloo_interface(cfg.master_addr, cfg.world_size)
-    if (member := MemberConfig.from_environment()) is not None:  # --on-failure continue
-        global _membership
-        member = dataclasses.replace(member, collective_timeout_s=timeout.total_seconds())
-        _membership = Membership(member, timeout_s=cfg.timeout_ms / 1000 + 60)
-        _membership.start()
-        return
     # One deadline for the whole rendezvous: connecting, then waiting for the others.
     store = rendezvous(cfg, time.monotonic() + cfg.timeout_ms / 1000)
     try:
