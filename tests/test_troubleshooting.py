@@ -30,6 +30,7 @@ import rankwise.data as rdata
 import rankwise.distributed as rd
 import rankwise.parallel as rp
 from rankwise.distributed import DistributedConfig
+from rankwise.distributed.membership import on_failure_mode
 from rankwise.launch import check_args
 from rankwise.testing import child_env, free_port, run_distributed, run_isolated
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig, load_file, save_file
@@ -288,6 +289,9 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "rank-beyond-world": lambda: _raised(DistributedConfig, rank=4, world_size=4),
     "port-range": lambda: _raised(DistributedConfig, master_port=70000),
     "backend-unknown": lambda: _raised(DistributedConfig, backend="mpi"),
+    "continue-without-launcher": lambda: _raised(
+        on_failure_mode, {"RANKWISE_ON_FAILURE": "continue", "TORCHELASTIC_RUN_ID": "x"}
+    ),
     "timeout-ms": lambda: _raised(DistributedConfig, timeout_ms=0),
     "launch-nproc": lambda: _launch(nproc="two"),
     "launch-nnodes": lambda: _launch(nnodes="3:2"),

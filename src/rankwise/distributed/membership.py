@@ -196,7 +196,9 @@ class Membership:
 
     def _lead(self, nxt: int, expect_all: bool) -> None:
         old = self.members
-        waiting = self.joiners()
+        # Joiners come in only where the caller asked to grow, at a step boundary it chose:
+        # the survivors of a failure have their own recovery to run first.
+        waiting = self.joiners() if expect_all else []
         for s in waiting:  # a joiner arrives by its request
             self.store.set(f"gen/{nxt}/arrive/{s}", "1")
         seen: dict[int, tuple[int, float]] = {}
