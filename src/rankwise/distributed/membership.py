@@ -125,10 +125,11 @@ class MemberConfig:
 class Membership:
     """This process's place in the job's generations; builds each generation's gloo group.
 
-    >>> m = Membership(MemberConfig(slot=1, world_size=3, host="127.0.0.1", port=29500))
-    ... # doctest: +SKIP
-    >>> m.start()          # generation 0 (or, after a restart, joins the running world)
-    >>> m.regroup()        # after a failed collective: the survivors' new group
+    Under the launcher, :func:`rankwise.distributed.init` builds it (``rd.membership()``)::
+
+        m = Membership(MemberConfig(slot=1, world_size=3, host="127.0.0.1", port=29500))
+        m.start()    # generation 0 (or, after a restart, wait to be let in)
+        m.regroup()  # after a failed collective: the survivors' new group
     """
 
     def __init__(self, cfg: MemberConfig, timeout_s: float = 60.0) -> None:
