@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rankwise.testing import assert_exactly_once, run_script
+from rankwise.train import read_audit
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -85,3 +86,29 @@ def test_fewer_survivors_than_min_nproc_stop_naming_why(tmp_path):
     assert result.returncode != 0
     assert "--min-nproc is 3: the job stops" in result.stderr
     assert "every process was lost" in result.stderr
+
+
+def test_a_restarted_rank_rejoins_from_a_live_peer(reference, tmp_path):
+    # Slot 2 is SIGKILLed in step 5; the launcher restarts it; the survivors (2 x 12) let it
+    # in at the end of step 7, a live peer sends it the state, and steps 8..16 run on 3 x 8.
+    result = launch(
+        tmp_path, "--kill-slot", "2", "--kill-step", "5", "--await-joiner-step", "7",
+        launch_args=("--max-restarts", "1"),
+    )  # fmt: skip
+    params = finished(result, tmp_path)
+    assert "continuing on 2 rank(s) (was 3) from optimizer step 5" in result.stdout
+    assert "slot(s) [2] rejoined; continuing on 3 rank(s) (was 2) from optimizer step 7" in (
+        result.stdout
+    )
+    assert "global batch 24 = 3 x 8" in result.stdout
+    assert len(pids(tmp_path, 0)) == len(pids(tmp_path, 1)) == 1  # the survivors kept theirs
+    assert len(pids(tmp_path, 2)) == 2  # the first start and the restart
+    assert (tmp_path / "final-world").read_text().strip() == "3"
+    # The restarted process trained every step after it joined, in both epochs.
+    steps = [int(s) for s in (tmp_path / "rejoined-2").read_text().split()]
+    assert steps == list(range(8, 17))
+    assert assert_exactly_once(tmp_path / "audit", 3, NUM_SAMPLES, EPOCHS) == [0, 5, 7]
+    last = read_audit(tmp_path / "audit").attempts[-1]
+    assert last.world_size == 3 and last.finished
+    assert (tmp_path / "audit" / f"audit-{last.name}-rank2.jsonl").read_text().count('"ids"') == 9
+    assert max_diff(params, reference) < 1e-4

@@ -81,6 +81,9 @@ def run_continue(args: argparse.Namespace) -> int:
         "MASTER_PORT": str(store.port),
         "RANKWISE_ON_FAILURE": "continue",
         "RANKWISE_MIN_NPROC": str(int(getattr(args, "min_nproc", 1) or 1)),
+        # Nobody can come back without restarts: the members then never check for joiners.
+        "RANKWISE_JOIN_CHECK_EVERY": os.environ.get("RANKWISE_JOIN_CHECK_EVERY")
+        or ("1" if restarts else "0"),
     }
 
     def spawn(index: int, incarnation: int) -> subprocess.Popen[bytes]:

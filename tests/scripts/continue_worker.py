@@ -7,6 +7,10 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
 - ``--kill-slot S --kill-step K``: slot S SIGKILLs itself in optimizer step K, after its
   micro-batch is recorded (its gradient reached the others), on its first start only.
 - ``--stop-slot S --stop-step K``: slot S SIGSTOPs itself there instead (frozen).
+- ``--await-joiner-step K``: in optimizer step K, a member of a smaller world than it started
+  with waits (up to 120 s) until a restarted process asks to join, so the join lands at the
+  end of step K however slowly the restarted process starts. A restarted process writes the
+  optimizer step of each of its micro-batches to ``OUT/rejoined-<slot>``.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -31,6 +36,7 @@ p.add_argument("--kill-slot", type=int, default=-1)
 p.add_argument("--kill-step", type=int, default=-1)
 p.add_argument("--stop-slot", type=int, default=-1)
 p.add_argument("--stop-step", type=int, default=-1)
+p.add_argument("--await-joiner-step", type=int, default=-1)
 args = p.parse_args()
 args.out.mkdir(parents=True, exist_ok=True)
 slot = int(os.environ.get("RANKWISE_SLOT", os.environ.get("RANK", "0")))
@@ -44,7 +50,14 @@ class Fault:
 
     def on_batch(self, trainer: DistributedTrainer, epoch: int, step: int, ids: object) -> None:
         if not first_start:
+            with open(args.out / f"rejoined-{slot}", "a") as f:
+                f.write(f"{step + 1}\n")
             return
+        member = rd.membership()
+        if step + 1 == args.await_joiner_step and member and member.world_size < 3:
+            deadline = time.monotonic() + 120
+            while not member.joiners() and time.monotonic() < deadline:
+                time.sleep(0.05)
         if slot == args.kill_slot and step + 1 == args.kill_step:
             os.kill(os.getpid(), signal.SIGKILL)
         if slot == args.stop_slot and step + 1 == args.stop_step:

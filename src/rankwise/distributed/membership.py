@@ -10,13 +10,21 @@ regroup writes generation ``g+1`` under its own keys and builds a fresh gloo gro
     gen/<g>/members    -> "0,2"        (slots, in new-rank order: slot 2 is rank 1 now)
     gen/<g>/leader     -> "0"          (the first survivor to arrive; it writes members)
     gen/<g>/arrive/<s> -> "1"          (slot s is alive and wants into generation g)
-    join/<s>           -> "<incarnation>" (a restarted slot asks to come back)
+    waiting            -> "2"          (restarted slots asking to come back)
+    join/<s>           -> "<incarnation>" (the incarnation of slot s that waits)
+    admit/<s>/<inc>    -> "<g>"        (the leader let that incarnation into generation g)
+    gen/<g>/joined     -> "2"          (the slots generation g let in: they need the state)
     hb/<s>             -> a counter each process's heartbeat thread bumps every 0.2 s
 
 Who is still there is decided by the leader alone and read by everyone, so survivors always
 agree: it waits until every member of the old generation has arrived or has a heartbeat that
 stood still for ``stale_s`` (a SIGKILLed or SIGSTOPped process bumps nothing). That takes
 about ``stale_s`` after the failure when a rank died, and no time at all when the world grows.
+
+A restarted slot first runs alone (:attr:`Membership.pending`: a world of one, so the
+script's set-up needs nobody) and asks to come in with :meth:`Membership.join` once it is
+ready to train; the live members let it in at a step boundary they agree on
+(``regroup(grow=True)``), and a live peer sends it the training state.
 
 Teardown never waits for the broken group: gloo has no abort, and destroying a group whose
 collectives are still queued behind a frozen peer joins its worker threads, which wait for
@@ -137,6 +145,8 @@ class Membership:
         self.timeout_s = timeout_s
         self.generation = -1
         self.members: list[int] = []
+        self.joined: list[int] = []  # the slots the current generation let in
+        self.pending = False  # a restarted slot, alone until join()
         self.store = self._connect()
         self._beats = self._connect()  # the heartbeat thread's own connection
         self._stop = threading.Event()
@@ -160,11 +170,22 @@ class Membership:
     # -- generations ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Generation 0 for a first start; for a restarted slot, wait to be let in."""
+        """Generation 0 for a first start; a restarted slot runs alone until :meth:`join`."""
         if self.cfg.incarnation == 0 and not self._has("current"):
             self._enter(0, list(range(self.cfg.world_size)))
             return
+        self.pending, self.members = True, [self.cfg.slot]
+        dist.init_process_group(
+            "gloo", store=dist.HashStore(), rank=0, world_size=1,
+            timeout=timedelta(seconds=self.cfg.collective_timeout_s),
+        )  # fmt: skip
+
+    def join(self) -> None:
+        """A restarted slot: ask to come in and wait until the live members let it in."""
+        if dist.is_initialized():
+            _retire_default_group()  # the world of one
         self._request_join()
+        self.pending = False
 
     def regroup(self, grow: bool = False) -> None:
         """Build the next generation from whoever is still there (plus waiting joiners).
@@ -188,6 +209,8 @@ class Membership:
                 f"{self.cfg.min_nproc}: the job stops. Raise --max-restarts so lost ranks "
                 "come back, or lower --min-nproc."
             )
+        joined = self._get(f"gen/{nxt}/joined", "")
+        self.joined = [int(s) for s in joined.split(",") if s]
         self._enter(nxt, members)
 
     def close(self) -> None:
@@ -217,9 +240,15 @@ class Membership:
                 break
             time.sleep(0.05)
         members = sorted(set(arrived) | set(waiting))
+        self.store.set(f"gen/{nxt}/joined", ",".join(map(str, waiting)))
         self.store.set(f"gen/{nxt}/members", ",".join(map(str, members)))
-        if waiting:
-            self.store.set("waiting", "")
+        for s in waiting:
+            self.store.set(f"admit/{s}/{self._get(f'join/{s}', '0')}", str(nxt))
+        while waiting:  # take them off the list; one may have been added since
+            listed = self._get("waiting", "")
+            new = ",".join(x for x in listed.split(",") if x and int(x) not in waiting)
+            if self.store.compare_set("waiting", listed, new).decode() == new:
+                break
         self.store.set("current", str(nxt))
 
     def _wait_members(self, gen: int) -> list[int]:
@@ -237,22 +266,22 @@ class Membership:
         return members
 
     def _request_join(self) -> None:
+        slot = self.cfg.slot
+        self.store.set(f"join/{slot}", str(self.cfg.incarnation))  # before: the leader reads it
         # compare_set in a loop: an atomic append to the waiting list.
         while True:
             old = self._get("waiting", "")
-            new = ",".join(filter(None, [old, str(self.cfg.slot)]))
+            new = ",".join(filter(None, [old, str(slot)]))
             if self.store.compare_set("waiting", old, new).decode() == new:
                 break
-        self.store.set(f"join/{self.cfg.slot}", str(self.cfg.incarnation))
+        admit = f"admit/{slot}/{self.cfg.incarnation}"
         deadline = time.monotonic() + self.timeout_s
-        gen = int(self._get("current", "0"))
         while time.monotonic() < deadline:
-            if self._has(f"gen/{gen + 1}/members"):
-                members = self._wait_members(gen + 1)
-                self._enter(gen + 1, members)
+            if self._has(admit):
+                gen = int(self._get(admit, "0"))
+                self.joined = [int(s) for s in self._get(f"gen/{gen}/joined", "").split(",") if s]
+                self._enter(gen, self._wait_members(gen))
                 return
-            if self._has("current") and int(self._get("current", "0")) > gen + 1:
-                gen = int(self._get("current", "0")) - 1
             time.sleep(0.05)
         raise RegroupError(
             f"slot {self.cfg.slot} (restart {self.cfg.incarnation}) waited {self.timeout_s:.0f}s "

@@ -67,6 +67,9 @@ class AuditLog:
                 "the sampler: pass arrays or a Dataset to fit(), not a DataLoader."
             )
         self.close()
+        member = rd.membership()
+        if member is not None and member.pending:
+            return  # a restarted process: its attempt starts when it joins (on_regroup)
         # Rank 0 names the attempt (nanoseconds since the epoch: later attempts sort later);
         # every rank writes its file under that name.
         box: list[Any] = [f"{time.time_ns():020d}"]

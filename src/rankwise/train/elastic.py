@@ -17,6 +17,15 @@ fails because a peer is gone (closed gloo connection, collective timeout):
 5. tells the callbacks (``on_regroup``: the :class:`~rankwise.train.audit.AuditLog` starts a
    new attempt from the mark's step, which rolls back the lost step's records) and goes on.
 
+A lost rank the launcher restarted comes back at a step boundary: every ``N`` optimizer steps
+(``RANKWISE_JOIN_CHECK_EVERY``, 1; 0 under ``--max-restarts 0``) rank 0 reads the store's
+waiting list and broadcasts one number, so all members agree on the step. There they
+regroup with the joiners (``regroup(grow=True)``), a live member sends its whole
+:class:`TrainState` (:func:`~rankwise.train.state.broadcast_state`), and everyone re-wraps and
+re-splits the rest of the epoch over the larger world, keeping the global batch. The joiner
+ran its script's set-up alone (a world of one) and takes the state in :class:`Continuing`,
+before its first epoch; its epoch sums start empty there.
+
 >>> epoch_runner(None, None, None, lambda: None) is train_epoch   # no membership: plain
 True
 """
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +48,8 @@ from rankwise.train.config import DistributedTrainingConfig
 from rankwise.train.data import TrainBatches
 from rankwise.train.loop import StepEnv, train_epoch
 from rankwise.train.setup import rewrap
-from rankwise.train.state import TrainState
+from rankwise.train.state import TrainState, broadcast_state
+from rankwise.train.sums import EpochSums
 
 __all__ = ["Continuing", "epoch_runner", "is_peer_failure"]
 
@@ -55,6 +66,10 @@ _PEER_GONE = (
     "connection refused",
     "socket",
 )
+
+
+class _Grow(Exception):  # a signal, not an error
+    """Raised at the step boundary where the members agreed to let joiners in."""
 
 
 def is_peer_failure(exc: BaseException) -> bool:
@@ -108,6 +123,12 @@ class Continuing:
         self.source: Any = None
         self.mark: _Mark | None = None
         self.regroups = 0
+        self.join_every = int(os.environ.get("RANKWISE_JOIN_CHECK_EVERY", "1") or 0)
+        self.join_cursor: dict[str, Any] | None = None  # a joiner's, until it has the data
+        if membership.pending:  # a restarted process: in at the members' next step boundary
+            state.sums = EpochSums()  # its own sums of the epoch start empty
+            membership.join()
+            self._take_state(None)
 
     def run_epoch(self, state: TrainState, env: StepEnv, source: Any) -> tuple:
         """``train_epoch`` until it finishes, regrouping after each lost peer."""
@@ -119,18 +140,26 @@ class Continuing:
                     "not a DataLoader (or launch with --on-failure restart)."
                 )
             self.source = source
+        if self.join_cursor is not None:
+            self._resplit(self.join_cursor, self.membership.world_size)
+            self.join_cursor = None
         env = dataclasses.replace(env, after_step=self._marking(env.after_step))
         self.mark = self._take_mark()
         while True:
             try:
                 return train_epoch(state, env, self.source)
+            except _Grow:
+                reason = ""
             except RuntimeError as exc:
                 if not is_peer_failure(exc):
                     raise
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             # Outside the except block: the traceback's frames hold the DDP wrapper, and so
             # the broken group, whose sockets must close for blocked peers to wake up.
-            self._recover(reason)
+            if reason:
+                self._recover(reason)
+            else:
+                self._grow()
 
     # -- marks ------------------------------------------------------------------------------
 
@@ -138,8 +167,23 @@ class Continuing:
         def after_step(ends_epoch: bool) -> None:
             self.mark = self._take_mark()  # first: the step is done, whatever follows fails
             inner(ends_epoch)
+            if not ends_epoch and self._joiners_agreed():
+                raise _Grow
 
         return after_step
+
+    def _joiners_agreed(self) -> bool:
+        """Whether every member lets the waiting joiners in now: rank 0 reads the store and
+        broadcasts the answer (a world the global batch does not divide waits for more)."""
+        if not self.join_every or self.state.step % self.join_every:
+            return False
+        flag = torch.zeros(1, dtype=torch.int64, device=rd.collective_device())
+        if rd.is_master():
+            world = self.membership.world_size + len(self.membership.joiners())
+            fits = self.global_batch % (world * self.cfg.grad_accum_steps) == 0
+            flag[0] = int(world > self.membership.world_size and fits)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
 
     def _take_mark(self) -> _Mark:
         sums, sampler = self.state.sums, self.state.sampler
@@ -154,22 +198,12 @@ class Continuing:
     def _recover(self, reason: str) -> None:
         state, mark = self.state, self.mark
         assert mark is not None and state.optimizer is not None, "set by run_epoch / fit"
-        module = unwrap_model(state.model)
-        state.model = module  # the wrapper holds the broken group: let it go
+        module = self._unwrap()
         state.optimizer.zero_grad(set_to_none=True)  # the partial step's gradients
-        gc.collect()
         old_world = rd.get_world_size() if rd.has_group() else None
         self.membership.regroup()
         self.regroups += 1
-        world = self.membership.world_size
-        if self.global_batch % (world * self.cfg.grad_accum_steps):
-            raise RegroupError(
-                f"the global batch {self.global_batch} cannot be split evenly over the "
-                f"{world} rank(s) left x {self.cfg.grad_accum_steps} accumulation steps "
-                "(uneven per-rank batches are not supported yet): the job stops. Choose "
-                "batch_size x nproc so that every world size down to --min-nproc divides it, "
-                "or raise --min-nproc."
-            )
+        world = self._check_split("left")
         state.model = rewrap(module, self.cfg, self.device)
         steps: list[Any] = [None] * world
         dist.all_gather_object(steps, mark.step)
@@ -180,15 +214,67 @@ class Continuing:
             )
         state.step = mark.step
         self._truncate_sums(mark)
-        self._resplit(mark, world)
+        self._resplit(mark.cursor, world)
+        self._say(f"a peer was lost ({reason})", old_world, mark.step)
+        self.notify()
+
+    def _grow(self) -> None:
+        """Let the waiting joiners in at this step boundary (every member, agreed)."""
+        old_world = rd.get_world_size()
+        self._unwrap()
+        self.membership.regroup(grow=True)
+        self.regroups += 1
+        self._take_state(old_world)
+
+    def _take_state(self, old_world: int | None) -> None:
+        """After a generation that let joiners in: a live member's state on every rank (the
+        joiners load it), the module wrapped for the new group, the rest of the epoch re-split
+        (a joiner's once it has its data: :meth:`run_epoch`). ``old_world``: None on a joiner."""
+        state, m = self.state, self.membership
+        src = next(r for r, slot in enumerate(m.members) if slot not in m.joined)
+        saved = state.state_dict()  # a collective (the sums, the RNG states): on every rank
+        saved["continue"] = {"global_batch": self.global_batch}
+        got = broadcast_state(saved if m.rank == src else None, src)
+        self.global_batch = int(got["continue"]["global_batch"])
+        world = self._check_split("now")
+        module = unwrap_model(state.model)
+        if old_world is None:  # the joiner: the members' state, its own (empty) epoch sums
+            state.load_state_dict(got, f"rank {src}'s state")
+            state.sums, state.restored = EpochSums(), None
+            self.join_cursor = got["sampler"]
+        state.model = rewrap(module, self.cfg, self.device)
+        if old_world is not None:
+            self._resplit(got["sampler"], world)
+        self._say(f"slot(s) {m.joined} rejoined", old_world, state.step)
+        self.notify()
+
+    def _unwrap(self) -> torch.nn.Module:
+        module = unwrap_model(self.state.model)
+        self.state.model = module  # the wrapper holds the old group: let it go
+        gc.collect()
+        return module
+
+    def _check_split(self, which: str) -> int:
+        world = self.membership.world_size
+        if self.global_batch % (world * self.cfg.grad_accum_steps):
+            raise RegroupError(
+                f"the global batch {self.global_batch} cannot be split evenly over the "
+                f"{world} rank(s) {which} x {self.cfg.grad_accum_steps} accumulation steps "
+                "(uneven per-rank batches are not supported yet): the job stops. Choose "
+                "batch_size x nproc so that every world size down to --min-nproc divides it, "
+                "or raise --min-nproc."
+            )
+        return world
+
+    def _say(self, what: str, old_world: int | None, step: int) -> None:
         if rd.is_master():
+            world = self.membership.world_size
             print(
-                f"rankwise: a peer was lost ({reason}); continuing on {world} rank(s) "
-                f"(was {old_world or '?'}) from optimizer step {mark.step}, global batch "
-                f"{self.global_batch} = {world} x {self.global_batch // world}",
+                f"rankwise: {what}; continuing on {world} rank(s) (was {old_world or '?'}) "
+                f"from optimizer step {step}, global batch {self.global_batch} = {world} x "
+                f"{self.global_batch // world}",
                 flush=True,
             )
-        self.notify()
 
     def _truncate_sums(self, mark: _Mark) -> None:
         sums = self.state.sums
@@ -199,7 +285,7 @@ class Continuing:
         del sums.hits[min(hits, len(sums.hits)) :]
         sums.classed = classed
 
-    def _resplit(self, mark: _Mark, world: int) -> None:
+    def _resplit(self, cursor: dict[str, Any] | None, world: int) -> None:
         old = self.source
         per_rank = self.global_batch // (world * self.cfg.grad_accum_steps)
         self.source = TrainBatches(
@@ -210,6 +296,6 @@ class Continuing:
             num_workers=self.cfg.num_workers,
             record_ids=old.record_ids,
         )
-        if mark.cursor is not None:
-            self.source.sampler.load_state_dict(mark.cursor)
+        if cursor is not None:
+            self.source.sampler.load_state_dict(cursor)
         self.state.sampler = self.source.sampler
