@@ -30,10 +30,16 @@ import rankwise.data as rdata
 import rankwise.distributed as rd
 import rankwise.parallel as rp
 from rankwise.distributed import DistributedConfig
-from rankwise.distributed.membership import on_failure_mode
+from rankwise.distributed.membership import (
+    MemberConfig,
+    Membership,
+    check_min_nproc,
+    on_failure_mode,
+)
 from rankwise.launch import check_args
 from rankwise.testing import child_env, free_port, run_distributed, run_isolated
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig, load_file, save_file
+from rankwise.train.elastic import check_split
 
 TABLE = Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md"
 
@@ -270,6 +276,11 @@ def _train_stall() -> tuple[str, str]:
     return "NoError", "no error"
 
 
+def _membership_store_gone() -> BaseException:
+    cfg = MemberConfig(slot=1, world_size=2, host="127.0.0.1", port=free_port())
+    return _raised(Membership, cfg, timeout_s=1)
+
+
 TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "env-not-integer": lambda: _from_environment(RANK="one", WORLD_SIZE="2"),
     "env-rank-without-world": lambda: _from_environment(RANK="1"),
@@ -292,6 +303,9 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "continue-without-launcher": lambda: _raised(
         on_failure_mode, {"RANKWISE_ON_FAILURE": "continue", "TORCHELASTIC_RUN_ID": "x"}
     ),
+    "continue-min-nproc": lambda: _raised(check_min_nproc, [0, 1], 3),
+    "continue-uneven-split": lambda: _raised(check_split, 24, 5, 1, "left"),
+    "continue-store-gone": _membership_store_gone,
     "timeout-ms": lambda: _raised(DistributedConfig, timeout_ms=0),
     "launch-nproc": lambda: _launch(nproc="two"),
     "launch-nnodes": lambda: _launch(nnodes="3:2"),

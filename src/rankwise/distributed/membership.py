@@ -57,6 +57,7 @@ __all__ = [
     "Membership",
     "RegroupError",
     "RemovedError",
+    "check_min_nproc",
     "on_failure_mode",
 ]
 
@@ -96,6 +97,16 @@ def on_failure_mode(environ: Mapping[str, str] | None = None) -> str:
             f"unset {ON_FAILURE} to restart the whole world on a failure."
         )
     return mode
+
+
+def check_min_nproc(members: list[int], min_nproc: int) -> None:
+    """Refuse a generation of fewer than ``--min-nproc`` members (``members``: their slots)."""
+    if len(members) < min_nproc:
+        raise RegroupError(
+            f"only {len(members)} rank(s) left (slots {members}) and --min-nproc is "
+            f"{min_nproc}: the job stops. Raise --max-restarts so lost ranks come back, or "
+            "lower --min-nproc."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,12 +214,7 @@ class Membership:
         ):
             self._lead(nxt, expect_all=grow)
         members = self._wait_members(nxt)
-        if len(members) < self.cfg.min_nproc:
-            raise RegroupError(
-                f"only {len(members)} rank(s) left (slots {members}) and --min-nproc is "
-                f"{self.cfg.min_nproc}: the job stops. Raise --max-restarts so lost ranks "
-                "come back, or lower --min-nproc."
-            )
+        check_min_nproc(members, self.cfg.min_nproc)
         joined = self._get(f"gen/{nxt}/joined", "")
         self.joined = [int(s) for s in joined.split(",") if s]
         self._enter(nxt, members)

@@ -51,7 +51,7 @@ from rankwise.train.setup import rewrap
 from rankwise.train.state import TrainState, broadcast_state
 from rankwise.train.sums import EpochSums
 
-__all__ = ["Continuing", "epoch_runner", "is_peer_failure"]
+__all__ = ["Continuing", "check_split", "epoch_runner", "is_peer_failure"]
 
 EpochFn = Callable[[TrainState, StepEnv, Any], tuple[float, float | None, int]]
 
@@ -66,6 +66,18 @@ _PEER_GONE = (
     "connection refused",
     "socket",
 )
+
+
+def check_split(global_batch: int, world: int, accum: int, which: str) -> None:
+    """Refuse a world whose ranks cannot share ``global_batch`` evenly (``which``: "left"
+    after a failure, "now" after joiners came in)."""
+    if global_batch % (world * accum):
+        raise RegroupError(
+            f"the global batch {global_batch} cannot be split evenly over the {world} "
+            f"rank(s) {which} x {accum} accumulation steps (uneven per-rank batches are not "
+            "supported yet): the job stops. Choose batch_size x nproc so that every world "
+            "size down to --min-nproc divides it, or raise --min-nproc."
+        )
 
 
 class _Grow(Exception):  # a signal, not an error
@@ -256,14 +268,7 @@ class Continuing:
 
     def _check_split(self, which: str) -> int:
         world = self.membership.world_size
-        if self.global_batch % (world * self.cfg.grad_accum_steps):
-            raise RegroupError(
-                f"the global batch {self.global_batch} cannot be split evenly over the "
-                f"{world} rank(s) {which} x {self.cfg.grad_accum_steps} accumulation steps "
-                "(uneven per-rank batches are not supported yet): the job stops. Choose "
-                "batch_size x nproc so that every world size down to --min-nproc divides it, "
-                "or raise --min-nproc."
-            )
+        check_split(self.global_batch, world, self.cfg.grad_accum_steps, which)
         return world
 
     def _say(self, what: str, old_world: int | None, step: int) -> None:
