@@ -157,7 +157,9 @@ class Membership:
         self.generation = -1
         self.members: list[int] = []
         self.joined: list[int] = []  # the slots the current generation let in
-        self.pending = False  # a restarted slot, alone until join()
+        # A restarted slot runs alone until join(), and bumps no heartbeat meanwhile: hb/<slot>
+        # is its lost predecessor's, which the survivors' leader must see stand still.
+        self.pending = cfg.incarnation > 0
         self.store = self._connect()
         self._beats = self._connect()  # the heartbeat thread's own connection
         self._stop = threading.Event()
@@ -309,6 +311,8 @@ class Membership:
     def _heartbeat(self) -> None:
         key = f"hb/{self.cfg.slot}"
         while not self._stop.wait(0.2):
+            if self.pending:
+                continue
             try:
                 self._beats.add(key, 1)
             except Exception:  # the store host is gone: the main thread finds out and says so
