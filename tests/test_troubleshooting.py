@@ -32,9 +32,16 @@ import rankwise.data as rdata
 import rankwise.distributed as rd
 import rankwise.parallel as rp
 from rankwise.distributed import DistributedConfig
+from rankwise.distributed.membership import (
+    MemberConfig,
+    Membership,
+    check_min_nproc,
+    on_failure_mode,
+)
 from rankwise.launch import check_args
 from rankwise.testing import child_env, free_port, run_distributed, run_isolated
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig, load_file, save_file
+from rankwise.train.elastic import check_split
 from test_troubleshooting_augment import TRIGGERS as AUGMENT_TRIGGERS
 from test_troubleshooting_compat import TRIGGERS as COMPAT_TRIGGERS
 from test_troubleshooting_data import TRIGGERS as DATA_TRIGGERS
@@ -281,6 +288,11 @@ def _train_stall() -> tuple[str, str]:
     return "NoError", "no error"
 
 
+def _membership_store_gone() -> BaseException:
+    cfg = MemberConfig(slot=1, world_size=2, host="127.0.0.1", port=free_port())
+    return raised(Membership, cfg, timeout_s=1)
+
+
 TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "env-not-integer": lambda: _from_environment(RANK="one", WORLD_SIZE="2"),
     "env-rank-without-world": lambda: _from_environment(RANK="1"),
@@ -300,6 +312,12 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "rank-beyond-world": lambda: raised(DistributedConfig, rank=4, world_size=4),
     "port-range": lambda: raised(DistributedConfig, master_port=70000),
     "backend-unknown": lambda: raised(DistributedConfig, backend="mpi"),
+    "continue-without-launcher": lambda: raised(
+        on_failure_mode, {"RANKWISE_ON_FAILURE": "continue", "TORCHELASTIC_RUN_ID": "x"}
+    ),
+    "continue-min-nproc": lambda: raised(check_min_nproc, [0, 1], 3),
+    "continue-uneven-split": lambda: raised(check_split, 24, 5, 1, "left"),
+    "continue-store-gone": _membership_store_gone,
     "timeout-ms": lambda: raised(DistributedConfig, timeout_ms=0),
     "launch-nproc": lambda: _launch(nproc="two"),
     "launch-nnodes": lambda: _launch(nnodes="3:2"),
@@ -344,9 +362,7 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
         compile=True,
         compile_options={"mode": "max-autotune", "options": {"shape_padding": True}},
     ),
-    "config-prefetch-without-workers": lambda: raised(
-        DistributedTrainingConfig, prefetch_factor=4
-    ),
+    "config-prefetch-without-workers": lambda: raised(DistributedTrainingConfig, prefetch_factor=4),
     "checkpoint-torn": lambda: _damaged_checkpoint("torn"),
     "checkpoint-corrupt": lambda: _damaged_checkpoint("flip"),
     "checkpoint-no-manifest": lambda: _damaged_checkpoint("manifest"),

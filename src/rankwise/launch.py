@@ -54,6 +54,8 @@ rankwise.distributed.init() reads.
 examples:
   rankwise launch --nproc-per-node 2 train.py --epochs 5
   rankwise launch --nproc-per-node 4 --max-restarts 3 train.py
+  # a lost rank: the others keep training, only it restarts and rejoins
+  rankwise launch --nproc-per-node 3 --max-restarts 2 --on-failure continue train.py
   # two machines, run on each (node 0 at 10.0.0.1):
   rankwise launch --nnodes 2 --nproc-per-node 4 --master-addr 10.0.0.1 --master-port 29500 train.py
 """
@@ -72,6 +74,20 @@ def add_launch_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     # None = "not given", so an explicit --rdzv-backend static or --node-rank 0 can be told
     # apart from torchrun's defaults (filled in by apply_defaults).
     parser.set_defaults(rdzv_backend=None, node_rank=None)
+    parser.add_argument(
+        "--on-failure",
+        choices=("restart", "continue"),
+        default="restart",
+        help="restart: a lost rank restarts every rank (torchrun's --max-restarts; the "
+        "default). continue: the survivors keep training and only the lost rank restarts "
+        "(rankwise.supervise; one node).",
+    )
+    parser.add_argument(
+        "--min-nproc",
+        type=int,
+        default=1,
+        help="--on-failure continue: stop once fewer ranks than this are left (default 1)",
+    )
     return parser
 
 
@@ -208,6 +224,13 @@ def run_launch(args: argparse.Namespace) -> int:
     except ValueError as exc:  # argparse's way: a usage error exits 2, no traceback
         print(f"rankwise launch: error: {exc}", file=sys.stderr)
         return 2
+    if getattr(args, "on_failure", "restart") == "continue":
+        from rankwise.supervise import check_continue_args, run_continue
+
+        if (problem := check_continue_args(args)) is not None:
+            print(f"rankwise launch: error: {problem}", file=sys.stderr)
+            return 2
+        return run_continue(args)
     apply_defaults(args)
     # Read by the c10d rendezvous in this (agent) process: a fresh store per attempt.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")

@@ -35,6 +35,7 @@ from rankwise.distributed.group import (
     init,
     is_initialized,
     is_master,
+    membership,
     select_backend,
 )
 from rankwise.distributed.progress import Progress, is_timeout
@@ -64,6 +65,7 @@ __all__ = [
     "is_initialized",
     "is_master",
     "is_timeout",
+    "membership",
     "normalize_backend",
     "reduce_metrics",
     "scatter",

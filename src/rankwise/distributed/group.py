@@ -28,6 +28,7 @@ from rankwise.distributed.config import (
 )
 from rankwise.distributed.drain import drain, gloo_threads_alive
 from rankwise.distributed.errors import DistributedConfigError, DistributedStateError
+from rankwise.distributed.membership import MemberConfig, Membership
 from rankwise.distributed.rendezvous import lost_store, rendezvous, wait_until_all_joined
 
 # With CUDA, "auto" gives torch's per-device backends: NCCL for CUDA tensors, gloo for CPU ones
@@ -47,6 +48,13 @@ class _Session:
 _session: _Session | None = None
 _saw_group = False  # this process has had a torch group: drain its threads before exit
 _init_called = False  # init() ran: at exit rankwise tears down every live group (_at_exit)
+_membership: Membership | None = None  # under `rankwise launch --on-failure continue`
+
+
+def membership() -> Membership | None:
+    """This process's :class:`~rankwise.distributed.membership.Membership` when the job runs
+    under ``rankwise launch --on-failure continue`` (survivors regroup), else None."""
+    return _membership
 
 
 def init(config: DistributedConfig | None = None) -> DistributedConfig:
@@ -92,6 +100,12 @@ def _build_group(cfg: DistributedConfig, backend: str, device: torch.device | No
     if device is not None:
         torch.cuda.set_device(device)  # rankwise's own group: this rank's GPU is its local rank
     timeout = timedelta(milliseconds=cfg.collective_timeout_ms)
+    if (member := MemberConfig.from_environment()) is not None:  # --on-failure continue
+        global _membership
+        member = dataclasses.replace(member, collective_timeout_s=timeout.total_seconds())
+        _membership = Membership(member, timeout_s=cfg.timeout_ms / 1000 + 60)
+        _membership.start()
+        return
     if cfg.world_size == 1:  # nobody to meet: an in-process store, no port
         dist.init_process_group(
             backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
@@ -173,9 +187,12 @@ def finalize() -> None:
     than once and when :func:`init` was never called. After :func:`init` an ``atexit`` hook
     does the same at exit, so a script that forgets ``finalize()`` still exits 0.
     """
-    global _session
+    global _session, _membership
     owns = _session is not None and _session.owns_group
     _session = None
+    if _membership is not None:
+        _membership.close()
+        _membership = None
     _teardown(destroy=owns)
     restore_gloo_interface()  # a later init() towards another master chooses afresh
 

@@ -67,6 +67,9 @@ class AuditLog:
                 "the sampler: pass arrays or a Dataset to fit(), not a DataLoader."
             )
         self.close()
+        member = rd.membership()
+        if member is not None and member.pending:
+            return  # a restarted process: its attempt starts when it joins (on_regroup)
         # Rank 0 names the attempt (nanoseconds since the epoch: later attempts sort later);
         # every rank writes its file under that name.
         box: list[Any] = [f"{time.time_ns():020d}"]
@@ -84,6 +87,12 @@ class AuditLog:
                 "time": time.time(),
             }
         )
+
+    def on_regroup(self, trainer: Any) -> None:
+        """The survivors of a lost rank go on from the last completed step (``rankwise launch
+        --on-failure continue``): a new attempt from there, so the lost step's records of the
+        old attempt are rolled back by :func:`read_audit` as a resume's are."""
+        self.on_fit_start(trainer)
 
     def on_batch(self, trainer: Any, epoch: int, step: int, sample_ids: Any) -> None:
         ids = [] if sample_ids is None else [int(i) for i in sample_ids]

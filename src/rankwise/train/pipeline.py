@@ -89,7 +89,7 @@ class TrainBatches:
         in_memory = isinstance(dataset, TensorPairs)
         self.chunks = _IssuedBatches(self.sampler, batch_size, record_ids and not in_memory)
         self.loader: DataLoader[Any] | None = None
-        options = options or {}
+        self.options = options = options or {}  # kept: a regrouped world rebuilds the batches
         self.pin = bool(options.get("pin_memory"))  # in-memory tensors: gathered pinned
         if not in_memory:
             self.loader = DataLoader(dataset, batch_sampler=self.chunks, **options)

@@ -100,8 +100,9 @@ def load_resume(
     ranks that found different ``(epoch, step)`` are refused: no rank goes on into the
     collectives of a resume the others cannot do.
     """
-    if resume is None:
-        return None
+    member = rd.membership()
+    if resume is None or (member is not None and member.pending):
+        return None  # a restarted process under --on-failure continue: a peer's state
     found: tuple[Path, dict[str, Any]] | None = None
     error: str | None = None
     try:

@@ -198,6 +198,14 @@ def _check_device(
         )
 
 
+def rewrap(
+    module: nn.Module, cfg: DistributedTrainingConfig, device: torch.device | None
+) -> nn.Module:
+    """Wrap ``module`` (unwrapped) again for the process group as it is now: after the
+    survivors of a lost rank regrouped (:mod:`rankwise.train.elastic`)."""
+    return _wrap(module, cfg, device)
+
+
 def _wrap(
     module: nn.Module, cfg: DistributedTrainingConfig, device: torch.device | None
 ) -> nn.Module:

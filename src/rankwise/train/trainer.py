@@ -29,7 +29,7 @@ from torch import nn
 import rankwise.distributed as rd
 from rankwise.parallel import Precision, unwrap_model
 from rankwise.train import checkpoint as ck
-from rankwise.train import checks
+from rankwise.train import checks, elastic
 from rankwise.train import resume as rs
 from rankwise.train import setup as st
 from rankwise.train.config import DistributedTrainingConfig
@@ -43,7 +43,7 @@ from rankwise.train.data import (
 from rankwise.train.evaluation import EvalBatches, eval_batches, evaluate_exact, predict_all
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
-from rankwise.train.loop import StepEnv, epoch_scheduler_step, train_epoch
+from rankwise.train.loop import StepEnv, epoch_scheduler_step
 from rankwise.train.pipeline import train_source
 from rankwise.train.state import TrainState
 from rankwise.train.sums import EpochSums
@@ -218,18 +218,20 @@ class DistributedTrainer:
     def _epochs(self, cfg: DistributedTrainingConfig, val_set: Any) -> tuple[int, float]:
         """The epochs left, each closed (validation, scheduler, history, checkpoints); returns
         the samples trained (all ranks) and the seconds spent training them."""
-        state, world = self.state, rd.get_world_size()
+        state = self.state
         hooks = [functools.partial(hook, self) for hook in self.batch_hooks()]
         env = StepEnv(
             cfg, self.loss_fn, self.device, self.progress, self.logger, hooks, self._after_step
         )
         samples, train_seconds = 0, 0.0
+        regrouped = functools.partial(self._call, "on_regroup", self)  # lost peers: elastic.py
+        run = elastic.epoch_runner(state, cfg, self.device_choice, regrouped)
         for epoch in range(state.epoch, cfg.epochs):
             t0 = time.perf_counter()
             sums = state.sums if state.sums is not None else EpochSums()  # or resumed
             state.epoch, state.sums = epoch, sums
-            loss, acc, _ = train_epoch(state, env, self.train_source)
-            samples += sum(sums.counts) * world
+            loss, acc, _ = run(state, env, self.train_source)
+            samples += sum(sums.counts) * rd.get_world_size()
             state.epoch, state.sums = epoch + 1, None  # closed: a save now starts the next
             train_seconds += time.perf_counter() - t0
             metrics = self._end_epoch(epoch, loss, acc, val_set, t0)
@@ -380,8 +382,6 @@ class DistributedTrainer:
         scheduler given as a factory is then built fresh by ``fit``.
         """
         self.state.load_state_dict(ck.read_checkpoint(path), path)
-
-    # -- helpers -----------------------------------------------------------------------------
 
     def _call(self, name: str, *args: Any) -> None:
         for cb in self.callbacks:

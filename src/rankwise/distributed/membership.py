@@ -1,0 +1,374 @@
+"""Who is still there: regrouping the survivors of a lost rank without restarting them.
+
+Under ``rankwise launch --on-failure continue`` the launcher hosts one ``TCPStore`` for the
+whole job (so any rank may die and the store lives on) and gives every process a *slot* (its
+first rank). Membership moves in *generations*: generation 0 is the launched world; each
+regroup writes generation ``g+1`` under its own keys and builds a fresh gloo group on
+``PrefixStore("gen/<g+1>/pg", store)``, so nothing of the broken group is ever read again::
+
+    current            -> g, the newest generation with a member list
+    gen/<g>/members    -> "0,2"        (slots, in new-rank order: slot 2 is rank 1 now)
+    gen/<g>/leader     -> "0"          (the first survivor to arrive; it writes members)
+    gen/<g>/arrive/<s> -> "1"          (slot s is alive and wants into generation g)
+    waiting            -> "2"          (restarted slots asking to come back)
+    join/<s>           -> "<incarnation>" (the incarnation of slot s that waits)
+    admit/<s>/<inc>    -> "<g>"        (the leader let that incarnation into generation g)
+    gen/<g>/joined     -> "2"          (the slots generation g let in: they need the state)
+    hb/<s>             -> a counter each process's heartbeat thread bumps every 0.2 s
+
+Who is still there is decided by the leader alone and read by everyone, so survivors always
+agree: it waits until every member of the old generation has arrived or has a heartbeat that
+stood still for ``stale_s`` (a SIGKILLed or SIGSTOPped process bumps nothing). That takes
+about ``stale_s`` after the failure when a rank died, and no time at all when the world grows.
+
+A restarted slot first runs alone (:attr:`Membership.pending`: a world of one, so the
+script's set-up needs nobody) and asks to come in with :meth:`Membership.join` once it is
+ready to train; the live members let it in at a step boundary they agree on
+(``regroup(grow=True)``), and a live peer sends it the training state.
+
+Teardown never waits for the broken group: gloo has no abort, and destroying a group whose
+collectives are still queued behind a frozen peer joins its worker threads, which wait for
+that peer until the collective timeout. (This is why torchft runs gloo in a subprocess: the
+only sure way to cancel a blocked gloo call is to kill the process that makes it.) Here the
+old group is taken out of torch's registry at once and let go in a thread of its own, where
+gloo's destructor closes this rank's sockets (the one thing that wakes a peer blocked on it:
+``shutdown()`` and ``abort()`` return at once but leave the sockets open); a new default
+group is built beside it. Callers drop their own references first (DDP holds the group).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import os
+import threading
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from rankwise.distributed.errors import DistributedConfigError, DistributedConnectionError
+
+__all__ = [
+    "MemberConfig",
+    "Membership",
+    "RegroupError",
+    "RemovedError",
+    "check_min_nproc",
+    "on_failure_mode",
+]
+
+ON_FAILURE = "RANKWISE_ON_FAILURE"
+
+
+class RegroupError(RuntimeError):
+    """The survivors cannot go on (too few left, the store host gone); the message says why."""
+
+
+class RemovedError(RegroupError):
+    """This process was left out of the new generation (it was frozen or too late)."""
+
+
+def on_failure_mode(environ: Mapping[str, str] | None = None) -> str:
+    """``"restart"`` (torchrun's stop-the-world restarts, the default) or ``"continue"``.
+
+    ``continue`` needs the store ``rankwise launch --on-failure continue`` hosts; set by hand or
+    under plain torchrun it is refused, naming the fix.
+
+    >>> on_failure_mode({})
+    'restart'
+    """
+    env = os.environ if environ is None else environ
+    mode = env.get(ON_FAILURE, "restart").strip() or "restart"
+    if mode not in ("restart", "continue"):
+        raise DistributedConfigError(
+            f"{ON_FAILURE} ({mode!r}) must be 'restart' or 'continue'; it is set by "
+            "`rankwise launch --on-failure ...`."
+        )
+    if mode == "continue" and "RANKWISE_SLOT" not in env:
+        launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "this launcher"
+        raise DistributedConfigError(
+            f"{ON_FAILURE}=continue needs the membership store that `rankwise launch "
+            f"--on-failure continue` hosts, and {launcher} did not start one. Start the job "
+            "with `rankwise launch --nproc-per-node N --on-failure continue train.py`, or "
+            f"unset {ON_FAILURE} to restart the whole world on a failure."
+        )
+    return mode
+
+
+def check_min_nproc(members: list[int], min_nproc: int) -> None:
+    """Refuse a generation of fewer than ``--min-nproc`` members (``members``: their slots)."""
+    if len(members) < min_nproc:
+        raise RegroupError(
+            f"only {len(members)} rank(s) left (slots {members}) and --min-nproc is "
+            f"{min_nproc}: the job stops. Raise --max-restarts so lost ranks come back, or "
+            "lower --min-nproc."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class MemberConfig:
+    """What ``rankwise launch --on-failure continue`` tells each process."""
+
+    slot: int  # the rank this process had in generation 0 (stable across its restarts)
+    world_size: int  # generation 0's size
+    host: str
+    port: int
+    incarnation: int = 0  # 0 for the first start of this slot, n for its n-th restart
+    min_nproc: int = 1
+    collective_timeout_s: float = 1800.0
+    stale_s: float = 2.0  # a heartbeat still for this long means the process is gone
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> MemberConfig | None:
+        """The launcher's variables, or None when the mode is ``restart``."""
+        env = os.environ if environ is None else environ
+        if on_failure_mode(env) != "continue":
+            return None
+        timeout_ms = env.get("DISTRIBUTED_COLLECTIVE_TIMEOUT_MS") or "1800000"
+        return cls(
+            slot=int(env["RANKWISE_SLOT"]),
+            world_size=int(env["WORLD_SIZE"]),
+            host=env.get("MASTER_ADDR", "127.0.0.1"),
+            port=int(env["MASTER_PORT"]),
+            incarnation=int(env.get("RANKWISE_INCARNATION", "0")),
+            min_nproc=int(env.get("RANKWISE_MIN_NPROC", "1")),
+            collective_timeout_s=int(timeout_ms) / 1000,
+            stale_s=float(env.get("RANKWISE_STALE_S", "2.0")),
+        )
+
+
+class Membership:
+    """This process's place in the job's generations; builds each generation's gloo group.
+
+    Under the launcher, :func:`rankwise.distributed.init` builds it (``rd.membership()``)::
+
+        m = Membership(MemberConfig(slot=1, world_size=3, host="127.0.0.1", port=29500))
+        m.start()    # generation 0 (or, after a restart, wait to be let in)
+        m.regroup()  # after a failed collective: the survivors' new group
+    """
+
+    def __init__(self, cfg: MemberConfig, timeout_s: float = 60.0) -> None:
+        self.cfg = cfg
+        self.timeout_s = timeout_s
+        self.generation = -1
+        self.members: list[int] = []
+        self.joined: list[int] = []  # the slots the current generation let in
+        # A restarted slot runs alone until join(), and bumps no heartbeat meanwhile: hb/<slot>
+        # is its lost predecessor's, which the survivors' leader must see stand still.
+        self.pending = cfg.incarnation > 0
+        self.store = self._connect()
+        self._beats = self._connect()  # the heartbeat thread's own connection
+        self._stop = threading.Event()
+        threading.Thread(target=self._heartbeat, name="rankwise-heartbeat", daemon=True).start()
+
+    # -- queries --------------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self.members.index(self.cfg.slot)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    def joiners(self) -> list[int]:
+        """Slots of restarted processes waiting to come in (one store round trip)."""
+        waiting = self._get("waiting", "")
+        return [int(s) for s in waiting.split(",") if s]
+
+    # -- generations ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Generation 0 for a first start; a restarted slot runs alone until :meth:`join`."""
+        if self.cfg.incarnation == 0 and not self._has("current"):
+            self._enter(0, list(range(self.cfg.world_size)))
+            return
+        self.pending, self.members = True, [self.cfg.slot]
+        dist.init_process_group(
+            "gloo", store=dist.HashStore(), rank=0, world_size=1,
+            timeout=timedelta(seconds=self.cfg.collective_timeout_s),
+        )  # fmt: skip
+
+    def join(self) -> None:
+        """A restarted slot: ask to come in and wait until the live members let it in."""
+        if dist.is_initialized():
+            _retire_default_group()  # the world of one
+        self._request_join()
+        self.pending = False
+
+    def regroup(self, grow: bool = False) -> None:
+        """Build the next generation from whoever is still there (plus waiting joiners).
+
+        Every live member calls it (after a failed collective, or at an agreed step to let
+        joiners in); the first to arrive decides who is in.
+        """
+        nxt = self.generation + 1
+        if dist.is_initialized():  # first: closing it wakes the peers still blocked in it
+            _retire_default_group()
+        self.store.set(f"gen/{nxt}/arrive/{self.cfg.slot}", "1")
+        if (
+            self.store.compare_set(f"gen/{nxt}/leader", "", str(self.cfg.slot))
+            == str(self.cfg.slot).encode()
+        ):
+            self._lead(nxt, expect_all=grow)
+        members = self._wait_members(nxt)
+        check_min_nproc(members, self.cfg.min_nproc)
+        joined = self._get(f"gen/{nxt}/joined", "")
+        self.joined = [int(s) for s in joined.split(",") if s]
+        self._enter(nxt, members)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _lead(self, nxt: int, expect_all: bool) -> None:
+        old = self.members
+        # Joiners come in only where the caller asked to grow, at a step boundary it chose:
+        # the survivors of a failure have their own recovery to run first.
+        waiting = self.joiners() if expect_all else []
+        for s in waiting:  # a joiner arrives by its request
+            self.store.set(f"gen/{nxt}/arrive/{s}", "1")
+        seen: dict[int, tuple[int, float]] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            arrived = [s for s in old if self._has(f"gen/{nxt}/arrive/{s}")]
+            missing = [s for s in old if s not in arrived]
+            now = time.monotonic()
+            for s in missing:
+                beat = int(self._get(f"hb/{s}", "0"))
+                if s not in seen or seen[s][0] != beat:
+                    seen[s] = (beat, now)
+            gone = [s for s in missing if now - seen[s][1] >= self.cfg.stale_s]
+            if len(gone) == len(missing) or now > deadline:
+                break
+            time.sleep(0.05)
+        members = sorted(set(arrived) | set(waiting))
+        self.store.set(f"gen/{nxt}/joined", ",".join(map(str, waiting)))
+        self.store.set(f"gen/{nxt}/members", ",".join(map(str, members)))
+        for s in waiting:
+            self.store.set(f"admit/{s}/{self._get(f'join/{s}', '0')}", str(nxt))
+        while waiting:  # take them off the list; one may have been added since
+            listed = self._get("waiting", "")
+            new = ",".join(x for x in listed.split(",") if x and int(x) not in waiting)
+            if self.store.compare_set("waiting", listed, new).decode() == new:
+                break
+        self.store.set("current", str(nxt))
+
+    def _wait_members(self, gen: int) -> list[int]:
+        key = f"gen/{gen}/members"
+        try:
+            self.store.wait([key], timedelta(seconds=self.timeout_s))
+        except Exception as exc:
+            raise self._lost(exc, f"the member list of generation {gen}") from exc
+        members = [int(s) for s in self.store.get(key).decode().split(",") if s]
+        if self.cfg.slot not in members:
+            raise RemovedError(
+                f"slot {self.cfg.slot} was left out of generation {gen} (members {members}): "
+                "it did not arrive in time (frozen or stalled); the launcher replaces it."
+            )
+        return members
+
+    def _request_join(self) -> None:
+        slot = self.cfg.slot
+        self.store.set(f"join/{slot}", str(self.cfg.incarnation))  # before: the leader reads it
+        # compare_set in a loop: an atomic append to the waiting list.
+        while True:
+            old = self._get("waiting", "")
+            new = ",".join(filter(None, [old, str(slot)]))
+            if self.store.compare_set("waiting", old, new).decode() == new:
+                break
+        admit = f"admit/{slot}/{self.cfg.incarnation}"
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            if self._has(admit):
+                gen = int(self._get(admit, "0"))
+                self.joined = [int(s) for s in self._get(f"gen/{gen}/joined", "").split(",") if s]
+                self._enter(gen, self._wait_members(gen))
+                return
+            time.sleep(0.05)
+        raise RegroupError(
+            f"slot {self.cfg.slot} (restart {self.cfg.incarnation}) waited {self.timeout_s:.0f}s "
+            "and no running rank let it in; the survivors may have finished or stopped."
+        )
+
+    def _enter(self, gen: int, members: list[int]) -> None:
+        """Leave the old default group behind (never destroyed) and build generation ``gen``'s."""
+        self.generation, self.members = gen, members
+        prefix = dist.PrefixStore(f"gen/{gen}/pg", self.store)
+        dist.init_process_group(
+            "gloo",
+            store=prefix,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=self.cfg.collective_timeout_s),
+        )
+
+    def _heartbeat(self) -> None:
+        key = f"hb/{self.cfg.slot}"
+        while not self._stop.wait(0.2):
+            if self.pending:
+                continue
+            try:
+                self._beats.add(key, 1)
+            except Exception:  # the store host is gone: the main thread finds out and says so
+                return
+
+    def _connect(self) -> dist.TCPStore:
+        try:
+            return dist.TCPStore(
+                self.cfg.host,
+                self.cfg.port,
+                is_master=False,
+                timeout=timedelta(seconds=self.timeout_s),
+                wait_for_workers=False,
+            )
+        except Exception as exc:
+            raise self._lost(exc, "connecting") from exc
+
+    def _has(self, key: str) -> bool:
+        try:
+            return bool(self.store.check([key]))
+        except Exception as exc:
+            raise self._lost(exc, f"reading {key!r}") from exc
+
+    def _get(self, key: str, default: str) -> str:
+        return self.store.get(key).decode() if self._has(key) else default
+
+    def _lost(self, exc: BaseException, doing: str) -> DistributedConnectionError:
+        return DistributedConnectionError(
+            f"the membership store at {self.cfg.host}:{self.cfg.port} (hosted by `rankwise "
+            f"launch`) failed while {doing}: {exc}. The launcher (the store host) is gone or "
+            "unreachable, so the survivors cannot agree on who is left: the job stops. Restart "
+            "it; with checkpoints, resume='auto' picks up from the last one."
+        )
+
+
+def _retire_default_group() -> None:
+    """Forget every group and let it go in a thread of its own (see module doc): torch's
+    ``destroy_process_group()`` for the world, with the backends' teardown off this thread."""
+    w = c10d._world
+    groups = list(w.pg_names)
+    c10d._update_default_pg(None)
+    for table in (
+        w.pg_map, w.pg_names, w.pg_group_ranks, w.pg_backend_config, w.pg_to_tag,
+        w.tags_to_pg, w.pg_coalesce_state,
+    ):  # fmt: skip
+        table.clear()
+    c10d._unregister_all_process_groups()
+    w.group_count = 0
+    # The last reference goes in the thread: gloo's destructor closes this rank's sockets,
+    # which wakes the peers still blocked in one of the broken group's collectives.
+    threading.Thread(target=_let_go, args=(groups,), daemon=True).start()
+
+
+def _let_go(groups: list[object]) -> None:
+    for group in groups:
+        with contextlib.suppress(Exception):  # already broken: nothing more to stop
+            group.shutdown()  # type: ignore[attr-defined]
+    groups.clear()
+    gc.collect()  # a reference cycle through a failed Work must not keep the sockets open

@@ -1,0 +1,306 @@
+"""Training on through a lost rank (``rankwise launch --on-failure continue``).
+
+Without that launcher :func:`epoch_runner` is :func:`~rankwise.train.loop.train_epoch` itself.
+Under it, each epoch runs inside :class:`Continuing`, which keeps a *mark* at every optimizer
+step (the step, the sampler cursor, the length of the epoch's sums) and, when a collective
+fails because a peer is gone (closed gloo connection, collective timeout):
+
+1. drops its references to the broken group (the DDP wrapper) and the partial step (gradients
+   zeroed, the micro-batches after the mark taken out of the sums);
+2. regroups with the survivors (:meth:`rankwise.distributed.membership.Membership.regroup`:
+   same processes, a new gloo group);
+3. re-wraps the module for the new group and checks every survivor is at the same optimizer
+   step (DDP makes their parameters identical there);
+4. re-splits the rest of the epoch from the mark's cursor over the new world, keeping the
+   global batch (``3 x 32 = 96`` becomes ``2 x 48``), so the steps that follow see the same
+   samples, with the same mean gradient, as the uninterrupted run;
+5. tells the callbacks (``on_regroup``: the :class:`~rankwise.train.audit.AuditLog` starts a
+   new attempt from the mark's step, which rolls back the lost step's records) and goes on.
+
+A lost rank the launcher restarted comes back at a step boundary: every ``N`` optimizer steps
+(``RANKWISE_JOIN_CHECK_EVERY``, 1; 0 under ``--max-restarts 0``) rank 0 reads the store's
+waiting list and broadcasts one number, so all members agree on the step. There they
+regroup with the joiners (``regroup(grow=True)``), a live member sends its whole
+:class:`TrainState` (:func:`~rankwise.train.state.broadcast_state`), and everyone re-wraps and
+re-splits the rest of the epoch over the larger world, keeping the global batch. The joiner
+ran its script's set-up alone (a world of one) and takes the state in :class:`Continuing`,
+before its first epoch; its epoch sums start empty there.
+
+>>> epoch_runner(None, None, None, lambda: None) is train_epoch   # no membership: plain
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import rankwise.distributed as rd
+from rankwise.distributed.membership import Membership, RegroupError
+from rankwise.parallel import unwrap_model
+from rankwise.train.config import DistributedTrainingConfig
+from rankwise.train.loop import StepEnv, train_epoch
+from rankwise.train.pipeline import TrainBatches
+from rankwise.train.setup import rewrap
+from rankwise.train.state import TrainState, broadcast_state
+from rankwise.train.sums import EpochSums
+
+__all__ = ["Continuing", "check_split", "epoch_runner", "is_peer_failure"]
+
+EpochFn = Callable[[TrainState, StepEnv, Any], tuple[float, float | None, int]]
+
+# What gloo and c10d say when a peer is gone: a closed or reset connection, or the
+# collective timeout (a frozen peer).
+_PEER_GONE = (
+    "closed by peer",
+    "connection reset",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "connection refused",
+    "socket",
+)
+
+
+def check_split(global_batch: int, world: int, accum: int, which: str) -> None:
+    """Refuse a world whose ranks cannot share ``global_batch`` evenly (``which``: "left"
+    after a failure, "now" after joiners came in)."""
+    if global_batch % (world * accum):
+        raise RegroupError(
+            f"the global batch {global_batch} cannot be split evenly over the {world} "
+            f"rank(s) {which} x {accum} accumulation steps (uneven per-rank batches are not "
+            "supported yet): the job stops. Choose batch_size x nproc so that every world "
+            "size down to --min-nproc divides it, or raise --min-nproc."
+        )
+
+
+class _Grow(Exception):  # a signal, not an error
+    """Raised at the step boundary where the members agreed to let joiners in."""
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` (from a collective) says a peer is gone, not that the code is wrong.
+
+    >>> is_peer_failure(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]"))
+    True
+    >>> is_peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    False
+    """
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(word in text for word in _PEER_GONE)
+
+
+def epoch_runner(
+    state: TrainState | None,
+    cfg: DistributedTrainingConfig | None,
+    device: torch.device | None,
+    notify: Callable[[], None],
+) -> EpochFn:
+    """``train_epoch``, or a :class:`Continuing` one under ``--on-failure continue``."""
+    membership = rd.membership()
+    if membership is None or state is None or cfg is None:
+        return train_epoch
+    return Continuing(membership, state, cfg, device, notify).run_epoch
+
+
+@dataclasses.dataclass
+class _Mark:
+    step: int
+    cursor: dict[str, Any] | None
+    sums: tuple[int, int, int, int]  # lengths of losses, counts, hits; classed
+
+
+class Continuing:
+    """One ``fit``'s epochs under ``--on-failure continue`` (see module doc)."""
+
+    def __init__(
+        self,
+        membership: Membership,
+        state: TrainState,
+        cfg: DistributedTrainingConfig,
+        device: torch.device | None,
+        notify: Callable[[], None],
+    ) -> None:
+        self.membership, self.state, self.cfg = membership, state, cfg
+        self.device, self.notify = device, notify
+        self.global_batch = cfg.batch_size * rd.get_world_size() * cfg.grad_accum_steps
+        self.source: Any = None
+        self.mark: _Mark | None = None
+        self.regroups = 0
+        self.join_every = int(os.environ.get("RANKWISE_JOIN_CHECK_EVERY", "1") or 0)
+        self.join_cursor: dict[str, Any] | None = None  # a joiner's, until it has the data
+        if membership.pending:  # a restarted process: in at the members' next step boundary
+            state.sums = EpochSums()  # its own sums of the epoch start empty
+            membership.join()
+            self._take_state(None)
+
+    def run_epoch(self, state: TrainState, env: StepEnv, source: Any) -> tuple:
+        """``train_epoch`` until it finishes, regrouping after each lost peer."""
+        if self.source is None or self.source.dataset is not getattr(source, "dataset", None):
+            if not isinstance(source, TrainBatches):
+                raise RegroupError(
+                    "--on-failure continue re-splits the rest of the epoch over the survivors, "
+                    "which needs the trainer's own sampler: pass arrays or a Dataset to fit(), "
+                    "not a DataLoader (or launch with --on-failure restart)."
+                )
+            self.source = source
+        if self.join_cursor is not None:
+            self._resplit(self.join_cursor, self.membership.world_size)
+            self.join_cursor = None
+        env = dataclasses.replace(env, after_step=self._marking(env.after_step))
+        self.mark = self._take_mark()
+        while True:
+            try:
+                return train_epoch(state, env, self.source)
+            except _Grow:
+                reason = ""
+            except RuntimeError as exc:
+                if not is_peer_failure(exc):
+                    raise
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            # Outside the except block: the traceback's frames hold the DDP wrapper, and so
+            # the broken group, whose sockets must close for blocked peers to wake up.
+            if reason:
+                self._recover(reason)
+            else:
+                self._grow()
+
+    # -- marks ------------------------------------------------------------------------------
+
+    def _marking(self, inner: Callable[[bool], None]) -> Callable[[bool], None]:
+        def after_step(ends_epoch: bool) -> None:
+            self.mark = self._take_mark()  # first: the step is done, whatever follows fails
+            inner(ends_epoch)
+            if not ends_epoch and self._joiners_agreed():
+                raise _Grow
+
+        return after_step
+
+    def _joiners_agreed(self) -> bool:
+        """Whether every member lets the waiting joiners in now: rank 0 reads the store and
+        broadcasts the answer (a world the global batch does not divide waits for more)."""
+        if not self.join_every or self.state.step % self.join_every:
+            return False
+        flag = torch.zeros(1, dtype=torch.int64, device=rd.collective_device())
+        if rd.is_master():
+            world = self.membership.world_size + len(self.membership.joiners())
+            fits = self.global_batch % (world * self.cfg.grad_accum_steps) == 0
+            flag[0] = int(world > self.membership.world_size and fits)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def _take_mark(self) -> _Mark:
+        sums, sampler = self.state.sums, self.state.sampler
+        lengths = (0, 0, 0, 0)
+        if sums is not None:
+            lengths = (len(sums.losses), len(sums.counts), len(sums.hits), sums.classed)
+        cursor = dict(sampler.state_dict()) if sampler is not None else None
+        return _Mark(self.state.step, cursor, lengths)
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    def _recover(self, reason: str) -> None:
+        state, mark = self.state, self.mark
+        assert mark is not None and state.optimizer is not None, "set by run_epoch / fit"
+        module = self._unwrap()
+        state.optimizer.zero_grad(set_to_none=True)  # the partial step's gradients
+        old_world = rd.get_world_size() if rd.has_group() else None
+        self.membership.regroup()
+        self.regroups += 1
+        world = self._check_split("left")
+        state.model = rewrap(module, self.cfg, self.device)
+        steps: list[Any] = [None] * world
+        dist.all_gather_object(steps, mark.step)
+        if len(set(steps)) > 1:
+            raise RegroupError(
+                f"the survivors stopped at different optimizer steps ({steps}) after "
+                f"{reason}; handing the furthest state to the others is not supported yet."
+            )
+        state.step = mark.step
+        self._truncate_sums(mark)
+        self._resplit(mark.cursor, world)
+        self._say(f"a peer was lost ({reason})", old_world, mark.step)
+        self.notify()
+
+    def _grow(self) -> None:
+        """Let the waiting joiners in at this step boundary (every member, agreed)."""
+        old_world = rd.get_world_size()
+        self._unwrap()
+        self.membership.regroup(grow=True)
+        self.regroups += 1
+        self._take_state(old_world)
+
+    def _take_state(self, old_world: int | None) -> None:
+        """After a generation that let joiners in: a live member's state on every rank (the
+        joiners load it), the module wrapped for the new group, the rest of the epoch re-split
+        (a joiner's once it has its data: :meth:`run_epoch`). ``old_world``: None on a joiner."""
+        state, m = self.state, self.membership
+        src = next(r for r, slot in enumerate(m.members) if slot not in m.joined)
+        saved = state.state_dict()  # a collective (the sums, the RNG states): on every rank
+        saved["continue"] = {"global_batch": self.global_batch}
+        got = broadcast_state(saved if m.rank == src else None, src)
+        self.global_batch = int(got["continue"]["global_batch"])
+        world = self._check_split("now")
+        module = unwrap_model(state.model)
+        if old_world is None:  # the joiner: the members' state, its own (empty) epoch sums
+            state.load_state_dict(got, f"rank {src}'s state")
+            state.sums, state.restored = EpochSums(), None
+            self.join_cursor = got["sampler"]
+        state.model = rewrap(module, self.cfg, self.device)
+        if old_world is not None:
+            self._resplit(got["sampler"], world)
+        self._say(f"slot(s) {m.joined} rejoined", old_world, state.step)
+        self.notify()
+
+    def _unwrap(self) -> torch.nn.Module:
+        module = unwrap_model(self.state.model)
+        self.state.model = module  # the wrapper holds the old group: let it go
+        gc.collect()
+        return module
+
+    def _check_split(self, which: str) -> int:
+        world = self.membership.world_size
+        check_split(self.global_batch, world, self.cfg.grad_accum_steps, which)
+        return world
+
+    def _say(self, what: str, old_world: int | None, step: int) -> None:
+        if rd.is_master():
+            world = self.membership.world_size
+            print(
+                f"rankwise: {what}; continuing on {world} rank(s) (was {old_world or '?'}) "
+                f"from optimizer step {step}, global batch {self.global_batch} = {world} x "
+                f"{self.global_batch // world}",
+                flush=True,
+            )
+
+    def _truncate_sums(self, mark: _Mark) -> None:
+        sums = self.state.sums
+        if sums is None:
+            return
+        losses, counts, hits, classed = mark.sums
+        del sums.losses[losses:], sums.counts[counts:]
+        del sums.hits[min(hits, len(sums.hits)) :]
+        sums.classed = classed
+
+    def _resplit(self, cursor: dict[str, Any] | None, world: int) -> None:
+        old = self.source
+        per_rank = self.global_batch // (world * self.cfg.grad_accum_steps)
+        self.source = TrainBatches(
+            old.dataset,
+            per_rank,
+            shuffle=self.cfg.shuffle,
+            seed=self.cfg.seed,
+            options=old.options,
+            record_ids=old.record_ids,
+        )
+        if cursor is not None:
+            self.source.sampler.load_state_dict(cursor)
+        self.state.sampler = self.source.sampler

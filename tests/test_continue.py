@@ -1,0 +1,114 @@
+"""``rankwise launch --on-failure continue`` end to end (tests/scripts/continue_worker.py on 3
+gloo ranks, 2 epochs of 8 optimizer steps, global batch 24, no checkpoints): a rank SIGKILLed
+or SIGSTOPped mid-epoch, the survivors keep their processes and train on with the global batch
+kept (2 x 12), every sample exactly once per epoch (AuditLog), and land within 1e-4 of the
+uninterrupted run. Launches take tens of seconds on a loaded machine: one reference per
+module, one launch per scenario."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from rankwise.testing import assert_exactly_once, run_script
+from rankwise.train import read_audit
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+WORKER = Path(__file__).resolve().parent / "scripts" / "continue_worker.py"
+NUM_SAMPLES, EPOCHS = 192, 2
+
+
+def launch(out: Path, *args: str, launch_args: tuple[str, ...] = (), env=None):
+    return run_script(
+        WORKER,
+        3,
+        script_args=[str(out), *args],
+        launch_args=["--on-failure", "continue", *launch_args],
+        timeout=400,
+        env=env,
+    )
+
+
+def finished(result: subprocess.CompletedProcess[str], out: Path) -> dict[str, torch.Tensor]:
+    assert result.returncode == 0, result.stderr[-4000:]
+    return torch.load(out / "final.pt")
+
+
+def pids(out: Path, slot: int) -> list[str]:
+    return (out / f"pids-{slot}").read_text().split()
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    out = tmp_path_factory.mktemp("reference")
+    params = finished(launch(out), out)
+    assert assert_exactly_once(out / "audit", 1, NUM_SAMPLES, EPOCHS) == [0]
+    return params
+
+
+def test_survivors_of_a_sigkill_train_on_with_the_global_batch(reference, tmp_path):
+    result = launch(tmp_path, "--kill-slot", "2", "--kill-step", "5")
+    params = finished(result, tmp_path)
+    assert "continuing on 2 rank(s) (was 3) from optimizer step 5" in result.stdout
+    assert "global batch 24 = 2 x 12" in result.stdout
+    # The same processes (no restart, nothing read from disk), a world of two at the end.
+    assert len(pids(tmp_path, 0)) == len(pids(tmp_path, 1)) == 1
+    assert (tmp_path / "final-world").read_text().strip() == "2"
+    starts = assert_exactly_once(tmp_path / "audit", 2, NUM_SAMPLES, EPOCHS)
+    assert starts == [0, 5]
+    assert max_diff(params, reference) < 1e-4
+
+
+def test_a_frozen_rank_is_removed_after_the_collective_timeout(reference, tmp_path):
+    env = {"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "4000"}
+    result = launch(tmp_path, "--stop-slot", "1", "--stop-step", "4", env=env)
+    params = finished(result, tmp_path)
+    assert "slot 1 was left out of generation 1" in result.stderr  # the launcher ended it
+    assert "continuing on 2 rank(s) (was 3)" in result.stdout
+    assert len(pids(tmp_path, 0)) == len(pids(tmp_path, 2)) == 1
+    assert_exactly_once(tmp_path / "audit", 2, NUM_SAMPLES, EPOCHS)
+    assert max_diff(params, reference) < 1e-4
+
+
+def test_fewer_survivors_than_min_nproc_stop_naming_why(tmp_path):
+    result = launch(
+        tmp_path, "--kill-slot", "2", "--kill-step", "3", launch_args=("--min-nproc", "3")
+    )
+    assert result.returncode != 0
+    assert "--min-nproc is 3: the job stops" in result.stderr
+    assert "every process was lost" in result.stderr
+
+
+def test_a_restarted_rank_rejoins_from_a_live_peer(reference, tmp_path):
+    # Slot 2 is SIGKILLed in step 5; the launcher restarts it; the survivors (2 x 12) let it
+    # in at the end of step 7, a live peer sends it the state, and steps 8..16 run on 3 x 8.
+    result = launch(
+        tmp_path, "--kill-slot", "2", "--kill-step", "5", "--await-joiner-step", "7",
+        launch_args=("--max-restarts", "1"),
+    )  # fmt: skip
+    params = finished(result, tmp_path)
+    assert "continuing on 2 rank(s) (was 3) from optimizer step 5" in result.stdout
+    assert "slot(s) [2] rejoined; continuing on 3 rank(s) (was 2) from optimizer step 7" in (
+        result.stdout
+    )
+    assert "global batch 24 = 3 x 8" in result.stdout
+    assert len(pids(tmp_path, 0)) == len(pids(tmp_path, 1)) == 1  # the survivors kept theirs
+    assert len(pids(tmp_path, 2)) == 2  # the first start and the restart
+    assert (tmp_path / "final-world").read_text().strip() == "3"
+    # The restarted process trained every step after it joined, in both epochs.
+    steps = [int(s) for s in (tmp_path / "rejoined-2").read_text().split()]
+    assert steps == list(range(8, 17))
+    assert assert_exactly_once(tmp_path / "audit", 3, NUM_SAMPLES, EPOCHS) == [0, 5, 7]
+    last = read_audit(tmp_path / "audit").attempts[-1]
+    assert last.world_size == 3 and last.finished
+    assert (tmp_path / "audit" / f"audit-{last.name}-rank2.jsonl").read_text().count('"ids"') == 9
+    assert max_diff(params, reference) < 1e-4

@@ -1,0 +1,101 @@
+"""Membership under ``--on-failure continue`` (rankwise.distributed.membership): survivors of a
+SIGKILLed or SIGSTOPped rank keep their processes, agree on who is left and all-reduce in a
+new gloo group; the refusals name their fix. The test process hosts the store, as the
+launcher does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from rankwise.distributed import DistributedConfigError
+from rankwise.distributed.membership import MemberConfig, on_failure_mode
+from rankwise.testing import child_env, free_port
+
+WORKER = Path(__file__).resolve().parent / "scripts" / "member_worker.py"
+
+
+def test_mode_defaults_to_restart_and_refuses_continue_without_the_store():
+    assert on_failure_mode({}) == "restart"
+    assert MemberConfig.from_environment({}) is None
+    with pytest.raises(DistributedConfigError, match="rankwise launch --nproc-per-node N"):
+        on_failure_mode({"RANKWISE_ON_FAILURE": "continue", "TORCHELASTIC_RUN_ID": "x"})
+    with pytest.raises(DistributedConfigError, match="'restart' or 'continue'"):
+        on_failure_mode({"RANKWISE_ON_FAILURE": "carry-on"})
+
+
+def read(out: Path, slot: int) -> list[dict]:
+    path = out / f"slot{slot}.json"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def start(out: Path, world: int, port: int, extra: dict[str, str] | None = None) -> list:
+    procs = []
+    for slot in range(world):
+        env = child_env({
+            "RANKWISE_ON_FAILURE": "continue", "RANKWISE_SLOT": str(slot),
+            "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            **(extra or {}),
+        })  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), str(out)], env=env))
+    return procs
+
+
+def wait_for(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_survivors_keep_their_pids_and_all_reduce_in_a_new_group(tmp_path, how):
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=60))  # fmt: skip
+    # A frozen rank is only noticed by the collective timeout: keep it short.
+    extra = {"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "3000"} if how == "stop" else {}
+    procs = start(tmp_path, 3, port, extra)
+    try:
+        wait_for(lambda: all(read(tmp_path, s) for s in range(3)), 120)
+        first = [read(tmp_path, s)[0] for s in range(3)]
+        assert [r["sum"] for r in first] == [6.0] * 3  # slots 0+1+2, plus one each
+        os.kill(procs[2].pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        lost = time.time()
+        for p in procs[:2]:
+            assert p.wait(timeout=120) == 0
+        for slot in (0, 1):
+            before, after = read(tmp_path, slot)
+            assert after["pid"] == before["pid"] == procs[slot].pid  # the same process
+            assert (after["gen"], after["rank"], after["world"]) == (1, slot, 2)
+            assert after["sum"] == 3.0  # slots 0 and 1 only
+            limit = 30 if how == "kill" else 40  # generous: 2 shared cores
+            assert after["noticed"] - lost < limit
+        assert store.get("gen/1/members") == b"0,1"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_init_refuses_continue_under_plain_torchrun(monkeypatch):
+    import rankwise.distributed as rd
+
+    for key, value in {
+        "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "x",
+        "RANKWISE_ON_FAILURE": "continue",
+    }.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    with pytest.raises(DistributedConfigError, match="--on-failure continue"):
+        rd.init()
