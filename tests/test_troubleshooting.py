@@ -315,6 +315,7 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "continue-without-launcher": lambda: raised(
         on_failure_mode, {"RANKWISE_ON_FAILURE": "continue", "TORCHELASTIC_RUN_ID": "x"}
     ),
+    "continue-mode-value": lambda: raised(on_failure_mode, {"RANKWISE_ON_FAILURE": "sometimes"}),
     "continue-min-nproc": lambda: raised(check_min_nproc, [0, 1], 3),
     "continue-uneven-split": lambda: raised(check_split, 24, 5, 1, "left"),
     "continue-store-gone": _membership_store_gone,

@@ -69,6 +69,10 @@ _MID_INIT = (
     "while it hosts the store, a rank stuck between building the group and the final check, "
     "torchrun's store without rank 0's announcement): no fast, deterministic trigger"
 )
+_CONTINUE = (
+    "fires only inside a job under `rankwise launch --on-failure continue`, after a rank was "
+    "lost or restarted (docs/continue.md lists it): a trigger needs a launch and a kill"
+)
 _FORGED = (
     "fires only for a sharded checkpoint folder whose manifest was rewritten by hand to match "
     "changed files (a torn or changed file fails verification first): a trigger must forge one"
@@ -102,6 +106,16 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
     ): _MID_INIT,
     ("train/portable.py", "the RNG state holds {} CUDA generators and this process"): _NEEDS_GPU,
     ("train/sharded.py", "checkpoint {}: its manifest lists no {}."): _FORGED,
+    (
+        "distributed/membership.py",
+        "slot {} (restart {}) waited {}s and no running rank let",
+    ): _CONTINUE,
+    (
+        "distributed/membership.py",
+        "slot {} was left out of generation {} (members {}): it d",
+    ): _CONTINUE,
+    ("train/elastic.py", "the survivors stopped at different optimizer steps ({}) "): _CONTINUE,
+    ("train/elastic.py", "--on-failure continue re-splits the rest of the epoch ov"): _CONTINUE,
     ("train/sharded.py", "checkpoint {}: {} is not a rankwise training state."): _FORGED,
     ("train/sharded.py", "checkpoint {}: {} verifies but does not load: {}"): _FORGED,
 }
