@@ -13,7 +13,8 @@ point of a random checkpoint save. Then it reports:
 - corrupt resumes: a resume that had to skip a checkpoint file or failed to load one (goal: 0);
 - time from the failure to the first micro-batch of the resumed attempt;
 - work lost per failure: optimizer steps done (or in flight) past the checkpoint resumed from
-  (goal: at most one checkpoint interval, 3).
+  (goal: at most one checkpoint interval, 3, plus the steps trained while the last background
+  write was in flight: ``fit`` saves in the background by default).
 
     python benchmarks/faults.py --k 100 --jobs 6
 """
