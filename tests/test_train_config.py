@@ -52,6 +52,21 @@ BAD_VALUES: list[tuple[dict[str, Any], list[str]]] = [
     ({"log_dir": b"logs"}, ["log_dir (b'logs')", "path"]),
     ({"check_sync_every_n_steps": 0}, ["check_sync_every_n_steps (0)", ">= 1", "None for no"]),
     ({"check_sync_every_n_steps": 2.5}, ["check_sync_every_n_steps (2.5)", "integer"]),
+    ({"compile": "yes"}, ["compile ('yes')", "True or False"]),
+    ({"compile_options": "max-autotune"}, ["compile_options ('max-autotune')", "e.g. {'mode'"]),
+    ({"compile_options": {"mdoe": "default"}}, ["unknown key 'mdoe'", "did you mean 'mode'"]),
+    ({"compile_options": {"mode": "fast"}}, ["mode='fast'", "'max-autotune'"]),
+    ({"compile_options": {"fullgraph": 1}}, ["fullgraph=1", "True or False"]),
+    ({"compile_options": {"backend": print}}, ["backend=<built-in", "backend name string"]),
+    ({"compile_options": {"dynamic": "auto"}}, ["dynamic='auto'", "None"]),
+    ({"compile_options": {"options": {1: 2}}}, ["options={1: 2}", "string keys"]),
+    (
+        {"compile_options": {"mode": "max-autotune", "options": {"a": 1}}},
+        ["sets both 'mode' and 'options'", "keep one"],
+    ),
+    ({"pin_memory": "cuda"}, ["pin_memory ('cuda')", "True or False"]),
+    ({"prefetch_factor": 0, "num_workers": 2}, ["prefetch_factor (0)", ">= 1", "torch's default"]),
+    ({"prefetch_factor": 4}, ["prefetch_factor (4)", "num_workers is 0", "prefetch_factor=None"]),
 ]
 
 
@@ -111,6 +126,10 @@ def test_defaults_are_the_agreed_ones() -> None:
         "log_dir": None,
         "check_sync_every_n_steps": None,
         "async_checkpoints": True,
+        "compile": False,
+        "compile_options": {},
+        "pin_memory": True,
+        "prefetch_factor": None,
     }
 
 
@@ -174,6 +193,11 @@ def test_yaml_round_trip_keeps_every_field(tmp_path: Path) -> None:
         scheduler_interval="step",
         compression="powersgd",
         log_dir=str(tmp_path / "logs"),
+        compile=True,
+        compile_options={"mode": "max-autotune", "fullgraph": True, "dynamic": None},
+        pin_memory=False,
+        num_workers=2,
+        prefetch_factor=4,
     )
     path = config.to_yaml(tmp_path / "run.yaml")
     assert DistributedTrainingConfig.from_yaml(path) == config

@@ -321,6 +321,17 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "config-unknown-field": lambda: _raised(DistributedTrainingConfig.from_dict, {"epoch": 3}),
     "config-override": lambda: _raised(DistributedTrainingConfig().with_overrides, ["epochs"]),
     "config-lr-scaling": lambda: _raised(DistributedTrainingConfig, lr_scaling="linear"),
+    "config-compile-options": lambda: _raised(
+        DistributedTrainingConfig, compile=True, compile_options={"mdoe": "max-autotune"}
+    ),
+    "config-compile-mode-and-options": lambda: _raised(
+        DistributedTrainingConfig,
+        compile=True,
+        compile_options={"mode": "max-autotune", "options": {"shape_padding": True}},
+    ),
+    "config-prefetch-without-workers": lambda: _raised(
+        DistributedTrainingConfig, prefetch_factor=4
+    ),
     "checkpoint-torn": lambda: _damaged_checkpoint("torn"),
     "checkpoint-corrupt": lambda: _damaged_checkpoint("flip"),
     "checkpoint-no-manifest": lambda: _damaged_checkpoint("manifest"),

@@ -33,6 +33,7 @@ See ``docs/parallel.md`` for each piece.
 
 from rankwise.parallel.activation import enable_gradient_checkpointing, find_blocks
 from rankwise.parallel.common import unwrap_model
+from rankwise.parallel.compile import compile_model, is_compiled
 from rankwise.parallel.consistency import (
     InconsistentRanksError,
     check_consistent,
@@ -84,10 +85,12 @@ __all__ = [
     "clip_grad_norm",
     "comm_state_dict",
     "comm_stats",
+    "compile_model",
     "enable_gradient_checkpointing",
     "find_blocks",
     "fp16_hook",
     "gradient_buckets",
+    "is_compiled",
     "is_sync_step",
     "load_comm_state_dict",
     "model_signature",

@@ -28,12 +28,21 @@ from rankwise.parallel import (
 from rankwise.train.config import DistributedTrainingConfig
 
 # Fields that may differ between ranks: what rank 0 alone uses (console, log files), the
-# loader's worker count (a per-machine resource), and paths (a node-local mount may be named
+# loader's workers, prefetch and pinning (per-machine resources that change no result), and paths (a node-local mount may be named
 # differently on each machine; the resume checks compare what was loaded). Whether
 # checkpoint_dir is set and the kind of resume decide which collectives run, so those are
 # compared (see _path_kinds).
 RANK_LOCAL_FIELDS = frozenset(
-    {"verbose", "log_every_n_batches", "log_dir", "num_workers", "checkpoint_dir", "resume"}
+    {
+        "verbose",
+        "log_every_n_batches",
+        "log_dir",
+        "num_workers",
+        "prefetch_factor",
+        "pin_memory",
+        "checkpoint_dir",
+        "resume",
+    }
 )
 
 

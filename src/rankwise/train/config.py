@@ -17,13 +17,23 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
+
+from rankwise.train.config_checks import (
+    check_choice,
+    check_clip,
+    check_compile_options,
+    check_int,
+    check_path,
+    check_split,
+    fail,
+    int_rule,
+)
 
 # The choices of each string field. Precision names are rankwise.parallel.Precision's modes,
 # compression names DDPConfig's; they are repeated here so that a config can be read and checked
@@ -51,6 +61,10 @@ _OPTIONAL_INTS: dict[str, tuple[int, str]] = {
     "keep_last_checkpoints": (1, "e.g. 3, or None to keep every checkpoint"),
     "base_batch_size": (1, "the global batch size the learning rate was tuned for, e.g. 64"),
     "check_sync_every_n_steps": (1, "counted in optimizer steps, e.g. 100, or None for no check"),
+    "prefetch_factor": (
+        1,
+        "batches each loader worker prepares ahead, e.g. 4, or None for torch's default",
+    ),
 }
 _BOOLS = (
     "shuffle",
@@ -58,6 +72,8 @@ _BOOLS = (
     "save_on_master_only",
     "gradient_checkpointing",
     "async_checkpoints",
+    "compile",
+    "pin_memory",
 )
 _OPTIONAL_PATHS: dict[str, str] = {
     "checkpoint_dir": "None turns checkpoints off",
@@ -111,6 +127,10 @@ class DistributedTrainingConfig:
     log_dir: str | None = None  # CSV (+ TensorBoard if installed); None = off
     check_sync_every_n_steps: int | None = None  # compare parameters across ranks; None = off
     async_checkpoints: bool = True  # write checkpoints in the background (False: on the loop)
+    compile: bool = False  # torch.compile the model after wrapping (parallel.compile_model)
+    compile_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # torch.compile(**)
+    pin_memory: bool = True  # page-locked batches for async copies; only on CUDA
+    prefetch_factor: int | None = None  # batches per loader worker ahead; None = torch's
 
     def __post_init__(self) -> None:
         self.validate()
@@ -122,41 +142,49 @@ class DistributedTrainingConfig:
         floats stay floats (``validation_split=0`` becomes ``0.0``). Returns ``self``.
         """
         for name, (low, hint) in _INTS.items():
-            _check_int(name, getattr(self, name), low, hint)
+            check_int(name, getattr(self, name), low, hint)
         if self.seed > _MAX_SEED:
-            _fail("seed", self.seed, "must be <= 2**64 - 1 (torch's seed range); use seed % 2**64")
+            fail("seed", self.seed, "must be <= 2**64 - 1 (torch's seed range); use seed % 2**64")
         for name, (low, hint) in _OPTIONAL_INTS.items():
             if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), low, hint)
+                check_int(name, getattr(self, name), low, hint)
         for name in _BOOLS:
             if not isinstance(getattr(self, name), bool):
-                _fail(name, getattr(self, name), "must be True or False")
+                fail(name, getattr(self, name), "must be True or False")
         for name, hint in _OPTIONAL_PATHS.items():
-            setattr(self, name, _check_path(name, getattr(self, name), hint))
-        self.validation_split = _check_split(self.validation_split)
-        self.grad_clip_norm = _check_clip(self.grad_clip_norm)
+            setattr(self, name, check_path(name, getattr(self, name), hint))
+        self.validation_split = check_split(self.validation_split)
+        self.grad_clip_norm = check_clip(self.grad_clip_norm)
         for name, choices in CHOICES.items():
-            setattr(self, name, _check_choice(name, getattr(self, name), choices))
+            setattr(self, name, check_choice(name, getattr(self, name), choices))
+        self.compile_options = check_compile_options(self.compile_options)
         self._check_combinations()
         return self
 
     def _check_combinations(self) -> None:
         if self.lr_scaling == "linear" and self.base_batch_size is None:
-            _fail(
+            fail(
                 "lr_scaling",
                 self.lr_scaling,
                 "needs base_batch_size (the global batch size the learning rate was tuned "
                 "for, e.g. base_batch_size=64), or set lr_scaling='none'",
             )
         if self.compression is not None and self.strategy != "ddp":
-            _fail(
+            fail(
                 "compression",
                 self.compression,
                 f"compresses DDP's gradient all-reduce, but strategy is {self.strategy!r}; "
                 "set compression=None or strategy='ddp'",
             )
+        if self.prefetch_factor is not None and self.num_workers == 0:
+            fail(
+                "prefetch_factor",
+                self.prefetch_factor,
+                "counts the batches each DataLoader worker loads ahead, but num_workers is 0 "
+                "(batches load in the main process); set num_workers > 0 or prefetch_factor=None",
+            )
         if self.resume == "auto" and self.checkpoint_dir is None:
-            _fail(
+            fail(
                 "resume",
                 self.resume,
                 "looks for the newest checkpoint in checkpoint_dir, which is None; "
@@ -169,7 +197,7 @@ class DistributedTrainingConfig:
         >>> DistributedTrainingConfig(batch_size=64).effective_batch_size(2)
         128
         """
-        rule = _int_rule(world_size, 1, "pass the number of ranks, e.g. rd.get_world_size()")
+        rule = int_rule(world_size, 1, "pass the number of ranks, e.g. rd.get_world_size()")
         if rule is not None:
             raise ValueError(f"world_size ({world_size!r}) {rule}.")
         return self.batch_size * world_size * self.grad_accum_steps
@@ -290,10 +318,6 @@ FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DistributedTr
 # -- checks -----------------------------------------------------------------------------------
 
 
-def _fail(name: str, value: Any, rule: str) -> NoReturn:
-    raise ValueError(f"DistributedTrainingConfig.{name} ({value!r}) {rule}.")
-
-
 def _check_field_name(name: object) -> None:
     if name in FIELDS:
         return
@@ -303,75 +327,3 @@ def _check_field_name(name: object) -> None:
         f"unknown DistributedTrainingConfig field {name!r}; {hint}"
         f"the fields are: {', '.join(FIELDS)}."
     )
-
-
-def _check_int(name: str, value: Any, low: int, hint: str) -> None:
-    rule = _int_rule(value, low, hint)
-    if rule is not None:
-        _fail(name, value, rule)
-
-
-def _int_rule(value: Any, low: int, hint: str) -> str | None:
-    """What is wrong with ``value`` as an integer >= ``low`` (None: nothing)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        whole = isinstance(value, float) and value.is_integer()
-        fix = f"pass {int(value)}" if whole else hint
-        return f"must be an integer >= {low}, got {type(value).__name__}; {fix}"
-    if value < low:
-        return f"must be >= {low}; {hint}"
-    return None
-
-
-def _check_path(name: str, value: Any, hint: str) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str) or not value.strip():
-        _fail(name, value, f"must be a non-empty path string or None; {hint}")
-    return str(value)
-
-
-def _check_split(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
-        _fail(
-            "validation_split",
-            value,
-            "must be a fraction in [0, 1): the share of the training data held out for "
-            "validation, e.g. 0.1; 0 holds out nothing",
-        )
-    return float(value)
-
-
-def _check_clip(value: Any) -> float | None:
-    if value is None:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        _fail(
-            "grad_clip_norm",
-            value,
-            "must be a finite number > 0 (the largest total gradient norm, e.g. 1.0) "
-            "or None for no clipping",
-        )
-    return float(value)
-
-
-def _check_choice(name: str, value: Any, choices: tuple[str | None, ...]) -> str | None:
-    if isinstance(value, str):
-        lowered = value.strip().lower()
-        # "none" written in YAML or on a command line means None where None is a choice.
-        if lowered == "none" and None in choices and "none" not in choices:
-            return None
-        if lowered in choices:
-            return lowered
-    elif value is None and None in choices:
-        return None
-    names = ", ".join(repr(c) for c in choices)
-    close = difflib.get_close_matches(str(value).lower(), [str(c) for c in choices], n=1)
-    guess = f" (did you mean {close[0]!r}?)" if close else ""
-    _fail(name, value, f"must be one of {names}{guess}")

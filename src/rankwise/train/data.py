@@ -3,9 +3,9 @@
 - :func:`as_dataset` turns ``(X, y)`` tensors or numpy arrays into a :class:`TensorPairs`
   (numpy float64 becomes float32, integer targets int64).
 - :func:`split_validation` holds out a seeded fraction, the same on every rank and world size.
-- :class:`TrainBatches`: the trainer's own stream. rankwise's :class:`DistributedSampler`
-  shards and shuffles; its cursor moves after every micro-batch, so a checkpoint resumes
-  mid-epoch. In-memory tensors are indexed a batch at a time (no per-sample collate).
+- :class:`~rankwise.train.pipeline.TrainBatches` (``pipeline.py``): the trainer's own stream,
+  sharded and resumable; on CUDA its batches come pinned and :func:`to_device` copies them
+  with ``non_blocking=True``, so the copy overlaps the step instead of stalling it.
 - :class:`UserBatches`: a user's DataLoader, used as it is. Ranks that would run different
   numbers of batches are detected before the first collective of the epoch (:func:`check_even`)
   and refused with the per-rank counts, instead of hanging.
@@ -14,13 +14,12 @@
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, Subset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 import rankwise.distributed as rd
 from rankwise.data import DistributedSampler, Permutation
@@ -59,16 +58,30 @@ class TensorPairs(Dataset[tuple[torch.Tensor, ...]]):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
         return self.take(torch.tensor([i]))  # pragma: no cover - the trainer uses take()
 
-    def take(self, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def take(self, index: torch.Tensor, pin: bool = False) -> tuple[torch.Tensor, ...]:
+        """Rows ``index`` of every tensor; ``pin``: gathered straight into page-locked memory
+        (one copy), so the host-to-GPU copy that follows runs without blocking the loop."""
+        if pin:
+            return tuple(_take_pinned(t, index) for t in self._tensors())
         if self.targets is None:
             return (self.inputs[index],)
         return self.inputs[index], self.targets[index]
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.inputs,) if self.targets is None else (self.inputs, self.targets)
 
     def subset(self, rows: np.ndarray) -> TensorPairs:
         index = torch.from_numpy(rows)
         origin = rows if self.origin is None else self.origin[rows]
         targets = None if self.targets is None else self.targets[index]
         return TensorPairs(self.inputs[index], targets, origin)
+
+
+def _take_pinned(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    # torch's caching host allocator hands the block out again only once the copy that read
+    # it has finished, so a fresh pinned tensor per batch is safe and cheap.
+    out = torch.empty((len(index), *tensor.shape[1:]), dtype=tensor.dtype, pin_memory=True)
+    return torch.index_select(tensor, 0, index, out=out)
 
 
 def as_tensor(value: Any, name: str) -> torch.Tensor:
@@ -152,97 +165,6 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
     if isinstance(batch, list | tuple):
         return type(batch)(to_device(v, device) for v in batch)
     return batch
-
-
-class _IssuedBatches(BatchSampler):
-    """torch's ``BatchSampler(sampler, batch_size, drop_last=False)`` over a rankwise
-    DistributedSampler (the last list may be shorter; every rank's count is the same, the
-    sampler pads), which can also remember the index lists it hands out."""
-
-    def __init__(self, sampler: DistributedSampler, batch_size: int, record: bool) -> None:
-        super().__init__(sampler, batch_size, drop_last=False)
-        # DataLoader reads index lists ahead of the loop: remember them in order (only when
-        # an audit hook wants them) and hand each out when its batch arrives.
-        self.issued: collections.deque[list[int]] | None = collections.deque() if record else None
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for chunk in super().__iter__():
-            if self.issued is not None:
-                self.issued.append(chunk)
-            yield chunk
-
-
-class TrainBatches:
-    """This rank's micro-batches of ``dataset`` for one epoch, from rankwise's sampler.
-
-    Iterating yields ``(batch, sample_ids)``; ``sample_ids`` (a tensor of the user's dataset
-    indices) only when ``record_ids`` is set, else None. Call :meth:`advance` after each
-    micro-batch: it moves the sampler's cursor, which checkpoints save.
-    """
-
-    def __init__(
-        self,
-        dataset: Dataset[Any],
-        batch_size: int,
-        *,
-        shuffle: bool,
-        seed: int,
-        num_workers: int = 0,
-        record_ids: bool = False,
-    ) -> None:
-        self.dataset = dataset
-        self.sampler = DistributedSampler(len(dataset), shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
-        self.record_ids = record_ids
-        in_memory = isinstance(dataset, TensorPairs)
-        self.chunks = _IssuedBatches(self.sampler, batch_size, record_ids and not in_memory)
-        self.loader: DataLoader[Any] | None = None
-        if not in_memory:
-            self.loader = DataLoader(
-                dataset,
-                batch_sampler=self.chunks,
-                num_workers=num_workers,
-                persistent_workers=num_workers > 0,
-            )
-        self.origin = _origin(dataset)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self.chunks)
-
-    def advance(self, n: int) -> None:
-        self.sampler.advance(n)
-
-    def __iter__(self) -> Iterator[tuple[Batch, torch.Tensor | None]]:
-        if isinstance(self.dataset, TensorPairs):
-            yield from self._tensor_batches(self.dataset)
-            return
-        assert self.loader is not None
-        for batch in self.loader:
-            ids = self.chunks.issued.popleft() if self.chunks.issued is not None else None
-            yield batch, None if ids is None else self._ids(torch.tensor(ids))
-
-    def _tensor_batches(self, data: TensorPairs) -> Iterator[tuple[Batch, torch.Tensor | None]]:
-        # The pass's indices as one tensor (O(N/R), like the data already in memory), then a
-        # view per batch: no per-batch list -> tensor conversion in the step.
-        passed = iter(self.sampler)
-        index = torch.from_numpy(np.fromiter(passed, dtype=np.int64, count=len(self.sampler)))
-        size = self.chunks.batch_size
-        for start in range(0, len(index), size):
-            rows = index[start : start + size]
-            yield data.take(rows), self._ids(rows) if self.record_ids else None
-
-    def _ids(self, rows: torch.Tensor) -> torch.Tensor:
-        return rows if self.origin is None else torch.from_numpy(self.origin[rows.numpy()])
-
-
-def _origin(dataset: Any) -> np.ndarray | None:
-    if isinstance(dataset, TensorPairs):
-        return dataset.origin
-    if isinstance(dataset, Subset):
-        return np.asarray(dataset.indices, dtype=np.int64)
-    return None
 
 
 class UserBatches:
@@ -378,18 +300,3 @@ def fit_datasets(train: Any, val: Any, cfg: DistributedTrainingConfig) -> tuple[
             "validation loader: fit(train_loader, val_loader, config=cfg)."
         )
     return split_validation(train, cfg.validation_split, cfg.seed)
-
-
-def train_source(train: Any, cfg: DistributedTrainingConfig, record_ids: bool) -> Any:
-    """The trainer's batch stream: a user's loader (or iterable) as it is, else the trainer's
-    own sharded, resumable :class:`TrainBatches` (``record_ids``: keep each batch's ids)."""
-    if isinstance(train, DataLoader) or not hasattr(train, "__getitem__"):
-        return UserBatches(train)
-    return TrainBatches(
-        train,
-        cfg.batch_size,
-        shuffle=cfg.shuffle,
-        seed=cfg.seed,
-        num_workers=cfg.num_workers,
-        record_ids=record_ids,
-    )

@@ -28,6 +28,7 @@ from rankwise.parallel import (
     unwrap_model,
     wrap_model,
 )
+from rankwise.parallel.compile import compile_model
 from rankwise.parallel.ddp import user_hook_states
 from rankwise.parallel.fsdp import is_fsdp_module
 from rankwise.train.config import DistributedTrainingConfig
@@ -40,6 +41,20 @@ class Prepared:
     scheduler: Any
     precision: Precision
     strategy: str
+    compiled: bool
+
+    def check_refit(self, cfg: DistributedTrainingConfig) -> None:
+        """A later ``fit`` of the same trainer keeps the first one's wrapping and compiling."""
+        for name, was, now in (
+            ("strategy", self.strategy, cfg.strategy),
+            ("compile", self.compiled, cfg.compile),
+        ):
+            if was != now:
+                raise ValueError(
+                    f"this trainer's model was prepared with {name}={was!r} by an earlier "
+                    f"fit(); config.{name} is {now!r}. Keep the {name} or build a new "
+                    "DistributedTrainer."
+                )
 
 
 def prepare(
@@ -59,6 +74,8 @@ def prepare(
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(module)
     model = _adopt(given, cfg, device) if is_wrapped(given) else _wrap(module, cfg, device_choice)
+    if cfg.compile:  # after wrapping: DDP's buckets and FSDP2's hooks are in place
+        compile_model(model, cfg.compile_options)
     spec = optimizer
     if isinstance(spec, torch.optim.Optimizer):
         optimizer = spec
@@ -81,7 +98,7 @@ def prepare(
             "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)."
         )
     precision = Precision(cfg.precision, device)
-    return Prepared(model, optimizer, scheduler, precision, cfg.strategy)
+    return Prepared(model, optimizer, scheduler, precision, cfg.strategy, cfg.compile)
 
 
 def resolve_device(device: torch.device | str | int) -> torch.device:

@@ -38,12 +38,12 @@ from rankwise.train.data import (
     fit_datasets,
     parse_fit_args,
     to_device,
-    train_source,
 )
 from rankwise.train.evaluation import EvalBatches, eval_batches, evaluate_exact, predict_all
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
 from rankwise.train.loop import StepEnv, epoch_scheduler_step, train_epoch
+from rankwise.train.pipeline import train_source
 from rankwise.train.setup import Prepared, prepare, resolve_device, scale_lr, seed_everything
 from rankwise.train.state import TrainState
 from rankwise.train.sums import EpochSums
@@ -174,7 +174,8 @@ class DistributedTrainer:
             cfg, self.model, self.optimizer, (train_set, val_set), self.fits
         )
         self._setup(cfg)
-        self.train_source = train_source(train_set, cfg, record_ids=bool(self.batch_hooks()))
+        hooked = bool(self.batch_hooks())
+        self.train_source = train_source(train_set, cfg, hooked, self.device)
         state = self.state
         state.sampler = getattr(self.train_source, "sampler", None)
         self._start(cfg)
@@ -250,12 +251,8 @@ class DistributedTrainer:
                 self.device_choice,
             )
             state.adopt(prepared.model, prepared.optimizer, prepared.scheduler, prepared.precision)
-        elif self.prepared.strategy != cfg.strategy:
-            raise ValueError(
-                f"this trainer's model was wrapped for strategy {self.prepared.strategy!r} by "
-                f"an earlier fit(); config.strategy is {cfg.strategy!r}. Keep the strategy or "
-                "build a new DistributedTrainer."
-            )
+        else:
+            self.prepared.check_refit(cfg)
         if not state.lr_scaled:
             scale = cfg.lr_scale(rd.get_world_size())
             if scale != 1.0:
