@@ -90,18 +90,18 @@ def workload(name: str, quick: bool, device: str) -> Workload:
     if name == "gpt":
         if quick:
             cfg = GPTConfig(vocab=2048, context=64, n_layer=2, n_head=4, d_model=128)
-            return Workload("gpt", 8, 10, 3, gpt=cfg, unit="tokens")
+            return Workload("gpt", 8, 8, 2, gpt=cfg, unit="tokens")
         return Workload(
             "gpt",
             32 if gpu else 4,
-            60 if gpu else 10,
-            10 if gpu else 3,
+            60 if gpu else 8,
+            10 if gpu else 2,
             gpt=GPTConfig(),
             unit="tokens",
         )
     if quick:
-        return Workload("resnet", 16, 10, 3, width=8)
-    return Workload("resnet", 256 if gpu else 16, 60 if gpu else 10, 10 if gpu else 3)
+        return Workload("resnet", 16, 8, 2, width=8)
+    return Workload("resnet", 256 if gpu else 16, 60 if gpu else 8, 10 if gpu else 2)
 
 
 def make_model(w: Workload) -> nn.Module:
@@ -305,19 +305,13 @@ def one_workload(args: argparse.Namespace, w: Workload, device: torch.device) ->
     (x, x_eval), (y, y_eval) = x.split(len(x) - w.batch), y.split(len(y) - w.batch)
     impls = [i for i in IMPLS if i in args.impls]
     modes = [m for m in MODES if m in args.modes]
+    results: dict[str, Any] = {"warm-up": {}}
     for mode in modes:  # untimed: the process's first steps (and first compile) are no one's
-        _loop(
-            Run(
-                w,
-                x[: 2 * world * w.batch],
-                y[: 2 * world * w.batch],
-                mode == "compiled",
-                device,
-                args.bf16,
-            ),
-            make_model(w),
-        )
-    results: dict[str, Any] = {}
+        n = 2 * world * w.batch
+        run = Run(w, x[:n], y[:n], mode == "compiled", device, args.bf16)
+        start = time.perf_counter()
+        _loop(run, make_model(w))
+        results["warm-up"][mode] = run.stamps[0][0] - start
     for r in range(args.rounds):
         for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
             for impl in impls[r % len(impls) :] + impls[: r % len(impls)]:
@@ -393,6 +387,8 @@ def table(args: argparse.Namespace, result: dict[str, Any]) -> list[dict[str, An
         f"{args.rounds} round(s); 'vs loop': median over rounds of (loop's time / this one's), "
         "min-max in brackets; CPU: the main thread's thread_time per step"
     )
+    warm = ", ".join(f"{m} {t:.1f} s" for m, t in runs.get("warm-up", {}).items())
+    print(f"untimed warm-up run of the loop, time to its first step (compilation): {warm}")
     head = f"{'mode':<9} {'implementation':<17} {unit:>9} {'ms/step':>9} {'vs loop (wall)':>19} "
     head += f"{'CPU ms':>8} {'vs loop (CPU)':>19} {'1st step s':>10} {'final loss':>10} "
     print(head + f"{'vs loop':>9} {'weights vs loop':>15}" + (f" {'MFU':>6}" if mfu else ""))
