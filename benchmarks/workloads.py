@@ -93,15 +93,15 @@ def workload(name: str, quick: bool, device: str) -> Workload:
             return Workload("gpt", 8, 8, 2, gpt=cfg, unit="tokens")
         return Workload(
             "gpt",
-            32 if gpu else 4,
-            60 if gpu else 8,
+            32 if gpu else 2,
+            60 if gpu else 6,
             10 if gpu else 2,
             gpt=GPTConfig(),
             unit="tokens",
         )
     if quick:
         return Workload("resnet", 16, 8, 2, width=8)
-    return Workload("resnet", 256 if gpu else 16, 60 if gpu else 8, 10 if gpu else 2)
+    return Workload("resnet", 256 if gpu else 8, 60 if gpu else 6, 10 if gpu else 2)
 
 
 def make_model(w: Workload) -> nn.Module:
