@@ -153,9 +153,12 @@ class Run:
     stamps: list[tuple[float, float]] = dataclasses.field(default_factory=list)
 
     def stamp(self, optimizer: torch.optim.Optimizer) -> None:
-        optimizer.register_step_post_hook(
-            lambda *_: self.stamps.append((time.perf_counter(), time.thread_time()))
-        )
+        def hook(*_: Any) -> None:
+            if self.device.type == "cuda" and len(self.stamps) == self.w.warmup - 1:
+                torch.cuda.synchronize()  # the timed window starts with an idle device
+            self.stamps.append((time.perf_counter(), time.thread_time()))
+
+        optimizer.register_step_post_hook(hook)
 
     def loader(self) -> tuple[Any, Any]:
         from torch.utils.data import DataLoader, TensorDataset
