@@ -9,6 +9,11 @@ Two realistic workloads, written in ``rankwise.models`` from ``torch.nn`` only:
 - ``resnet``: ResNet-18 on 32x32 images (11.2 M parameters), SGD with momentum and weight
   decay; synthetic images whose mean depends on the class; throughput in images/s.
 
+Shapes per rank: on CUDA, GPT batch 32 x 256 tokens and ResNet batch 256, 60 steps (10 of
+warm-up); on CPU, sized for a shared 2-core machine, batch 2 x 256 tokens and 8 images, 6 steps
+(2 of warm-up); ``--quick``: a 2-layer GPT (d 128, 4 heads, context 64, vocabulary 2048, batch
+8) and ResNet-18 at width 8 (batch 16), 8 steps (2 of warm-up).
+
 Each is trained by four implementations, eager and compiled, in a world of one (one plain
 process) and on 2 ranks (``rankwise launch``; gloo on CPU, NCCL on CUDA):
 
@@ -33,7 +38,7 @@ rotating order; per round the loop's time over each one's gives a ratio, and the
 the median of those ratios with their min-max (load that comes and goes hits a round alike).
 
     python benchmarks/workloads.py --quick                 # small shapes, 1 round (~2 min)
-    python benchmarks/workloads.py --rounds 2              # full shapes on CPU (long)
+    python benchmarks/workloads.py --rounds 2              # full shapes on CPU (~25 min)
     python benchmarks/workloads.py --device cuda --bf16 --worlds 1 --peak-tflops 989
                                    # one H100 (dense bf16 peak 989 TFLOP/s); --worlds 1 2 on 2+ GPUs
 
