@@ -72,6 +72,11 @@ IMPLS = {
     "accelerate": "HF Accelerate",
 }
 MODES = ("eager", "compiled")
+# glibc's malloc serves large blocks with mmap below a threshold it moves at run time, and trims
+# the heap's free top; depending on the allocation history, the backward's multi-MB buffers then
+# come back as fresh pages every step (1,000-2,000 page faults, 1-4 ms per step on the quick GPT,
+# in some runs and not others). Fixed thresholds keep them in the heap (--fixed-malloc).
+FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(128 << 20)}
 
 
 # -- the workloads ------------------------------------------------------------------------------
@@ -368,11 +373,12 @@ def measure(args: argparse.Namespace, world: int, folder: Path) -> dict[str, Any
     wargs = ["--worker", "--out", str(out), f"--rounds={args.rounds}", "--device", args.device]
     wargs += ["--workloads", *args.workloads, "--modes", *args.modes, "--impls", *args.impls]
     wargs += ["--quick"] * args.quick + ["--bf16"] * args.bf16
+    env = FIXED_MALLOC if args.fixed_malloc else {}
     if world == 1:  # a plain process: what a world of one is
         cmd = [sys.executable, str(Path(__file__).resolve()), *wargs]
-        proc = run_isolated(cmd, env=child_env(), timeout=args.timeout)
+        proc = run_isolated(cmd, env=child_env(env), timeout=args.timeout)
     else:
-        proc = run_script(Path(__file__), world, script_args=wargs, timeout=args.timeout)
+        proc = run_script(Path(__file__), world, script_args=wargs, timeout=args.timeout, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"the run on {world} rank(s) failed:\n{proc.stderr[-6000:]}")
     return torch.load(out, weights_only=False)
@@ -476,6 +482,12 @@ def main() -> None:
     parser.add_argument(
         "--peak-tflops", type=float, default=None, help="the device's peak TFLOP/s: adds MFU (gpt)"
     )
+    parser.add_argument(
+        "--fixed-malloc",
+        action="store_true",
+        help="fixed glibc malloc thresholds in every rank (MALLOC_MMAP_THRESHOLD_=64 MiB, "
+        "MALLOC_TRIM_THRESHOLD_=128 MiB): no per-step page faults from large blocks",
+    )
     parser.add_argument("--timeout", type=float, default=7200, help="seconds per world size")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -490,6 +502,7 @@ def main() -> None:
         "command": "python " + " ".join(sys.argv),
         "torch": torch.__version__,
         "trainer_compiles": trainer_compiles(),
+        "fixed_malloc": args.fixed_malloc,
         "tables": {},
     }
     started = time.perf_counter()

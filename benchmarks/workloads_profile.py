@@ -8,6 +8,11 @@ each under ``torch.profiler`` and ``sys.setprofile`` for its timed steps: the op
 per step differ between the two, with the self CPU time they take, and the function calls
 (Python and C) per step. Load does not change the counts; the times are this thread's.
 
+Page faults: glibc's malloc may hand the backward's multi-MB buffers back to the kernel after
+each step and fault them in again (its mmap threshold moves at run time); compare with
+``MALLOC_MMAP_THRESHOLD_=67108864 MALLOC_TRIM_THRESHOLD_=134217728`` set (workloads.py's
+``--fixed-malloc``).
+
     PYTHONPATH=src python benchmarks/workloads_profile.py [--workload gpt|resnet] [--compiled]
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import resource
 import statistics
 import sys
 import time
@@ -26,26 +32,36 @@ import workloads as wl
 from torch.profiler import ProfilerActivity, profile
 
 
-def cpu_ms(impl: str, w: wl.Workload, compiled: bool) -> float:
-    """One unprofiled run: the median thread CPU ms per step after warm-up."""
+def cpu_ms(impl: str, w: wl.Workload, compiled: bool) -> tuple[float, float, float]:
+    """One unprofiled run, medians per step after warm-up: this thread's CPU ms, its minor
+    page faults and its system (kernel) CPU ms."""
     x, y = wl.make_data(w, w.steps * w.batch)
-    run = wl.Run(w, x, y, compiled, torch.device("cpu"), False)
+    run, marks = wl.Run(w, x, y, compiled, torch.device("cpu"), False), []
+
+    def mark(*_: Any) -> None:
+        use = resource.getrusage(resource.RUSAGE_THREAD)
+        marks.append((time.thread_time(), use.ru_minflt, use.ru_stime))
+
+    run.stamp = lambda opt: opt.register_step_post_hook(mark)  # type: ignore[method-assign]
     wl.RUNNERS[impl](run, wl.make_model(w))
-    return 1e3 * statistics.median(
-        b[1] - a[1] for a, b in itertools.pairwise(run.stamps[w.warmup :])
+    steps = list(itertools.pairwise(marks[w.warmup :]))
+    return (
+        1e3 * statistics.median(b[0] - a[0] for a, b in steps),
+        statistics.median(b[1] - a[1] for a, b in steps),
+        1e3 * statistics.median(b[2] - a[2] for a, b in steps),
     )
 
 
-def ab_rounds(w: wl.Workload, compiled: bool, rounds: int) -> dict[str, list[float]]:
+def ab_rounds(w: wl.Workload, compiled: bool, rounds: int) -> dict[str, list[Any]]:
     """Per round, in a rotating order: the loop, the trainer and the loop again (an A/A
-    control: how far two identical runs differ on this machine now). Returns the per-round
-    speed ratios loop / trainer and loop / loop again."""
+    control: how far two identical runs differ on this machine now). Returns per round the
+    speed ratio against the loop and each run's (CPU ms, page faults, system ms) per step."""
     order = ["loop", "trainer", "loop again"]
-    out: dict[str, list[float]] = {"trainer": [], "loop again": []}
+    out: dict[str, list[Any]] = {k: [] for k in order}
     for r in range(rounds):
-        ms = {k: cpu_ms(k.split()[0], w, compiled) for k in order[r % 3 :] + order[: r % 3]}
-        for k in out:
-            out[k].append(ms["loop"] / ms[k])
+        got = {k: cpu_ms(k.split()[0], w, compiled) for k in order[r % 3 :] + order[: r % 3]}
+        for k in order:
+            out[k].append((got["loop"][0] / got[k][0], *got[k]))
     return out
 
 
@@ -111,10 +127,14 @@ def main() -> None:
     print(
         f"{args.workload} ({'compiled' if args.compiled else 'eager'}), world of one, batch "
         f"{w.batch}, {args.rounds} rounds: main-thread CPU time per step, loop / this one "
-        "(> 1: faster than the loop), median (min-max) of the per-round ratios:"
+        "(> 1: faster than the loop), median (min-max) of the per-round ratios; this thread's "
+        "minor page faults and system CPU ms per step:"
     )
+    print(f"  {'':<12} {'vs loop':>22} {'CPU ms':>7} {'faults':>7} {'sys ms':>7}  (medians)")
     for k, r in ratios.items():
-        print(f"  {k:<12} {statistics.median(r):.3f}x ({min(r):.3f}-{max(r):.3f})")
+        ratio, ms, faults, sys_ms = (statistics.median(v[i] for v in r) for i in range(4))
+        spread = f"({min(v[0] for v in r):.3f}-{max(v[0] for v in r):.3f})"
+        print(f"  {k:<12} {ratio:>6.3f}x {spread:>15} {ms:>7.2f} {faults:>7.0f} {sys_ms:>7.2f}")
     loop, trainer = profiled("loop", w, args.compiled), profiled("trainer", w, args.compiled)
     total = {k: sum(v[1] for v in o.values()) for k, o in (("loop", loop), ("trainer", trainer))}
     print(f"profiled self CPU ms/step: loop {total['loop']:.2f}, trainer {total['trainer']:.2f}")
