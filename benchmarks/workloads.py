@@ -29,13 +29,17 @@ process) and on 2 ranks (``rankwise launch``; gloo on CPU, NCCL on CUDA):
 All four start from the same weights (seed 0) and see the same data in the same order
 (sampler seed 42, the same per-rank batch, one pass over ``steps x world x batch`` samples).
 Per run: the median gap between optimizer steps after the warm-up steps (a step post-hook,
-identical for all; on CUDA, where the host runs ahead, the time from the end of warm-up to the
-device's last kernel over the steps in it), as wall time and as the main thread's CPU time (``time.thread_time``: no
-wait for the peer, no time lent to other jobs); the time from the start of set-up to the first
-optimizer step (compilation included); the final loss on a fixed held-out batch, evaluated
-eagerly on rank 0, and its difference from the loop's. Implementations run in rounds in a
-rotating order; per round the loop's time over each one's gives a ratio, and the table shows
-the median of those ratios with their min-max (load that comes and goes hits a round alike).
+identical for all; on CUDA, where the host runs ahead, the time from a synchronised device at
+the end of warm-up to its last kernel, over the steps in between), as wall time and as the main
+thread's CPU time (``time.thread_time``: no wait for the peer, no time lent to other jobs); the
+time from the start of set-up to the first optimizer step; the final loss on a fixed held-out
+batch on rank 0 (eager, except for the trainer's compiled runs: it compiles the module in
+place), and its difference from the loop's; the largest weight difference from the loop's.
+An untimed run of the loop per mode comes first, so no implementation pays the process's first
+compile. Implementations run in rounds in a rotating order; per round the loop's time over
+each one's gives a ratio, and the table shows the median of those ratios with their min-max
+(load that comes and goes hits a round alike). ``--fixed-malloc`` fixes glibc's malloc
+thresholds in every rank (see FIXED_MALLOC; ``benchmarks/workloads_profile.py`` measures why).
 
     python benchmarks/workloads.py --quick                 # small shapes, 1 round (~2 min)
     python benchmarks/workloads.py --rounds 2              # full shapes on CPU (~25 min)
