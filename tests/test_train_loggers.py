@@ -6,10 +6,12 @@ Pure: the logger is told whether it is the master, so no process group is needed
 from __future__ import annotations
 
 import csv
+import io
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from rankwise.train.loggers import CSV_COLUMNS, TrainingLogger
 
@@ -155,3 +157,30 @@ def test_close_twice_and_context_manager(tmp_path: Path) -> None:
         logger.step(1, 1, 0.5, 10.0)
     logger.close()
     assert len(read_csv(tmp_path / "metrics.csv")) == 1
+
+
+def test_a_loss_not_yet_on_the_host_is_shown_pending(tmp_path: Path) -> None:
+    out = io.StringIO()
+    with TrainingLogger(
+        tmp_path, True, 1, is_master=True, progress_bar=False, stream=out
+    ) as logger:
+        logger.start_epoch(0, 2)
+        logger.step(1, 1, None, 10.0)  # the GPU has not copied a loss back yet
+        logger.step(2, 2, 0.25, 10.0)
+    assert "step 1/2 loss pending 10 samples/s" in out.getvalue()
+    assert "step 2/2 loss 0.2500" in out.getvalue()
+    rows = read_csv(tmp_path / "metrics.csv")
+    assert [r["loss"] for r in rows] == ["", "0.25"]
+
+
+def test_the_loss_readout_never_waits_and_weights_by_batch_size() -> None:
+    from rankwise.train.sums import LossReadout
+
+    readout = LossReadout(torch.device("cpu"))
+    assert readout.mean() is None
+    readout.issue([], [])
+    readout.issue([torch.tensor(1.0), torch.tensor(2.0, dtype=torch.bfloat16)], [3, 1])
+    assert readout.mean() == pytest.approx(1.25)
+    readout.issue([torch.tensor(5.0)], [4])
+    assert readout.mean() == pytest.approx(3.125)  # (3 + 2 + 20) / 8
+    assert not readout.pending

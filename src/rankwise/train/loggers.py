@@ -133,19 +133,21 @@ class TrainingLogger:
             )
 
     def step(
-        self, step_in_epoch: int, global_step: int, loss: float, samples_per_second: float
+        self, step_in_epoch: int, global_step: int, loss: float | None, samples_per_second: float
     ) -> None:
         """``step_in_epoch`` steps of this epoch are done (counted from 1).
 
         Moves the bar; every ``log_every_n_batches`` steps writes a CSV row and TensorBoard
-        scalars, and prints a line when there is no bar.
+        scalars, and prints a line when there is no bar. ``loss`` is None while no loss has
+        reached the host yet (the trainer never waits for the GPU to show one): the line
+        says ``loss pending`` and the CSV cell stays empty.
         """
         if not self.enabled:
             return
         self._global_step = global_step
         if self._bar is not None:
             self._bar.set_postfix_str(
-                f"loss {loss:.4f}, {samples_per_second:,.0f} samples/s", refresh=False
+                f"loss {_loss(loss)}, {samples_per_second:,.0f} samples/s", refresh=False
             )
             self._bar.update(step_in_epoch - self._bar.n)
         if not self.every or step_in_epoch % self.every:
@@ -153,14 +155,15 @@ class TrainingLogger:
         if self.verbose and self._bar is None:
             of = f"/{self._total}" if self._total else ""
             self._print(
-                f"{self._epoch_label()} step {step_in_epoch}{of} loss {loss:.4f} "
+                f"{self._epoch_label()} step {step_in_epoch}{of} loss {_loss(loss)} "
                 f"{samples_per_second:,.0f} samples/s"
             )
         self._write_row(
             "step", step_in_epoch, global_step, loss=loss, samples_per_second=samples_per_second
         )
         if self._tb is not None:
-            self._tb.add_scalar("step/loss", loss, global_step)
+            if loss is not None:
+                self._tb.add_scalar("step/loss", loss, global_step)
             self._tb.add_scalar("step/samples_per_second", samples_per_second, global_step)
 
     def end_epoch(self, epoch: int, metrics: Mapping[str, float | None]) -> None:
@@ -243,7 +246,7 @@ class TrainingLogger:
         self._tb = SummaryWriter(log_dir=str(log_dir))
 
     def _write_row(
-        self, kind: str, step: int | None, global_step: int | None, **values: float
+        self, kind: str, step: int | None, global_step: int | None, **values: float | None
     ) -> None:
         if self._csv is None or self._csv_file is None:
             return
@@ -276,6 +279,10 @@ def _csv_path(log_dir: Path) -> Path:
                 break
         path, n = log_dir / f"metrics-{n}.csv", n + 1
     return path
+
+
+def _loss(value: float | None) -> str:
+    return "pending" if value is None else f"{value:.4f}"
 
 
 def _format(name: str, value: float) -> str:

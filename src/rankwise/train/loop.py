@@ -13,8 +13,9 @@ The step reads top to bottom (torchtitan's style)::
                  env.after_step(ends_epoch)       # the trainer's sync check and checkpoints
 
 Nothing here synchronises the CPU with the device or the ranks per step: losses stay tensors
-in a list and are summed once at the end of the epoch (one all-reduce); rank 0 reads its own
-running loss only at log intervals. Beyond a hand-written loop's work a micro-batch makes four
+in a list and are summed once at the end of the epoch (one all-reduce); at log intervals rank 0
+starts a non-blocking copy of its recent losses to the host and prints those that have landed
+(:class:`~rankwise.train.sums.LossReadout`), so even the progress line never waits for the GPU. Beyond a hand-written loop's work a micro-batch makes four
 torch calls (the detached loss, ``argmax`` and ``==`` for the accuracy, the batch's ``shape``)
 and one store ``set`` (the stall mark); ``tests/test_train_step_cost.py`` holds it to that.
 """
@@ -41,7 +42,7 @@ from rankwise.train.data import (
 from rankwise.train.evaluation import is_class_target, model_loss, split_batch
 from rankwise.train.loggers import TrainingLogger
 from rankwise.train.state import TrainState
-from rankwise.train.sums import summarize
+from rankwise.train.sums import LossReadout, summarize
 
 BatchHook = Callable[[int, int, Any], None]  # (epoch, optimizer steps so far, sample ids)
 
@@ -98,8 +99,8 @@ def train_epoch(state: TrainState, env: StepEnv, source: Any) -> tuple[float, fl
         check_even(total)
     accum = cfg.grad_accum_steps
     hooks = env.hooks
-    # Rank 0 reads its running loss (one .item()) every `tick` micro-batches, for the bar and
-    # the log lines; the other ranks never do.
+    # Rank 0 starts a copy of its recent losses to the host every `tick` micro-batches and shows
+    # the ones that have landed, for the bar and the log lines; the other ranks never do.
     tick = (cfg.log_every_n_batches or 10) if rd.is_master() and (cfg.verbose or cfg.log_dir) else 0
     env.logger.start_epoch(epoch, total or 0)
     model.train()
@@ -108,7 +109,8 @@ def train_epoch(state: TrainState, env: StepEnv, source: Any) -> tuple[float, fl
     device = env.device
     on_cpu = device.type == "cpu"
     classes: bool | None = None  # decided on the first batch: the data set does not change
-    started, logged, logged_sum, logged_n = time.perf_counter(), 0, 0.0, 0
+    started, logged, logged_n = time.perf_counter(), 0, 0
+    readout = LossReadout(device)  # the progress line's loss, never a wait for the device
     window_start = 0
     progress, sync = env.progress, _sync_name(cfg.strategy)
     for i, (batch, ids, final) in enumerate(_micro_batches(source)):
@@ -147,10 +149,11 @@ def train_epoch(state: TrainState, env: StepEnv, source: Any) -> tuple[float, fl
             window_start = i + 1
             env.after_step(bool(final) if final is not None else i + 1 == total)
         if tick and ((i + 1) % tick == 0 or i + 1 == total):
-            s, c = sums.running_loss(logged)
-            logged, logged_sum, logged_n = len(sums.losses), logged_sum + s, logged_n + c
+            readout.issue(sums.losses[logged:], sums.counts[logged:])
+            logged_n += sum(sums.counts[logged:])
+            logged = len(sums.losses)
             rate = logged_n * rd.get_world_size() / max(time.perf_counter() - started, 1e-9)
-            env.logger.step(i + 1, state.step, logged_sum / max(logged_n, 1), rate)
+            env.logger.step(i + 1, state.step, readout.mean(), rate)
     progress.mark(f"the all_reduce of the epoch's metrics (epoch {epoch})")
     totals = sums.reduced()
     mean_loss, accuracy = summarize(totals)

@@ -3,7 +3,8 @@
 Per micro-batch only what the step already has is kept (the detached loss, the batch length,
 the ``prediction == target`` mask); the reductions wait for the epoch's end (or every
 ``FOLD_EVERY`` masks), where one ``stack`` / ``cat`` replaces per-step tensor ops. Nothing
-here reads a tensor on the host per step.
+here reads a tensor on the host per step; rank 0's progress line reads its running loss
+through :class:`LossReadout`, which never waits for the device.
 
 >>> sums = EpochSums()
 >>> sums.losses.append(torch.tensor(0.5)); sums.counts.append(4)
@@ -13,8 +14,11 @@ here reads a tensor on the host per step.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
 import rankwise.distributed as rd
@@ -73,11 +77,47 @@ class EpochSums:
         """The world's sums (on the CPU): one all-reduce on the collective device."""
         return rd.all_reduce(self.local().to(rd.collective_device())).cpu()
 
-    def running_loss(self, start: int) -> tuple[float, int]:
-        """Sum and count of this rank's losses since ``start`` (rank 0's progress display)."""
-        if start >= len(self.losses):
-            return 0.0, 0
-        return float(self._loss_sum(start)), sum(self.counts[start:])
+
+class LossReadout:
+    """Rank 0's running mean loss for the progress line, read without waiting for the device.
+
+    At a log point :meth:`issue` stacks the micro-batch losses since the previous one and
+    starts their copy to the host (``non_blocking``: into page-locked memory on CUDA, with an
+    event recorded behind it); :meth:`mean` folds in every copy that has landed (``query()``,
+    never a wait) and returns the running mean over them, or None while none has. So on a GPU
+    the line usually shows the losses up to the previous log point, and the step never blocks
+    on the device for it; on the CPU the copy is done at once and the line is current. Either
+    way the values are read from a host tensor through numpy, never with ``.item()``.
+
+    >>> readout = LossReadout(torch.device("cpu"))
+    >>> readout.issue([torch.tensor(1.0), torch.tensor(4.0)], [2, 1])
+    >>> readout.mean()
+    2.0
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.pending: deque[tuple[torch.Tensor, list[int], Any]] = deque()
+        self.total, self.count = 0.0, 0
+
+    def issue(self, losses: list[torch.Tensor], counts: list[int]) -> None:
+        """Start copying ``losses`` (batch means over ``counts`` samples) to the host."""
+        if not losses:
+            return
+        host = torch.stack(losses).to("cpu", torch.float64, non_blocking=True)
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self.pending.append((host, counts, event))
+
+    def mean(self) -> float | None:
+        """The mean loss over every copy that has reached the host (None: none yet)."""
+        while self.pending and (self.pending[0][2] is None or self.pending[0][2].query()):
+            host, counts, _ = self.pending.popleft()
+            self.total += float(np.dot(host.numpy(), counts))
+            self.count += sum(counts)
+        return self.total / self.count if self.count else None
 
 
 def summarize(totals: torch.Tensor) -> tuple[float, float | None]:
