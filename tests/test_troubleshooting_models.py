@@ -8,8 +8,13 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from rankwise.models import VAE, ResNet
+from rankwise.models import GPT, VAE, CifarResNet, GPTConfig, ResNet
 from troubleshooting_table import check_row, raised
+
+
+def _tiny_gpt() -> GPT:
+    return GPT(GPTConfig(vocab=50, context=8, n_layer=1, d_model=12, n_head=2))
+
 
 TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "resnet-layers": lambda: raised(ResNet, (3, 4, 6)),
@@ -17,6 +22,10 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "model-dimension": lambda: raised(VAE, 4, 0),
     "vae-beta": lambda: raised(VAE, 4, 2, beta=-1),
     "model-input-features": lambda: raised(VAE(4, 2), torch.zeros(3, 5)),
+    "cifar-resnet-layers": lambda: raised(CifarResNet, (2, 2, 2)),
+    "gpt-heads": lambda: raised(GPTConfig, d_model=100, n_head=6),
+    "gpt-dropout": lambda: raised(GPTConfig, dropout=1.0),
+    "gpt-context": lambda: raised(_tiny_gpt(), torch.zeros(1, 9, dtype=torch.long)),
 }
 
 
