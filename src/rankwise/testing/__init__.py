@@ -385,15 +385,16 @@ def _completed(
 
 @contextlib.contextmanager
 def hygiene() -> Iterator[None]:
-    """Restore ``os.environ`` and tear down any process group left behind by the body (only a
-    live one: ``finalize()`` would drain gloo's threads anyway, ~0.4 s in a test process)."""
+    """Restore ``os.environ``; tear down a live process group (``finalize()`` of none drains)."""
     saved = dict(os.environ)
     try:
         yield
     finally:
         import rankwise.distributed as rd
+        from rankwise.distributed.config import restore_gloo_interface
 
-        if rd.is_initialized():
+        if rd.is_initialized():  # else finalize() would still drain gloo's threads: ~0.4 s
             rd.finalize()
+        restore_gloo_interface()  # what finalize() undoes even without a group
         os.environ.clear()
         os.environ.update(saved)
