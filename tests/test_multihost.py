@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from fault_runs import WORKER, exactly_once
-from rankwise.testing import child_env, run_script
+from rankwise.testing import child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -159,13 +159,11 @@ def finished(results: list[tuple[int | None, str]], out: Path) -> dict[str, torc
     return torch.load(out / "final.pt")
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    """The same job (2 ranks of batch 8) on one machine."""
-    out = tmp_path_factory.mktemp("reference")
-    result = run_script(WORKER, 2, script_args=[str(out)], timeout=LAUNCH_SECONDS)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return torch.load(out / "final.pt")
+@pytest.fixture
+def reference(fault_reference: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same job (2 ranks of batch 8) on one machine (tests/conftest.py: one launch, shared
+    with test_faults.py)."""
+    return fault_reference
 
 
 def assert_equal(params: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> None:

@@ -116,10 +116,10 @@ def test_a_rank_local_trainer_does_not_shift_the_marks():
         _stall_after_a_rank_local_trainer,
         2,
         timeout=120,
-        env={"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "10000"},
+        env={"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "5000"},  # fit's start-up lines the ranks up
     )
     assert results[0].startswith(
-        "the all_reduce of the gradients at step 3 (epoch 0) timed out on rank 0 after 10000 "
+        "the all_reduce of the gradients at step 3 (epoch 0) timed out on rank 0 after 5000 "
         "ms: rank 1 did not arrive (last operation entered: rank 1: the all_reduce of the "
         "gradients at step 2 (epoch 0))."
     ), results[0]
