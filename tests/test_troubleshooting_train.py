@@ -148,11 +148,14 @@ def _plot_without_matplotlib() -> BaseException:
     history = DistributedTrainingHistory()
     history.append_epoch(0.5, None, None, None, 1.0)
     saved = {k: v for k, v in sys.modules.items() if k.split(".")[0] == "matplotlib"}
-    sys.modules["matplotlib"] = None  # type: ignore[assignment]  # as if not installed
+    # As if not installed: matplotlib and any submodule an earlier test imported.
+    for name in {"matplotlib", *saved}:
+        sys.modules[name] = None  # type: ignore[assignment]
     try:
         return raised(history.plot, _folder() / "history.png")
     finally:
-        del sys.modules["matplotlib"]
+        for name in {"matplotlib", *saved}:
+            del sys.modules[name]
         sys.modules.update(saved)
 
 
