@@ -4,7 +4,9 @@ A background checkpoint must write the state as it was at a step boundary while 
 steps change the model and optimizer in place. :func:`snapshot` copies every tensor of a
 (nested) state dict to the CPU, into the buffers of the previous snapshot where shapes and
 dtypes match: refilling memory already touched is several times faster than fresh
-allocations, which page-fault on first write. Tensors on a GPU are copied into pinned
+allocations, which page-fault on first write. Refills on the CPU are split into pieces copied
+by two threads at once (a copy releases the GIL; the training loop waits for the snapshot, so
+a second core would otherwise idle). Tensors on a GPU are copied into pinned
 buffers with ``non_blocking=True`` and one synchronisation at the end, so the copies overlap
 each other instead of each waiting for the last.
 
@@ -20,11 +22,16 @@ each other instead of each waiting for the last.
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 from typing import Any
 
 import torch
 
 __all__ = ["snapshot"]
+
+_PIECE = 1 << 22  # elements per piece of a parallel CPU refill (16 MB of fp32)
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 def snapshot(state: Any, into: Any = None) -> Any:
@@ -34,14 +41,41 @@ def snapshot(state: Any, into: Any = None) -> Any:
     (refilled in place) where shape and dtype match, so do not read it after this call. Values
     that are not tensors are shared, not copied: state dicts hold plain, immutable values there.
     """
-    pending: list[bool] = []
+    pending: list[Any] = []  # True per device copy; (buffer, source) per CPU refill
     copied = _copy(state, into, pending)
-    if pending:  # one wait for all the device-to-host copies issued above
+    _refill([job for job in pending if job is not True])
+    if True in pending:  # one wait for all the device-to-host copies issued above
         torch.cuda.synchronize()
     return copied
 
 
-def _copy(state: Any, into: Any, pending: list[bool]) -> Any:
+def _refill(jobs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Copy each source into its buffer, in pieces shared by this thread and one more."""
+    global _pool
+    pieces = []
+    for buffer, source in jobs:
+        if not (buffer.is_contiguous() and source.is_contiguous()):
+            buffer.copy_(source)
+            continue
+        flat_buffer, flat_source = buffer.view(-1), source.view(-1)
+        for start in range(0, flat_buffer.numel(), _PIECE):
+            pieces.append(
+                (flat_buffer[start : start + _PIECE], flat_source[start : start + _PIECE])
+            )
+    if len(pieces) < 2 or (os.cpu_count() or 1) < 2:
+        for buffer, source in pieces:
+            buffer.copy_(source)
+        return
+    if _pool is None:
+        _pool = concurrent.futures.ThreadPoolExecutor(1, "rankwise-snapshot")
+    half = len(pieces) // 2
+    other = _pool.submit(lambda: [b.copy_(s) for b, s in pieces[half:]])
+    for buffer, source in pieces[:half]:
+        buffer.copy_(source)
+    other.result()
+
+
+def _copy(state: Any, into: Any, pending: list[Any]) -> Any:
     if isinstance(state, torch.Tensor):
         return _copy_tensor(state.detach(), into, pending)
     if isinstance(state, dict):
@@ -55,7 +89,7 @@ def _copy(state: Any, into: Any, pending: list[bool]) -> Any:
     return state
 
 
-def _copy_tensor(tensor: torch.Tensor, into: Any, pending: list[bool]) -> torch.Tensor:
+def _copy_tensor(tensor: torch.Tensor, into: Any, pending: list[Any]) -> torch.Tensor:
     on_gpu = tensor.device.type == "cuda"
     reusable = (
         isinstance(into, torch.Tensor)
@@ -70,7 +104,11 @@ def _copy_tensor(tensor: torch.Tensor, into: Any, pending: list[bool]) -> torch.
         buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     else:
         return tensor.to("cpu", copy=True)
-    buffer.copy_(tensor, non_blocking=on_gpu)
     if on_gpu:
+        buffer.copy_(tensor, non_blocking=True)
         pending.append(True)
+    elif tensor.device.type == "cpu":
+        pending.append((buffer, tensor))  # refilled after the walk, in parallel pieces
+    else:
+        buffer.copy_(tensor)
     return buffer
