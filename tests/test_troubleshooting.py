@@ -49,7 +49,7 @@ from test_troubleshooting_distributed import TRIGGERS as DISTRIBUTED_TRIGGERS
 from test_troubleshooting_models import TRIGGERS as MODELS_TRIGGERS
 from test_troubleshooting_parallel import TRIGGERS as PARALLEL_TRIGGERS
 from test_troubleshooting_train import TRIGGERS as TRAIN_TRIGGERS
-from troubleshooting_table import check_row, raised, rows
+from troubleshooting_table import check_row, raised, rows, run_cases
 
 # -- triggers: each returns the exception its row documents -------------------------------------
 
@@ -208,19 +208,7 @@ def _rank_cases() -> dict[str, tuple[str, str]]:
             nn.Linear(4, 4 if rank == 0 else 3), rp.DDPConfig(broadcast_parameters=False)
         ),
     }
-    return _run_cases(cases)
-
-
-def _run_cases(cases: dict[str, Callable[[], object]]) -> dict[str, tuple[str, str]]:
-    """Each case's ``(error type, message)``, or ``("NoError", "no error")``."""
-    out = {}
-    for name, call in cases.items():
-        try:
-            call()
-            out[name] = ("NoError", "no error")
-        except Exception as exc:
-            out[name] = (type(exc).__name__, str(exc))
-    return out
+    return run_cases(cases)
 
 
 # -- the trainer's consistency checks and named stalls (on real ranks; two runs for all) --------
@@ -275,7 +263,7 @@ def _train_cases() -> dict[str, tuple[str, str]]:
         "model": lambda: _train_fit(hidden=6 if odd else 8),
         "out_of_sync": lambda: _train_fit(hook=_move_rank1, every=2),
     }
-    return _run_cases(cases)
+    return run_cases(cases)
 
 
 def _train_stall() -> tuple[str, str]:

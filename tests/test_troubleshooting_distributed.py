@@ -18,7 +18,7 @@ import rankwise.distributed as rd
 import rankwise.parallel as rp
 from rankwise.distributed import DistributedConfig
 from rankwise.testing import free_port, run_distributed
-from troubleshooting_table import check_row, raised
+from troubleshooting_table import check_row, raised, run_cases
 
 # srun started this task (SLURM_STEP_ID), MASTER_ADDR is set, the port is not.
 _SLURM = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_LOCALID": "0"}
@@ -52,19 +52,8 @@ def _rank_errors() -> dict[str, tuple[str, str]]:
     return errors
 
 
-def _run_cases(cases: dict[str, Callable[[], object]]) -> dict[str, tuple[str, str]]:
-    out = {}
-    for name, call in cases.items():
-        try:
-            call()
-            out[name] = ("NoError", "no error")
-        except Exception as exc:
-            out[name] = (type(exc).__name__, str(exc))
-    return out
-
-
 def _rank_cases() -> dict[str, tuple[str, str]]:
-    return _run_cases(
+    return run_cases(
         {
             "weights_zero": lambda: rd.reduce_metrics({"loss": float("nan")}, weight=0),
             "dp_on_ranks": lambda: rp.wrap_model(nn.Linear(2, 2), strategy="dp"),
@@ -79,7 +68,7 @@ def _torch_group_cases() -> dict[str, tuple[str, str]]:
     address = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world)
     try:
-        return _run_cases(
+        return run_cases(
             {
                 "local_rank_unknown": rd.get_local_rank,
                 "adopt_other_world": lambda: rd.init(DistributedConfig(rank=rank, world_size=4)),

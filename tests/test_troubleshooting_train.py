@@ -32,7 +32,7 @@ from rankwise.train import (
     set_rng_state,
 )
 from rankwise.train.writer import CheckpointWriter
-from troubleshooting_table import check_row, raised, warned
+from troubleshooting_table import check_row, raised, run_cases, warned
 
 _X, _Y = np.zeros((8, 2), np.float32), np.zeros((8, 2), np.float32)
 
@@ -351,14 +351,7 @@ def _rank_cases(folder: str) -> dict[str, tuple[str, str]]:
         "fsdp_scheduler": _fsdp_with_scheduler_instance,
         "fsdp_stepped": _fsdp_with_stepped_optimizer,
     }
-    out = {}
-    for name, call in cases.items():
-        try:
-            call()
-            out[name] = ("NoError", "no error")
-        except Exception as exc:
-            out[name] = (type(exc).__name__, str(exc))
-    return out
+    return run_cases(cases)
 
 
 def _tensor_subclass() -> BaseException:

@@ -60,3 +60,16 @@ def check_row(row_id: str, trigger: Callable[[], BaseException]) -> None:
     exc = trigger()
     assert type(exc).__name__ == error, (row_id, type(exc).__name__, str(exc))
     assert pattern(message).fullmatch(str(exc)), f"{row_id}:\n  doc: {message}\n  got: {exc}"
+
+
+def run_cases(cases: dict[str, Callable[[], object]]) -> dict[str, tuple[str, str]]:
+    """Each case's ``(error type, message)``, or ``("NoError", "no error")``: what a rank
+    sends back from a shared multi-process run, for the triggers to look up."""
+    out = {}
+    for name, call in cases.items():
+        try:
+            call()
+            out[name] = ("NoError", "no error")
+        except Exception as exc:
+            out[name] = (type(exc).__name__, str(exc))
+    return out
