@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from rankwise.models.resnet import check_layers, he_init, shortcut
+
 
 class BasicBlock(nn.Module):
     """``x -> relu(bn(conv3x3(relu(bn(conv3x3(x))))) + shortcut(x))``.
@@ -36,12 +38,7 @@ class BasicBlock(nn.Module):
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(out_channels)
         self.relu = nn.ReLU(inplace=True)
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1 or in_channels != out_channels:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                nn.BatchNorm2d(out_channels),
-            )
+        self.shortcut = shortcut(in_channels, out_channels, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.relu(self.bn1(self.conv1(x)))
@@ -61,11 +58,7 @@ class CifarResNet(nn.Module):
         in_channels: int = 3,
     ) -> None:
         super().__init__()
-        if len(layers) != 4 or any(type(n) is not int or n < 1 for n in layers):
-            raise ValueError(
-                f"layers ({tuple(layers)!r}) must be four block counts >= 1, one per stage; "
-                "ResNet-18 is (2, 2, 2, 2)."
-            )
+        check_layers(layers, "ResNet-18 is (2, 2, 2, 2)")
         for name, value in (("num_classes", num_classes), ("width", width)):
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} ({value!r}) must be an integer >= 1.")
@@ -88,9 +81,7 @@ class CifarResNet(nn.Module):
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(channels, num_classes)
-        for module in self.modules():  # He initialisation; batch norms start as the identity
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+        he_init(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.relu(self.bn1(self.conv1(x)))

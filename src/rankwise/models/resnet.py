@@ -18,6 +18,36 @@ from torch import nn
 EXPANSION = 4  # a bottleneck's output has 4x its inner width
 
 
+def check_layers(layers: Sequence[int], example: str) -> None:
+    """Four stages of at least one block each; ``example`` names a known layout."""
+    if len(layers) != 4 or any(type(n) is not int or n < 1 for n in layers):
+        raise ValueError(
+            f"layers ({tuple(layers)!r}) must be four block counts >= 1, one per stage; {example}."
+        )
+
+
+def shortcut(in_channels: int, out_channels: int, stride: int) -> nn.Module:
+    """A residual block's shortcut: the identity where the shape is unchanged, else a strided
+    1x1 convolution with batch norm."""
+    if stride == 1 and in_channels == out_channels:
+        return nn.Identity()
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
+        nn.BatchNorm2d(out_channels),
+    )
+
+
+def he_init(model: nn.Module) -> None:
+    """He initialisation of every convolution (for ReLU networks); batch norms start as the
+    identity."""
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(module, nn.BatchNorm2d):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+
 class Bottleneck(nn.Module):
     """``x -> relu(bn(conv1x1(relu(bn(conv3x3(relu(bn(conv1x1(x)))))))) + shortcut(x))``.
 
@@ -37,12 +67,7 @@ class Bottleneck(nn.Module):
         self.bn3 = nn.BatchNorm2d(out_channels)
         self.relu = nn.ReLU(inplace=True)
         # The identity only fits when shape is unchanged; otherwise project with a 1x1 conv.
-        self.downsample: nn.Module = nn.Identity()
-        if stride != 1 or in_channels != out_channels:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                nn.BatchNorm2d(out_channels),
-            )
+        self.downsample = shortcut(in_channels, out_channels, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.relu(self.bn1(self.conv1(x)))
@@ -66,11 +91,7 @@ class ResNet(nn.Module):
         self, layers: Sequence[int], num_classes: int = 1000, in_channels: int = 3
     ) -> None:
         super().__init__()
-        if len(layers) != 4 or any(type(n) is not int or n < 1 for n in layers):
-            raise ValueError(
-                f"layers ({tuple(layers)!r}) must be four block counts >= 1, one per stage; "
-                "ResNet-50 is (3, 4, 6, 3)."
-            )
+        check_layers(layers, "ResNet-50 is (3, 4, 6, 3)")
         for name, value in (("num_classes", num_classes), ("in_channels", in_channels)):
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} ({value!r}) must be an integer >= 1.")
@@ -90,16 +111,7 @@ class ResNet(nn.Module):
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(channels, num_classes)
-        self._init_weights()
-
-    def _init_weights(self) -> None:
-        # He initialisation for ReLU networks; batch norms start as the identity.
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(module, nn.BatchNorm2d):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+        he_init(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
