@@ -18,7 +18,7 @@ import pytest
 import torch.distributed as dist
 
 from rankwise.distributed import DistributedConfigError
-from rankwise.distributed.membership import MemberConfig, on_failure_mode
+from rankwise.distributed.membership import MemberConfig, Membership, mark_dead, on_failure_mode
 from rankwise.testing import child_env, free_port
 
 WORKER = Path(__file__).resolve().parent / "scripts" / "member_worker.py"
@@ -99,3 +99,51 @@ def test_init_refuses_continue_under_plain_torchrun(monkeypatch):
         monkeypatch.setenv(key, value)
     with pytest.raises(DistributedConfigError, match="--on-failure continue"):
         rd.init()
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_the_launcher_saw_die_is_gone_at_once(tmp_path):
+    # A heartbeat would take 60 s to count as still: only the launcher's dead/<slot> mark
+    # (mark_dead, which `rankwise launch` writes when it sees the process exit) can make the
+    # survivors regroup sooner.
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=60))  # fmt: skip
+    procs = start(tmp_path, 3, port, {"RANKWISE_STALE_S": "60"})
+    try:
+        wait_for(lambda: all(read(tmp_path, s) for s in range(3)), 120)
+        procs[2].kill()
+        lost = time.time()
+        procs[2].wait()
+        mark_dead(store, 2, 0)  # what the launcher does
+        for p in procs[:2]:
+            assert p.wait(timeout=120) == 0
+        for slot in (0, 1):
+            after = read(tmp_path, slot)[1]
+            assert (after["gen"], after["world"], after["sum"]) == (1, 2, 3.0)
+            assert after["regrouped"] - lost < 40  # well under the 60 s of the heartbeat
+        assert store.get("gen/1/members") == b"0,1"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_a_dead_mark_of_an_older_incarnation_is_not_about_the_live_member(tmp_path):
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=60))  # fmt: skip
+    m = Membership(MemberConfig(slot=0, world_size=2, host="127.0.0.1", port=port), 10)
+    # A TCPStore set awaits no reply: another client sees it a moment later.
+    try:
+        assert not m._marked_dead(1)
+        store.set("dead/1", "0")  # incarnation 0 of slot 1 exited, and was a member
+        wait_for(lambda: m._marked_dead(1), 10)
+        store.set("member/1", "1")  # its restart joined: the old mark is not about it
+        wait_for(lambda: m._get("member/1", "") == "1", 10)
+        assert not m._marked_dead(1)
+        mark_dead(store, 1, 1)
+        wait_for(lambda: m._marked_dead(1), 10)
+    finally:
+        m.close()

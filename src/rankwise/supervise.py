@@ -29,6 +29,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from rankwise.distributed.membership import mark_dead
+
 __all__ = ["check_continue_args", "run_continue"]
 
 _GRACE_S = 20.0  # after the first success: how long the others get to finish
@@ -110,6 +112,7 @@ def run_continue(args: argparse.Namespace) -> int:
                     continue
                 if slot.proc.returncode is not None and not _recorded(slot):
                     slot.exit_codes.append(code)
+                    mark_dead(store, slot.index, slot.incarnation)  # the survivors regroup now
                     if code == 0:
                         succeeded_at = succeeded_at or time.monotonic()
                     elif succeeded_at is None and slot.incarnation < restarts:

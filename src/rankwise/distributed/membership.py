@@ -15,11 +15,16 @@ regroup writes generation ``g+1`` under its own keys and builds a fresh gloo gro
     admit/<s>/<inc>    -> "<g>"        (the leader let that incarnation into generation g)
     gen/<g>/joined     -> "2"          (the slots generation g let in: they need the state)
     hb/<s>             -> a counter each process's heartbeat thread bumps every 0.2 s
+    member/<s>         -> "<incarnation>" (the newest incarnation of slot s to enter a generation)
+    dead/<s>           -> "<incarnation>" (the launcher saw that incarnation of slot s exit)
 
 Who is still there is decided by the leader alone and read by everyone, so survivors always
-agree: it waits until every member of the old generation has arrived or has a heartbeat that
-stood still for ``stale_s`` (a SIGKILLed or SIGSTOPped process bumps nothing). That takes
-about ``stale_s`` after the failure when a rank died, and no time at all when the world grows.
+agree: it waits until every member of the old generation has arrived, is marked dead by the
+launcher (``dead/<s>`` at or past ``member/<s>``: the launcher polls its children every 0.1 s,
+so a SIGKILLed rank is known gone at once), or has a heartbeat that stood still for ``stale_s``
+(a SIGSTOPped process bumps nothing, and is still running for the launcher). So a dead rank
+costs the regroup about 0.1 s, a frozen one ``stale_s`` after the collective timeout, and a
+growing world no wait at all.
 
 A restarted slot first runs alone (:attr:`Membership.pending`: a world of one, so the
 script's set-up needs nobody) and asks to come in with :meth:`Membership.join` once it is
@@ -58,6 +63,7 @@ __all__ = [
     "RegroupError",
     "RemovedError",
     "check_min_nproc",
+    "mark_dead",
     "on_failure_mode",
 ]
 
@@ -109,6 +115,12 @@ def check_min_nproc(members: list[int], min_nproc: int) -> None:
         )
 
 
+def mark_dead(store: dist.Store, slot: int, incarnation: int) -> None:
+    """The launcher saw ``incarnation`` of ``slot`` exit: a regroup's leader counts it gone at
+    once instead of waiting ``stale_s`` for its heartbeat to stand still."""
+    store.set(f"dead/{slot}", str(incarnation))
+
+
 @dataclasses.dataclass(frozen=True)
 class MemberConfig:
     """What ``rankwise launch --on-failure continue`` tells each process."""
@@ -157,6 +169,7 @@ class Membership:
         self.generation = -1
         self.members: list[int] = []
         self.joined: list[int] = []  # the slots the current generation let in
+        self.history: dict[int, list[int]] = {}  # generation -> members, those this one entered
         # A restarted slot runs alone until join(), and bumps no heartbeat meanwhile: hb/<slot>
         # is its lost predecessor's, which the survivors' leader must see stand still.
         self.pending = cfg.incarnation > 0
@@ -243,7 +256,9 @@ class Membership:
                 beat = int(self._get(f"hb/{s}", "0"))
                 if s not in seen or seen[s][0] != beat:
                     seen[s] = (beat, now)
-            gone = [s for s in missing if now - seen[s][1] >= self.cfg.stale_s]
+            gone = [
+                s for s in missing if now - seen[s][1] >= self.cfg.stale_s or self._marked_dead(s)
+            ]
             if len(gone) == len(missing) or now > deadline:
                 break
             time.sleep(0.05)
@@ -258,6 +273,12 @@ class Membership:
             if self.store.compare_set("waiting", listed, new).decode() == new:
                 break
         self.store.set("current", str(nxt))
+
+    def _marked_dead(self, slot: int) -> bool:
+        """Whether the launcher saw the newest incarnation of ``slot`` that entered a
+        generation exit (``dead/<slot>`` at or past ``member/<slot>``)."""
+        dead = self._get(f"dead/{slot}", "")
+        return bool(dead) and int(dead) >= int(self._get(f"member/{slot}", "0"))
 
     def _wait_members(self, gen: int) -> list[int]:
         key = f"gen/{gen}/members"
@@ -299,6 +320,8 @@ class Membership:
     def _enter(self, gen: int, members: list[int]) -> None:
         """Leave the old default group behind (never destroyed) and build generation ``gen``'s."""
         self.generation, self.members = gen, members
+        self.history[gen] = members
+        self.store.set(f"member/{self.cfg.slot}", str(self.cfg.incarnation))  # see _marked_dead
         prefix = dist.PrefixStore(f"gen/{gen}/pg", self.store)
         dist.init_process_group(
             "gloo",
