@@ -11,6 +11,16 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
   with waits (up to 120 s) until a restarted process asks to join, so the join lands at the
   end of step K however slowly the restarted process starts. A restarted process writes the
   optimizer step of each of its micro-batches to ``OUT/rejoined-<slot>``.
+- ``--checkpoint-every N``: background step checkpoints in ``OUT/ckpt`` every N optimizer steps
+  (and at each epoch's end), written by whoever is rank 0 at the save.
+- ``--strikes SPEC,...`` (benchmarks/faults.py), each once per launch, only while the world has
+  at least two members (else at a later step): ``kill@S:K`` / ``stop@S:K``: slot S SIGKILLs /
+  SIGSTOPs itself in the first optimizer step >= K it trains; ``POINT@K``: the writing rank is
+  SIGKILLed at POINT (``rankwise.train.FAULT_POINTS``) of the first save at or after step K.
+  Each strike writes ``OUT/struck-<i>`` (kind, slot, generation, time) just before its signal.
+- ``--step-delay SECONDS``: sleep in every micro-batch (the sweep's run lasts long enough for
+  restarted processes to come back). Every process writes ``generation step time`` per
+  micro-batch to ``OUT/steps-<slot>``.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import torch
 
 import rankwise.distributed as rd
 from rankwise.train import AuditLog, DistributedTrainer, DistributedTrainingConfig
+from rankwise.train.checkpoint import FAULT_POINTS, set_fault_hook
 
 NUM_SAMPLES = 192
 
@@ -37,6 +48,9 @@ p.add_argument("--kill-step", type=int, default=-1)
 p.add_argument("--stop-slot", type=int, default=-1)
 p.add_argument("--stop-step", type=int, default=-1)
 p.add_argument("--await-joiner-step", type=int, default=-1)
+p.add_argument("--checkpoint-every", type=int, default=0)
+p.add_argument("--strikes", default="", help="kill@S:K, stop@S:K, POINT@K; comma-separated")
+p.add_argument("--step-delay", type=float, default=0.0)
 args = p.parse_args()
 args.out.mkdir(parents=True, exist_ok=True)
 slot = int(os.environ.get("RANKWISE_SLOT", os.environ.get("RANK", "0")))
@@ -45,10 +59,43 @@ with open(args.out / f"pids-{slot}", "a") as f:
     f.write(f"{os.getpid()}\n")
 
 
+strikes = [tuple(spec.split("@")) for spec in args.strikes.split(",") if spec]
+steps_log = open(args.out / f"steps-{slot}", "a", buffering=1)  # noqa: SIM115 (to the end)
+
+
+def strike(i: int, kind: str, sig: signal.Signals) -> None:
+    """Strike ``i`` of ``--strikes``: once per launch, whichever process gets there first."""
+    member = rd.membership()
+    if member is None or member.pending or member.world_size < 2:
+        return  # the last member (or a joiner not in yet) waits for a later step
+    try:
+        fd = os.open(args.out / f"struck-{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, f"{kind} {slot} {member.generation} {time.time()}\n".encode())
+    os.close(fd)
+    os.kill(os.getpid(), sig)
+
+
+def save_strike(point: str) -> None:
+    """The fault hook of every process; it fires in the one writing the checkpoints."""
+    for i, (kind, at) in enumerate(strikes):
+        if kind == point and trainer.state.step >= int(at):
+            strike(i, point, signal.SIGKILL)
+
+
 class Fault:
     """After AuditLog in the callbacks: the micro-batch is on record before the fault."""
 
     def on_batch(self, trainer: DistributedTrainer, epoch: int, step: int, ids: object) -> None:
+        member = rd.membership()
+        steps_log.write(f"{member.generation if member else 0} {step + 1} {time.time()}\n")
+        if args.step_delay:
+            time.sleep(args.step_delay)
+        for i, (kind, at) in enumerate(strikes):
+            target, _, from_step = at.partition(":")
+            if kind in ("kill", "stop") and target == str(slot) and step + 1 >= int(from_step):
+                strike(i, kind, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
         if not first_start:
             with open(args.out / f"rejoined-{slot}", "a") as f:
                 f.write(f"{step + 1}\n")
@@ -76,8 +123,16 @@ trainer = DistributedTrainer(
     torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
     callbacks=[AuditLog(args.out / "audit"), Fault()],
 )
+if any(kind in FAULT_POINTS for kind, _ in strikes):
+    set_fault_hook(save_strike)
+every = args.checkpoint_every
 cfg = DistributedTrainingConfig(
-    epochs=args.epochs, batch_size=args.batch_size, verbose=False, checkpoint_dir=None
+    epochs=args.epochs,
+    batch_size=args.batch_size,
+    verbose=False,
+    checkpoint_dir=str(args.out / "ckpt") if every else None,
+    checkpoint_every_n_steps=every,
+    checkpoint_every_n_epochs=1 if every else 0,
 )
 trainer.fit(x, y, cfg)
 if rd.is_master():

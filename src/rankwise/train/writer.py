@@ -17,6 +17,11 @@ only after its previous write finished) or when ``fit`` drains the writer.
 
 ``async_checkpoints=False`` keeps the synchronous save: the writing rank writes, every rank
 learns the path and waits at a barrier.
+
+Under ``rankwise launch --on-failure continue`` the writing rank is whoever is rank 0 at the
+save (after slot 0 is lost, another process is), and a background write whose writer a later
+generation left out is never reported as saved: it may never have landed (the pointer then
+still names the previous checkpoint).
 """
 
 from __future__ import annotations
@@ -58,7 +63,8 @@ class SaveStats:
 class CheckpointWriter:
     """Saves a :class:`TrainState` through ``manager`` for one ``fit``.
 
-    ``writes``: this rank writes files (rank 0, or every rank with per-rank folders);
+    ``writes``: this rank writes files (rank 0, or every rank with per-rank folders); a
+    function is asked at each save (rank 0 may change under ``--on-failure continue``);
     ``background``: write on the manager's background thread; ``shared``: one writer for
     all ranks (``save_on_master_only``), whose path the others learn. ``saved(path)`` is called
     on every rank once a checkpoint is durable.
@@ -68,20 +74,22 @@ class CheckpointWriter:
         self,
         manager: CheckpointManager,
         *,
-        writes: bool,
+        writes: bool | Callable[[], bool],
         background: bool,
         shared: bool,
         saved: Callable[[Path], None],
     ) -> None:
-        self.manager, self.writes, self.background, self.shared = (
-            manager,
-            writes,
-            background,
-            shared,
-        )
+        self.manager, self.background, self.shared = manager, background, shared
+        self._writes = writes
         self.stats = SaveStats()
         self._saved = saved
         self._in_flight: Path | None = None  # a background save not yet known to be durable
+        self._written_in: tuple[int, int] | None = None  # its (generation, writer's slot)
+
+    @property
+    def writes(self) -> bool:
+        """Whether this rank writes the checkpoint files now."""
+        return self._writes() if callable(self._writes) else self._writes
 
     def save(self, state: TrainState) -> Path | None:
         """Checkpoint ``state`` where it is; a collective. Returns the checkpoint's path (in
@@ -98,7 +106,7 @@ class CheckpointWriter:
             if self.writes:
                 self.manager.save_async(saved, epoch=state.epoch, step=state.step)
                 self._time_write(started)
-            self._in_flight = path
+            self._in_flight, self._written_in = path, _writer_now()
         else:
             if self.writes:
                 path = self.manager.save(saved, epoch=state.epoch, step=state.step)
@@ -155,8 +163,24 @@ class CheckpointWriter:
 
     def _report_in_flight(self) -> None:
         path, self._in_flight = self._in_flight, None
-        if path is not None:
+        if path is not None and not self._writer_lost():
             self._saved(path)
+
+    def _writer_lost(self) -> bool:
+        """Whether a generation after the in-flight save's left its writer out (it was lost:
+        its write may never have landed)."""
+        member = rd.membership()
+        if member is None or self._written_in is None:
+            return False
+        gen, slot = self._written_in
+        later = range(gen + 1, member.generation + 1)
+        return any(slot not in member.history.get(g, [slot]) for g in later)
+
+
+def _writer_now() -> tuple[int, int] | None:
+    """``(generation, slot of rank 0)`` under ``--on-failure continue``, else None."""
+    member = rd.membership()
+    return None if member is None else (member.generation, member.members[0])
 
 
 def writer_for(
@@ -168,7 +192,8 @@ def writer_for(
     return CheckpointWriter(
         manager,
         # sharded (FSDP2): every rank writes its shards into one folder
-        writes=manager.sharded or rd.is_master() or not cfg.save_on_master_only,
+        # rank 0 writes, as it is at each save: --on-failure continue may make another rank 0
+        writes=True if manager.sharded or not cfg.save_on_master_only else rd.is_master,
         background=cfg.async_checkpoints,
         shared=manager.sharded or cfg.save_on_master_only,
         saved=saved,
@@ -180,7 +205,7 @@ def drained_on_sigterm(writer: CheckpointWriter | None) -> Iterator[None]:
     """While the block runs, SIGTERM (a launcher's stop, a scheduler's preemption) first waits
     for the checkpoint write in flight, then does what it did before (by default: ends the
     process). Only in the main thread, where Python delivers signals."""
-    if writer is None or not writer.background or not writer.writes:
+    if writer is None or not writer.background:  # drain() asks whether this rank writes
         yield
         return
     if threading.current_thread() is not threading.main_thread():
