@@ -115,26 +115,30 @@ def test_a_restarted_rank_rejoins_from_a_live_peer(reference, tmp_path):
     assert max_diff(params, reference) < 1e-4
 
 
-def test_checkpoints_go_on_when_the_writing_rank_is_lost_mid_write(reference, tmp_path):
-    # Background checkpoints every 3 steps; slot 0 (rank 0, the writer) is SIGKILLed inside
-    # the write of the first save at or after step 6. Slot 1 is rank 0 of the survivors and
+def test_checkpoints_go_on_when_the_writing_rank_is_lost(reference, tmp_path):
+    # Background checkpoints every 3 steps. Slot 0 (rank 0, the writer) is SIGKILLed inside
+    # the write of the first save at or after step 6; slot 1 is rank 0 of the survivors and
     # writes the next saves; slot 0's restart rejoins at the end of step 13 (rank 0 again) and
-    # writes the last ones. The final checkpoint holds the final weights.
+    # is SIGKILLed once more in the last save (step 16, after training), before the pointer
+    # moved: the survivors, waiting for it at the end of fit, regroup and slot 1 saves again.
     result = launch(
-        tmp_path, "--checkpoint-every", "3", "--strikes", "mid-write@6",
+        tmp_path, "--checkpoint-every", "3", "--strikes", "mid-write@6,before-pointer@16",
         "--await-joiner-step", "13", launch_args=("--max-restarts", "1"),
     )  # fmt: skip
     params = finished(result, tmp_path)
-    assert (tmp_path / "struck-0").read_text().split()[:2] == ["mid-write", "0"]
-    assert "continuing on 2 rank(s) (was 3)" in result.stdout
+    for i, point in enumerate(("mid-write", "before-pointer")):
+        assert (tmp_path / f"struck-{i}").read_text().split()[:2] == [point, "0"]
+    said = result.stdout
+    assert "continuing on 2 rank(s) (was 3)" in said, said
     # Printed by rank 0, the joiner itself here (it does not know the world it joined).
-    assert "slot(s) [0] rejoined; continuing on 3 rank(s)" in result.stdout
-    assert "from optimizer step 13, global batch 24 = 3 x 8" in result.stdout
+    assert "slot(s) [0] rejoined; continuing on 3 rank(s)" in said, said
+    assert "from optimizer step 13, global batch 24 = 3 x 8" in said, said
+    assert "continuing on 2 rank(s) (was 3) from optimizer step 16" in said, said
     assert len(pids(tmp_path, 1)) == len(pids(tmp_path, 2)) == 1
-    assert len(pids(tmp_path, 0)) == 2
+    assert len(pids(tmp_path, 0)) == 2  # --max-restarts 1: the second loss is not restarted
     manager = CheckpointManager(tmp_path / "ckpt")
     # Step 12 was saved by slot 1 alone (slot 0 was away until step 13); nothing of the
-    # killed write is left, and the pointer names the last save.
+    # killed writes is left, and the pointer names the last save.
     names = [p.name for p in manager.checkpoints()]
     assert names == [
         "ckpt-e000001-s000000012.pt", "ckpt-e000001-s000000015.pt", "ckpt-e000002-s000000016.pt"
@@ -143,8 +147,8 @@ def test_checkpoints_go_on_when_the_writing_rank_is_lost_mid_write(reference, tm
     latest = manager.latest()
     assert latest is not None and latest.name == names[-1]
     saved = read_checkpoint(latest)
-    assert (saved["epoch"], saved["step"], saved["world_size"]) == (2, 16, 3)
+    assert (saved["epoch"], saved["step"], saved["world_size"]) == (2, 16, 2)
     assert max_diff(saved["model"], params) == 0.0
-    starts = assert_exactly_once(tmp_path / "audit", 3, NUM_SAMPLES, EPOCHS)
-    assert starts[0] == 0 and 6 <= starts[1] <= 8 and starts[2] == 13
+    starts = assert_exactly_once(tmp_path / "audit", 4, NUM_SAMPLES, EPOCHS)
+    assert starts[0] == 0 and 6 <= starts[1] <= 8 and starts[2:] == [13, 16]
     assert max_diff(params, reference) < 1e-4

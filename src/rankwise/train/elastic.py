@@ -51,7 +51,7 @@ from rankwise.train.setup import rewrap
 from rankwise.train.state import TrainState, broadcast_state
 from rankwise.train.sums import EpochSums
 
-__all__ = ["Continuing", "check_split", "epoch_runner", "is_peer_failure"]
+__all__ = ["Continuing", "check_split", "closing", "epoch_runner", "is_peer_failure"]
 
 EpochFn = Callable[[TrainState, StepEnv, Any], tuple[float, float | None, int]]
 
@@ -109,6 +109,17 @@ def epoch_runner(
     if membership is None or state is None or cfg is None:
         return train_epoch
     return Continuing(membership, state, cfg, device, notify).run_epoch
+
+
+def closing(run: EpochFn, what: Callable[[], None]) -> None:
+    """``what()`` between epochs or after the last (a checkpoint save, the wait for the last
+    one); under ``--on-failure continue`` (``run`` from :func:`epoch_runner`), a peer lost in
+    it is recovered from as in an epoch and ``what`` runs again in the new group."""
+    owner = getattr(run, "__self__", None)
+    if isinstance(owner, Continuing):
+        owner.closing(what)
+    else:
+        what()
 
 
 @dataclasses.dataclass
@@ -172,6 +183,17 @@ class Continuing:
                 self._recover(reason)
             else:
                 self._grow()
+
+    def closing(self, what: Callable[[], None]) -> None:
+        """See :func:`closing`: the state is at the last mark (an epoch's last step)."""
+        while True:
+            try:
+                return what()
+            except RuntimeError as exc:
+                if not is_peer_failure(exc):
+                    raise
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            self._recover(reason)  # outside the except block, as in run_epoch
 
     # -- marks ------------------------------------------------------------------------------
 

@@ -199,8 +199,6 @@ class DistributedTrainer:
         try:
             with drained_on_sigterm(writer):
                 samples, train_seconds = self._epochs(cfg, val_set)
-            if writer is not None:
-                writer.finish()  # fit returns once the last checkpoint is durable
         except RuntimeError as exc:
             if (error := self.progress.explain(exc)) is None:  # a stall names the late rank
                 raise
@@ -226,6 +224,7 @@ class DistributedTrainer:
         samples, train_seconds = 0, 0.0
         regrouped = functools.partial(self._call, "on_regroup", self)  # lost peers: elastic.py
         run = elastic.epoch_runner(state, cfg, self.device_choice, regrouped)
+        close = functools.partial(elastic.closing, run)  # a lost peer: recover, run it again
         for epoch in range(state.epoch, cfg.epochs):
             t0 = time.perf_counter()
             sums = state.sums if state.sums is not None else EpochSums()  # or resumed
@@ -238,10 +237,12 @@ class DistributedTrainer:
             self._call("on_epoch_end", self, epoch, metrics)
             every = cfg.checkpoint_every_n_epochs
             if (every and (epoch + 1) % every == 0) or self._step_save_due:
-                self._checkpoint()
+                close(self._checkpoint)
             self._step_save_due = False
         if self._saved_at != state.step:
-            self._checkpoint()
+            close(self._checkpoint)
+        if self._writer is not None:  # fit returns once the last checkpoint is durable
+            close(functools.partial(self._writer.finish, state))
         return samples, train_seconds
 
     def _setup(self, cfg: DistributedTrainingConfig) -> None:

@@ -120,9 +120,13 @@ class CheckpointWriter:
             self._saved(path)
         return path
 
-    def finish(self) -> None:
+    def finish(self, state: TrainState | None = None) -> None:
         """The end of ``fit``: return once the last checkpoint is durable on disk; a
-        collective (every rank waits for the writing rank)."""
+        collective (every rank waits for the writing rank). Under ``--on-failure continue``,
+        a last save whose writer was lost is made again from ``state`` by the new rank 0."""
+        if self._in_flight is not None and state is not None and self._writer_lost():
+            self._in_flight = None
+            self.save(state)
         if self._in_flight is None:
             return
         if self.writes:
