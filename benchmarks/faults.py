@@ -1,10 +1,11 @@
 """Fault sweep: K random failures, each recovered under ``--max-restarts``, against one
-uninterrupted run (issue 10).
+uninterrupted run (issues 10 and 16), for ``--on-failure restart`` (the default), ``continue``
+or ``both`` (one table each, in one run).
 
-Each trial launches tests/scripts/fault_worker.py on 2 gloo ranks (2 epochs x 12 optimizer
-steps, a checkpoint every 3) with one random fault on the first attempt: a SIGKILL of a random
-rank inside a random step, or (one trial in three) a SIGKILL of the writing rank at a random
-point of a random checkpoint save. Then it reports:
+``--on-failure restart`` (issue 10). Each trial launches tests/scripts/fault_worker.py on 2
+gloo ranks (2 epochs x 12 optimizer steps, a checkpoint every 3) with one random fault on the
+first attempt: a SIGKILL of a random rank inside a random step, or (one trial in three) a
+SIGKILL of the writing rank at a random point of a random checkpoint save. Then it reports:
 
 - survived/total: the relaunched job exited 0 and wrote its weights;
 - max parameter difference to the uninterrupted run (goal: 0, same world size);
@@ -16,7 +17,30 @@ point of a random checkpoint save. Then it reports:
   (goal: at most one checkpoint interval, 3, plus the steps trained while the last background
   write was in flight: ``fit`` saves in the background by default).
 
-    python benchmarks/faults.py --k 100 --jobs 6
+``--on-failure continue`` (issue 16). Each launch runs tests/scripts/continue_worker.py on 3
+gloo ranks under ``rankwise launch --on-failure continue --max-restarts 3`` (6 epochs x 8
+optimizer steps, global batch 24, background checkpoints every 3 steps and at each epoch's end,
+``DISTRIBUTED_COLLECTIVE_TIMEOUT_MS`` 3000 so that a freeze is seen in seconds) and takes 3
+random strikes, one in each third of the run: a SIGKILL of a random slot inside a step (after
+its gradient reached the others), a SIGSTOP of a random slot there (a freeze: seen only when
+the collective times out), or a SIGKILL of the writing rank at a random point of a background
+checkpoint write (the last third reaches the final checkpoint, written after the last step).
+After a strike the members wait in each step until the restarted process asks to join, so
+every strike hits a world of 3 (the launch's length does not depend on how fast a process
+starts). K counts strikes (K/3 launches). Per strike and per launch it reports:
+
+- survived: the launch exited 0 and wrote its weights;
+- exactly-once violations across the membership changes (``read_audit``: each regroup and
+  each rejoin is an attempt; goal 0);
+- max |weights - reference| against one uninterrupted continue run (goal < 1e-4);
+- survivors' restarts: restarts of slots beyond the strikes that hit them (PID files; goal 0);
+- kill-to-next-step: from the signal to the first micro-batch the survivors train in the
+  next generation (goal: median <= 2 s for kills), kills, freezes and in-save kills apart;
+- steps redone: steps trained in the struck generation past the step the next one went on
+  from (goal 0: the partial step is dropped, never a completed one).
+
+    python benchmarks/faults.py --k 100 --jobs 6                        # restart, as before
+    python benchmarks/faults.py --on-failure both --k 100 --jobs 2       # the two tables
 """
 
 from __future__ import annotations
@@ -32,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from faults_continue import continue_sweep  # beside this file
 
 from rankwise.testing import run_script
 from rankwise.train import FAULT_POINTS, read_audit
@@ -99,6 +124,7 @@ def run_trial(out: Path, fault: list[str], reference: dict[str, torch.Tensor]) -
 
 def reference_run(workdir: Path) -> dict[str, torch.Tensor]:
     out = workdir / "reference"
+    workdir.mkdir(parents=True, exist_ok=True)
     result = run_script(WORKER, 2, script_args=[str(out)], timeout=600)
     if result.returncode != 0:
         sys.exit(f"the uninterrupted run failed:\n{result.stderr[-3000:]}")
@@ -107,15 +133,34 @@ def reference_run(workdir: Path) -> dict[str, torch.Tensor]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--k", type=int, default=10, help="number of failures (trials)")
+    p.add_argument("--k", type=int, default=10, help="number of failures (trials / strikes)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--jobs", type=int, default=1, help="trials run at once (2 ranks each)")
+    p.add_argument("--jobs", type=int, default=2, help="launches run at once")
+    p.add_argument("--on-failure", choices=("restart", "continue", "both"), default="restart")
     p.add_argument("--reference", type=Path, help="final.pt of an uninterrupted run (reused)")
     p.add_argument("--workdir", type=Path, help="where runs go (default: a temporary folder)")
     args = p.parse_args(argv)
     if args.k < 1 or args.jobs < 1:
         p.error(f"--k ({args.k}) and --jobs ({args.jobs}) must be >= 1")
+    if args.reference and args.on_failure == "both":
+        p.error("--reference is one mode's uninterrupted run: use it with restart or continue")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rankwise-faults-"))
+    ok, summaries = True, []
+    if args.on_failure in ("restart", "both"):
+        print("== --on-failure restart ==", flush=True)
+        good, line = restart_sweep(args, workdir / "restart")
+        ok, summaries = ok and good, [*summaries, line]
+    if args.on_failure in ("continue", "both"):
+        print("\n== --on-failure continue ==", flush=True)
+        good, line = continue_sweep(args, workdir / "continue")
+        ok, summaries = ok and good, [*summaries, line]
+    print()
+    for line in summaries:
+        print(line)
+    return 0 if ok else 1
+
+
+def restart_sweep(args: argparse.Namespace, workdir: Path) -> tuple[bool, str]:
     started = time.perf_counter()
     reference = torch.load(args.reference) if args.reference else reference_run(workdir)
     rng = random.Random(args.seed)
@@ -128,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         for i, trial in enumerate(runs):  # as they finish, in order: a cut-off run keeps these
             print(trial_line(i, trial), flush=True)
             trials.append(trial)
-    report(trials, time.perf_counter() - started)
+    line = report(trials, time.perf_counter() - started)
     ok = all(t.survived and t.violations == 0 and t.corrupt == 0 for t in trials)
-    return 0 if ok else 1
+    return ok, line
 
 
 def trial_line(i: int, t: Trial) -> str:
@@ -141,7 +186,7 @@ def trial_line(i: int, t: Trial) -> str:
     )
 
 
-def report(trials: list[Trial], seconds: float) -> None:
+def report(trials: list[Trial], seconds: float) -> str:
     survived = [t for t in trials if t.survived]
     failed = [t for t in survived if t.note != NO_FAILURE]
     recovered = [t.recovery_s for t in failed if t.recovery_s == t.recovery_s]
@@ -165,6 +210,13 @@ def report(trials: list[Trial], seconds: float) -> None:
             f"(checkpoint interval {EVERY})"
         )
     print(f"total {seconds:.0f} s")
+    median = statistics.median(recovered) if recovered else float("nan")
+    return (
+        f"restart: {len(survived)}/{len(trials)} survived, "
+        f"{sum(t.violations for t in trials)} exactly-once violations, max diff {diff:.3g}, "
+        f"failure -> first resumed step median {median:.1f} s, "
+        f"max {max(recovered, default=float('nan')):.1f} s, {seconds:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -18,9 +18,10 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
   SIGSTOPs itself in the first optimizer step >= K it trains; ``POINT@K``: the writing rank is
   SIGKILLed at POINT (``rankwise.train.FAULT_POINTS``) of the first save at or after step K.
   Each strike writes ``OUT/struck-<i>`` (kind, slot, generation, time) just before its signal.
-- ``--step-delay SECONDS``: sleep in every micro-batch (the sweep's run lasts long enough for
-  restarted processes to come back). Every process writes ``generation step time`` per
-  micro-batch to ``OUT/steps-<slot>``.
+- ``--step-delay SECONDS``: sleep in every micro-batch. ``--await-joiners``: while the world is
+  smaller than 3, every member waits in each step (up to 120 s) until a restarted process asks
+  to join, before any strike (so every strike hits a world of 3). Every process writes
+  ``generation step time`` per micro-batch to ``OUT/steps-<slot>``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 import torch
 
 import rankwise.distributed as rd
+from rankwise.distributed.membership import Membership
 from rankwise.train import AuditLog, DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import FAULT_POINTS, set_fault_hook
 
@@ -51,6 +53,7 @@ p.add_argument("--await-joiner-step", type=int, default=-1)
 p.add_argument("--checkpoint-every", type=int, default=0)
 p.add_argument("--strikes", default="", help="kill@S:K, stop@S:K, POINT@K; comma-separated")
 p.add_argument("--step-delay", type=float, default=0.0)
+p.add_argument("--await-joiners", action="store_true")
 args = p.parse_args()
 args.out.mkdir(parents=True, exist_ok=True)
 slot = int(os.environ.get("RANKWISE_SLOT", os.environ.get("RANK", "0")))
@@ -61,6 +64,13 @@ with open(args.out / f"pids-{slot}", "a") as f:
 
 strikes = [tuple(spec.split("@")) for spec in args.strikes.split(",") if spec]
 steps_log = open(args.out / f"steps-{slot}", "a", buffering=1)  # noqa: SIM115 (to the end)
+
+
+def await_joiner(member: Membership, timeout: float = 120.0) -> None:
+    """Wait until a restarted process asks to join (the members let it in after this step)."""
+    deadline = time.monotonic() + timeout
+    while not member.joiners() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def strike(i: int, kind: str, sig: signal.Signals) -> None:
@@ -92,6 +102,8 @@ class Fault:
         steps_log.write(f"{member.generation if member else 0} {step + 1} {time.time()}\n")
         if args.step_delay:
             time.sleep(args.step_delay)
+        if args.await_joiners and member is not None and member.world_size < 3:
+            await_joiner(member)
         for i, (kind, at) in enumerate(strikes):
             target, _, from_step = at.partition(":")
             if kind in ("kill", "stop") and target == str(slot) and step + 1 >= int(from_step):
@@ -102,9 +114,7 @@ class Fault:
             return
         member = rd.membership()
         if step + 1 == args.await_joiner_step and member and member.world_size < 3:
-            deadline = time.monotonic() + 120
-            while not member.joiners() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            await_joiner(member)
         if slot == args.kill_slot and step + 1 == args.kill_step:
             os.kill(os.getpid(), signal.SIGKILL)
         if slot == args.stop_slot and step + 1 == args.stop_step:
