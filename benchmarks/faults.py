@@ -41,6 +41,7 @@ starts). K counts strikes (K/3 launches). Per strike and per launch it reports:
 
     python benchmarks/faults.py --k 100 --jobs 6                        # restart, as before
     python benchmarks/faults.py --on-failure both --k 100 --jobs 2       # the two tables
+    python benchmarks/faults.py --on-failure both --k 100 --restart-k 30 --jobs 2  # shorter
 """
 
 from __future__ import annotations
@@ -137,11 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=2, help="launches run at once")
     p.add_argument("--on-failure", choices=("restart", "continue", "both"), default="restart")
+    p.add_argument("--restart-k", type=int, help="trials of the restart sweep (default: --k)")
     p.add_argument("--reference", type=Path, help="final.pt of an uninterrupted run (reused)")
     p.add_argument("--workdir", type=Path, help="where runs go (default: a temporary folder)")
     args = p.parse_args(argv)
     if args.k < 1 or args.jobs < 1:
         p.error(f"--k ({args.k}) and --jobs ({args.jobs}) must be >= 1")
+    if args.restart_k is not None and args.restart_k < 1:
+        p.error(f"--restart-k ({args.restart_k}) must be >= 1")
     if args.reference and args.on_failure == "both":
         p.error("--reference is one mode's uninterrupted run: use it with restart or continue")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rankwise-faults-"))
@@ -164,11 +168,12 @@ def restart_sweep(args: argparse.Namespace, workdir: Path) -> tuple[bool, str]:
     started = time.perf_counter()
     reference = torch.load(args.reference) if args.reference else reference_run(workdir)
     rng = random.Random(args.seed)
-    faults = [pick_fault(rng) for _ in range(args.k)]
+    k = args.restart_k or args.k
+    faults = [pick_fault(rng) for _ in range(k)]
     trials: list[Trial] = []
     with ThreadPoolExecutor(args.jobs) as pool:
         runs = pool.map(
-            lambda i: run_trial(workdir / f"trial-{i:04d}", faults[i], reference), range(args.k)
+            lambda i: run_trial(workdir / f"trial-{i:04d}", faults[i], reference), range(k)
         )
         for i, trial in enumerate(runs):  # as they finish, in order: a cut-off run keeps these
             print(trial_line(i, trial), flush=True)
