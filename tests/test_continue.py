@@ -7,6 +7,7 @@ module, one launch per scenario."""
 
 from __future__ import annotations
 
+import csv
 import subprocess
 from pathlib import Path
 
@@ -55,13 +56,23 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
     return params
 
 
+def logged_steps(log_dir: Path) -> list[int]:
+    with open(log_dir / "metrics.csv", newline="") as f:
+        return [int(row["global_step"]) for row in csv.DictReader(f) if row["kind"] == "step"]
+
+
 def test_survivors_of_a_sigkill_train_on_with_the_global_batch(reference, tmp_path):
-    result = launch(tmp_path, "--kill-slot", "2", "--kill-step", "5")
+    # Slot 0 (rank 0, the one that logs) dies in step 5; slot 1 becomes rank 0.
+    logs = tmp_path / "logs"
+    result = launch(tmp_path, "--kill-slot", "0", "--kill-step", "5", "--log-dir", str(logs))
     params = finished(result, tmp_path)
     assert "continuing on 2 rank(s) (was 3) from optimizer step 5" in result.stdout
     assert "global batch 24 = 2 x 12" in result.stdout
     # The same processes (no restart, nothing read from disk), a world of two at the end.
-    assert len(pids(tmp_path, 0)) == len(pids(tmp_path, 1)) == 1
+    assert len(pids(tmp_path, 1)) == len(pids(tmp_path, 2)) == 1
+    # The new rank 0 continues the log where the lost one stopped: every step once, but for
+    # step 5, which the survivors finished while slot 0 lay dead and slot 1 was not rank 0 yet.
+    assert logged_steps(logs) == [s for s in range(1, 17) if s != 5]
     assert (tmp_path / "final-world").read_text().strip() == "2"
     starts = assert_exactly_once(tmp_path / "audit", 2, NUM_SAMPLES, EPOCHS)
     assert starts == [0, 5]
@@ -93,7 +104,7 @@ def test_a_restarted_rank_rejoins_from_a_live_peer(reference, tmp_path):
     # in at the end of step 7, a live peer sends it the state, and steps 8..16 run on 3 x 8.
     result = launch(
         tmp_path, "--kill-slot", "2", "--kill-step", "5", "--await-joiner-step", "7",
-        launch_args=("--max-restarts", "1"),
+        "--log-dir", str(tmp_path / "logs"), launch_args=("--max-restarts", "1"),
     )  # fmt: skip
     params = finished(result, tmp_path)
     assert "continuing on 2 rank(s) (was 3) from optimizer step 5" in result.stdout
@@ -112,3 +123,6 @@ def test_a_restarted_rank_rejoins_from_a_live_peer(reference, tmp_path):
     assert last.world_size == 3 and last.finished
     assert (tmp_path / "audit" / f"audit-{last.name}-rank2.jsonl").read_text().count('"ids"') == 9
     assert max_diff(params, reference) < 1e-4
+    # One log, written by rank 0 alone: the restarted process, rank 0 of its own world of one
+    # until it joined and rank 2 after, never wrote a row.
+    assert logged_steps(tmp_path / "logs") == list(range(1, 17))

@@ -11,6 +11,7 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
   with waits (up to 120 s) until a restarted process asks to join, so the join lands at the
   end of step K however slowly the restarted process starts. A restarted process writes the
   optimizer step of each of its micro-batches to ``OUT/rejoined-<slot>``.
+- ``--log-dir D``: the trainer's CSV log there, a row per optimizer step (written by rank 0).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ p.add_argument("--kill-step", type=int, default=-1)
 p.add_argument("--stop-slot", type=int, default=-1)
 p.add_argument("--stop-step", type=int, default=-1)
 p.add_argument("--await-joiner-step", type=int, default=-1)
+p.add_argument("--log-dir", type=Path, default=None, help="a CSV row per step there")
 args = p.parse_args()
 args.out.mkdir(parents=True, exist_ok=True)
 slot = int(os.environ.get("RANKWISE_SLOT", os.environ.get("RANK", "0")))
@@ -77,7 +79,12 @@ trainer = DistributedTrainer(
     callbacks=[AuditLog(args.out / "audit"), Fault()],
 )
 cfg = DistributedTrainingConfig(
-    epochs=args.epochs, batch_size=args.batch_size, verbose=False, checkpoint_dir=None
+    epochs=args.epochs,
+    batch_size=args.batch_size,
+    verbose=False,
+    checkpoint_dir=None,
+    log_dir=args.log_dir,
+    log_every_n_batches=1,
 )
 trainer.fit(x, y, cfg)
 if rd.is_master():

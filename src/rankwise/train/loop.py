@@ -147,13 +147,14 @@ def train_epoch(state: TrainState, env: StepEnv, source: Any) -> tuple[float, fl
         if last:
             optimizer_step(state, cfg)
             window_start = i + 1
-            env.after_step(bool(final) if final is not None else i + 1 == total)
         if tick and ((i + 1) % tick == 0 or i + 1 == total):
             readout.issue(sums.losses[logged:], sums.counts[logged:])
             logged_n += sum(sums.counts[logged:])
             logged = len(sums.losses)
             rate = logged_n * rd.get_world_size() / max(time.perf_counter() - started, 1e-9)
             env.logger.step(i + 1, state.step, readout.mean(), rate)
+        if last:  # after the step's log row: under --on-failure continue this may regroup
+            env.after_step(bool(final) if final is not None else i + 1 == total)
     progress.mark(f"the all_reduce of the epoch's metrics (epoch {epoch})")
     totals = sums.reduced()
     mean_loss, accuracy = summarize(totals)
