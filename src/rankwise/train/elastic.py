@@ -45,6 +45,7 @@ import rankwise.distributed as rd
 from rankwise.distributed.membership import Membership, RegroupError
 from rankwise.parallel import unwrap_model
 from rankwise.train.config import DistributedTrainingConfig
+from rankwise.train.config_checks import check_continue_strategy
 from rankwise.train.loop import StepEnv, train_epoch
 from rankwise.train.pipeline import TrainBatches
 from rankwise.train.setup import rewrap
@@ -108,6 +109,7 @@ def epoch_runner(
     membership = rd.membership()
     if membership is None or state is None or cfg is None:
         return train_epoch
+    check_continue_strategy(cfg.strategy)
     return Continuing(membership, state, cfg, device, notify).run_epoch
 
 
