@@ -32,6 +32,7 @@ p = argparse.ArgumentParser()
 p.add_argument("out", type=Path)
 p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--batch-size", type=int, default=8, help="per rank, at the start")
+p.add_argument("--grad-accum", type=int, default=1)
 p.add_argument("--kill-slot", type=int, default=-1)
 p.add_argument("--kill-step", type=int, default=-1)
 p.add_argument("--stop-slot", type=int, default=-1)
@@ -77,7 +78,11 @@ trainer = DistributedTrainer(
     callbacks=[AuditLog(args.out / "audit"), Fault()],
 )
 cfg = DistributedTrainingConfig(
-    epochs=args.epochs, batch_size=args.batch_size, verbose=False, checkpoint_dir=None
+    epochs=args.epochs,
+    batch_size=args.batch_size,
+    grad_accum_steps=args.grad_accum,
+    verbose=False,
+    checkpoint_dir=None,
 )
 trainer.fit(x, y, cfg)
 if rd.is_master():
