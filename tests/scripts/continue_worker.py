@@ -11,6 +11,9 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
   with waits (up to 120 s) until a restarted process asks to join, so the join lands at the
   end of step K however slowly the restarted process starts. A restarted process writes the
   optimizer step of each of its micro-batches to ``OUT/rejoined-<slot>``.
+- ``--batch-size B`` (per rank at the start), ``--grad-accum A``: run without the launcher
+  (one plain process) with the whole global batch, it trains the same global batches as the
+  launched run (the uninterrupted reference for uneven shares).
 """
 
 from __future__ import annotations
