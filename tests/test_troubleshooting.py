@@ -306,7 +306,7 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     ),
     "continue-mode-value": lambda: raised(on_failure_mode, {"RANKWISE_ON_FAILURE": "sometimes"}),
     "continue-min-nproc": lambda: raised(check_min_nproc, [0, 1], 3),
-    "continue-uneven-split": lambda: raised(check_split, 24, 5, 1, "left"),
+    "continue-uneven-split": lambda: raised(check_split, 8, 5, 2, "left"),
     "continue-fsdp": lambda: raised(check_continue_strategy, "fsdp"),
     "continue-store-gone": _membership_store_gone,
     "timeout-ms": lambda: raised(DistributedConfig, timeout_ms=0),

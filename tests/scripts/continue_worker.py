@@ -12,6 +12,9 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
   end of step K however slowly the restarted process starts. A restarted process writes the
   optimizer step of each of its micro-batches to ``OUT/rejoined-<slot>``.
 - ``--log-dir D``: the trainer's CSV log there, a row per optimizer step (written by rank 0).
+- ``--batch-size B`` (per rank at the start), ``--grad-accum A``: run without the launcher
+  (one plain process) with the whole global batch, it trains the same global batches as the
+  launched run (the uninterrupted reference for uneven shares).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ p = argparse.ArgumentParser()
 p.add_argument("out", type=Path)
 p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--batch-size", type=int, default=8, help="per rank, at the start")
+p.add_argument("--grad-accum", type=int, default=1)
 p.add_argument("--kill-slot", type=int, default=-1)
 p.add_argument("--kill-step", type=int, default=-1)
 p.add_argument("--stop-slot", type=int, default=-1)
@@ -81,6 +85,7 @@ trainer = DistributedTrainer(
 cfg = DistributedTrainingConfig(
     epochs=args.epochs,
     batch_size=args.batch_size,
+    grad_accum_steps=args.grad_accum,
     verbose=False,
     checkpoint_dir=None,
     log_dir=args.log_dir,
