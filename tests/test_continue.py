@@ -3,17 +3,27 @@ gloo ranks, 2 epochs of 8 optimizer steps, global batch 24, no checkpoints): a r
 or SIGSTOPped mid-epoch, the survivors keep their processes and train on with the global batch
 kept (2 x 12), every sample exactly once per epoch (AuditLog), and land within 1e-4 of the
 uninterrupted run. Launches take tens of seconds on a loaded machine: one reference per
-module, one launch per scenario."""
+module, one launch per scenario.
+
+A world that does not divide the global batch (3 x 5 = 15 on 2 survivors: 8 + 7, the loss
+weighted) is compared with the same script run in one plain process with a batch of 15: the
+sampler's global order does not depend on the world, so it trains the same global batches in
+the same order, and its gradient, the mean over the 15 samples, is what DDP's average of the 3
+ranks' means gives (measured against a 3-rank launch: 9e-8 apart). That costs one process of
+a few seconds instead of a launch."""
 
 from __future__ import annotations
 
+import csv
+import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from rankwise.testing import assert_exactly_once, run_script
+from rankwise.testing import assert_exactly_once, child_env, run_isolated, run_script
 from rankwise.train import read_audit
 from rankwise.train.checkpoint import CheckpointManager, read_checkpoint
 
@@ -56,13 +66,23 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
     return params
 
 
+def logged_steps(log_dir: Path) -> list[int]:
+    with open(log_dir / "metrics.csv", newline="") as f:
+        return [int(row["global_step"]) for row in csv.DictReader(f) if row["kind"] == "step"]
+
+
 def test_survivors_of_a_sigkill_train_on_with_the_global_batch(reference, tmp_path):
-    result = launch(tmp_path, "--kill-slot", "2", "--kill-step", "5")
+    # Slot 0 (rank 0, the one that logs) dies in step 5; slot 1 becomes rank 0.
+    logs = tmp_path / "logs"
+    result = launch(tmp_path, "--kill-slot", "0", "--kill-step", "5", "--log-dir", str(logs))
     params = finished(result, tmp_path)
     assert "continuing on 2 rank(s) (was 3) from optimizer step 5" in result.stdout
     assert "global batch 24 = 2 x 12" in result.stdout
     # The same processes (no restart, nothing read from disk), a world of two at the end.
-    assert len(pids(tmp_path, 0)) == len(pids(tmp_path, 1)) == 1
+    assert len(pids(tmp_path, 1)) == len(pids(tmp_path, 2)) == 1
+    # The new rank 0 continues the log where the lost one stopped: every step once, but for
+    # step 5, which the survivors finished while slot 0 lay dead and slot 1 was not rank 0 yet.
+    assert logged_steps(logs) == [s for s in range(1, 17) if s != 5]
     assert (tmp_path / "final-world").read_text().strip() == "2"
     starts = assert_exactly_once(tmp_path / "audit", 2, NUM_SAMPLES, EPOCHS)
     assert starts == [0, 5]
@@ -94,7 +114,7 @@ def test_a_restarted_rank_rejoins_from_a_live_peer(reference, tmp_path):
     # in at the end of step 7, a live peer sends it the state, and steps 8..16 run on 3 x 8.
     result = launch(
         tmp_path, "--kill-slot", "2", "--kill-step", "5", "--await-joiner-step", "7",
-        launch_args=("--max-restarts", "1"),
+        "--log-dir", str(tmp_path / "logs"), launch_args=("--max-restarts", "1"),
     )  # fmt: skip
     params = finished(result, tmp_path)
     assert "continuing on 2 rank(s) (was 3) from optimizer step 5" in result.stdout
@@ -113,6 +133,31 @@ def test_a_restarted_rank_rejoins_from_a_live_peer(reference, tmp_path):
     assert last.world_size == 3 and last.finished
     assert (tmp_path / "audit" / f"audit-{last.name}-rank2.jsonl").read_text().count('"ids"') == 9
     assert max_diff(params, reference) < 1e-4
+    # One log, written by rank 0 alone: the restarted process, rank 0 of its own world of one
+    # until it joined and rank 2 after, never wrote a row.
+    assert logged_steps(tmp_path / "logs") == list(range(1, 17))
+
+
+def test_survivors_share_a_global_batch_their_world_does_not_divide(tmp_path):
+    # 3 x 5 = 15; slot 2 is SIGKILLed in step 5 and the 2 survivors take each global batch
+    # of 15 as 8 + 7 (the epoch's last one, 12, as 6 + 6), each rank's loss weighted.
+    alone = tmp_path / "alone"  # the uninterrupted run's global batches, in one process
+    cmd = [sys.executable, str(WORKER), str(alone), "--batch-size", "15"]
+    assert run_isolated(cmd, env=child_env(), timeout=300).returncode == 0
+    out = tmp_path / "continued"
+    result = launch(out, "--batch-size", "5", "--kill-slot", "2", "--kill-step", "5")
+    params = finished(result, out)
+    assert "continuing on 2 rank(s) (was 3) from optimizer step 5" in result.stdout
+    assert "global batch 15 = 1 x 8 + 1 x 7" in result.stdout
+    assert len(pids(out, 0)) == len(pids(out, 1)) == 1
+    assert (out / "final-world").read_text().strip() == "2"
+    assert assert_exactly_once(out / "audit", 2, NUM_SAMPLES, EPOCHS) == [0, 5]
+    last = read_audit(out / "audit").attempts[-1].name
+    for rank, share in ((0, 8), (1, 7)):
+        lines = (out / "audit" / f"audit-{last}-rank{rank}.jsonl").read_text().splitlines()
+        sizes = [len(r["ids"]) for r in map(json.loads, lines) if "ids" in r]
+        assert sizes == ([share] * 7 + [6]) + ([share] * 12 + [6]), sizes  # steps 6..26
+    assert max_diff(params, torch.load(alone / "final.pt")) < 1e-4
 
 
 def test_checkpoints_go_on_when_the_writing_rank_is_lost(reference, tmp_path):

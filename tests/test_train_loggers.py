@@ -76,6 +76,22 @@ def test_non_master_prints_and_writes_nothing(
     assert not log_dir.exists()
 
 
+def test_follow_hands_the_log_to_a_new_rank_zero(tmp_path: Path) -> None:
+    # --on-failure continue: rank 0 died, this process is rank 0 now (and may stop being it).
+    old, new = (TrainingLogger(tmp_path, False, 1, is_master=m) for m in (True, False))
+    old.step(1, 1, 0.5, 10.0)
+    old.close()  # the lost rank 0's log ends at step 1
+    new.step(1, 1, 0.5, 10.0)  # not rank 0 yet: nothing
+    new.follow(True)
+    new.step(2, 2, 0.4, 10.0)
+    new.follow(False)
+    new.step(3, 3, 0.3, 10.0)
+    new.close()
+    text = (tmp_path / "metrics.csv").read_text()
+    assert text.count("wall_time,") == 1  # the same log, appended to
+    assert [r["global_step"] for r in read_csv(tmp_path / "metrics.csv")] == ["1", "2"]
+
+
 def test_csv_has_one_header_a_row_per_logged_step_and_per_epoch(tmp_path: Path) -> None:
     run_epochs(TrainingLogger(tmp_path, False, 4, is_master=True))
     lines = (tmp_path / "metrics.csv").read_text().splitlines()

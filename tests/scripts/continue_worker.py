@@ -1,7 +1,7 @@
 """A tiny deterministic run for ``rankwise launch --on-failure continue`` (tests/test_continue.py).
 
-Trains an MLP on fixed data through ``DistributedTrainer`` (no checkpoints: nothing is read
-back from disk) with an :class:`AuditLog` in ``OUT/audit``; whoever is rank 0 at the end writes
+Trains an MLP on fixed data through ``DistributedTrainer`` (checkpoints only with
+``--checkpoint-every``, and never read back from disk) with an :class:`AuditLog` in ``OUT/audit``; whoever is rank 0 at the end writes
 the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pids-<slot>``.
 
 - ``--kill-slot S --kill-step K``: slot S SIGKILLs itself in optimizer step K, after its
@@ -11,6 +11,10 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
   with waits (up to 120 s) until a restarted process asks to join, so the join lands at the
   end of step K however slowly the restarted process starts. A restarted process writes the
   optimizer step of each of its micro-batches to ``OUT/rejoined-<slot>``.
+- ``--log-dir D``: the trainer's CSV log there, a row per optimizer step (written by rank 0).
+- ``--batch-size B`` (per rank at the start), ``--grad-accum A``: run without the launcher
+  (one plain process) with the whole global batch, it trains the same global batches as the
+  launched run (the uninterrupted reference for uneven shares).
 - ``--checkpoint-every N``: background step checkpoints in ``OUT/ckpt`` every N optimizer steps
   (and at each epoch's end), written by whoever is rank 0 at the save.
 - ``--strikes SPEC,...`` (benchmarks/faults.py), each once per launch, only while the world has
@@ -45,11 +49,13 @@ p = argparse.ArgumentParser()
 p.add_argument("out", type=Path)
 p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--batch-size", type=int, default=8, help="per rank, at the start")
+p.add_argument("--grad-accum", type=int, default=1)
 p.add_argument("--kill-slot", type=int, default=-1)
 p.add_argument("--kill-step", type=int, default=-1)
 p.add_argument("--stop-slot", type=int, default=-1)
 p.add_argument("--stop-step", type=int, default=-1)
 p.add_argument("--await-joiner-step", type=int, default=-1)
+p.add_argument("--log-dir", type=Path, default=None, help="a CSV row per step there")
 p.add_argument("--checkpoint-every", type=int, default=0)
 p.add_argument("--strikes", default="", help="kill@S:K, stop@S:K, POINT@K; comma-separated")
 p.add_argument("--step-delay", type=float, default=0.0)
@@ -139,10 +145,13 @@ every = args.checkpoint_every
 cfg = DistributedTrainingConfig(
     epochs=args.epochs,
     batch_size=args.batch_size,
+    grad_accum_steps=args.grad_accum,
     verbose=False,
     checkpoint_dir=str(args.out / "ckpt") if every else None,
     checkpoint_every_n_steps=every,
     checkpoint_every_n_epochs=1 if every else 0,
+    log_dir=args.log_dir,
+    log_every_n_batches=1,
 )
 trainer.fit(x, y, cfg)
 if rd.is_master():

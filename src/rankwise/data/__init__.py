@@ -6,6 +6,8 @@
 - :mod:`~rankwise.data.sampler`: :class:`DistributedSampler`, a torch ``DistributedSampler``
   subclass with an elastic resume cursor; :mod:`~rankwise.data.passes`: its pass iterator,
   ``Stateful`` for torchdata's ``StatefulDataLoader``.
+- :mod:`~rankwise.data.shares`: :class:`~rankwise.data.shares.GlobalBatchShares`, a global
+  batch the world does not divide, taken in per-rank shares that differ by at most one.
 - :mod:`~rankwise.data.batches`: :class:`DistributedBatchIterator`.
 - :mod:`~rankwise.data.blocks` / :mod:`~rankwise.data.strategies`: :class:`FetchDataset`,
   block-shuffled batches from on-disk sources (:class:`Streaming`, :class:`BlockShuffling`;

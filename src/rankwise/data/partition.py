@@ -23,6 +23,7 @@ __all__ = [
     "DistributedRangeSplitter",
     "contiguous_owner",
     "contiguous_range",
+    "global_batch_end",
     "position_chunks",
     "resolve_world",
     "strided_count",
@@ -87,6 +88,27 @@ def strided_positions(total: int, world_size: int, rank: int, start: int = 0) ->
     _check(total, world_size, rank)
     start = check_int("start", start)
     return range(start + rank, max(int(total), start), int(world_size))
+
+
+def global_batch_end(start: int, total: int, world_size: int, batch: int) -> int:
+    """One past the last position when ``[start, total)`` is taken a global batch of ``batch``
+    positions at a time and each global batch is split strided over ``world_size`` ranks.
+
+    ``total`` itself (no padding: every position once) unless the last, short global batch
+    would hold fewer than ``world_size`` positions and leave a rank without a sample; then it
+    is padded up to ``world_size`` positions (they wrap to the start of the order, torch's
+    padding rule). With a world that divides ``total - start`` the last batch is a multiple
+    of the world and never padded.
+
+    >>> global_batch_end(60, 192, 2, 15)     # 132 left: 8 batches of 15 and one of 12
+    192
+    >>> global_batch_end(0, 31, 2, 15)       # the last batch would be 1 sample for 2 ranks
+    32
+    """
+    _check(total, world_size)
+    start, batch = check_int("start", start), check_int("batch", batch, minimum=1)
+    tail = max(total - start, 0) % batch
+    return total + (world_size - tail if 0 < tail < world_size else 0)
 
 
 def strided_count(total: int, world_size: int, rank: int) -> int:

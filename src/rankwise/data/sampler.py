@@ -20,6 +20,8 @@ epoch across the stop (plus the usual < R' padding duplicates)::
 
 Global batches: with a global batch of B (B/R per rank), the k-th batches of all ranks together
 are exactly positions ``[kB, (k+1)B)`` of the global order — the same samples whatever R is.
+Where R does not divide B, :class:`~rankwise.data.shares.GlobalBatchShares` takes the order a
+global batch at a time (:meth:`~DistributedSampler.advance_positions` moves the cursor).
 
 It *is* a ``torch.utils.data.distributed.DistributedSampler`` (a subclass with torch's
 attributes), so Lightning Fabric, Accelerate and anything that checks ``isinstance`` leave it
@@ -249,6 +251,22 @@ class DistributedSampler(tud_distributed.DistributedSampler[int]):
                 "samples are left on each rank; call set_epoch(next_epoch) to start the next."
             )
         self._cursor += num_samples * self.num_replicas
+
+    def advance_positions(self, positions: int) -> None:
+        """Record that all ranks together consumed ``positions`` more positions of the global
+        order, in shares that need not be equal (a global batch split unevenly: see
+        :class:`rankwise.data.shares.GlobalBatchShares`); :meth:`advance` is for equal shares.
+        """
+        self._cursor += check_int("positions", positions)
+
+    def order_at(self, positions: np.ndarray) -> np.ndarray:
+        """The dataset indices at ``positions`` of the epoch's global order (positions past N
+        wrap to its start, torch's padding rule).
+
+        >>> DistributedSampler(10, num_replicas=2, rank=0, shuffle=False).order_at(np.arange(9, 12))
+        array([9, 0, 1])
+        """
+        return self._indices(positions)
 
     @property
     def consumed(self) -> int:

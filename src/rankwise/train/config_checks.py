@@ -86,6 +86,23 @@ def check_clip(value: Any) -> float | None:
     return float(value)
 
 
+def check_continue_strategy(strategy: str) -> None:
+    """Refuse a strategy that cannot train on through a lost rank (``--on-failure continue``).
+
+    >>> check_continue_strategy("ddp")
+    """
+    if strategy == "fsdp":
+        fail(
+            "strategy",
+            strategy,
+            "cannot train on through a lost rank (rankwise launch --on-failure continue): FSDP2 "
+            "shards the parameters and the optimizer state over the ranks, so a lost rank takes "
+            "its shard with it and the survivors cannot go on without reading a checkpoint. Use "
+            "strategy='ddp' (every rank holds the whole model), or launch with --on-failure "
+            "restart and checkpoint_dir set (the world restarts from the last checkpoint)",
+        )
+
+
 def check_choice(name: str, value: Any, choices: tuple[str | None, ...]) -> str | None:
     if isinstance(value, str):
         lowered = value.strip().lower()

@@ -13,7 +13,13 @@ fails because a peer is gone (closed gloo connection, collective timeout):
    step (DDP makes their parameters identical there);
 4. re-splits the rest of the epoch from the mark's cursor over the new world, keeping the
    global batch (``3 x 32 = 96`` becomes ``2 x 48``), so the steps that follow see the same
-   samples, with the same mean gradient, as the uninterrupted run;
+   samples, with the same mean gradient, as the uninterrupted run. A world that does not
+   divide the global batch (``3 x 5 = 15`` on 2 ranks) takes each global micro-batch in
+   shares that differ by at most one (``8 + 7``,
+   :class:`~rankwise.data.shares.GlobalBatchShares`) and each rank's loss is weighted by
+   its share (``b_r x world / global``) so DDP's average is still the global mean; only a
+   world larger than the global micro-batch (a rank without a sample) is refused
+   (:func:`check_split`);
 5. tells the callbacks (``on_regroup``: the :class:`~rankwise.train.audit.AuditLog` starts a
    new attempt from the mark's step, which rolls back the lost step's records) and goes on.
 
@@ -22,7 +28,8 @@ A lost rank the launcher restarted comes back at a step boundary: every ``N`` op
 waiting list and broadcasts one number, so all members agree on the step. There they
 regroup with the joiners (``regroup(grow=True)``), a live member sends its whole
 :class:`TrainState` (:func:`~rankwise.train.state.broadcast_state`), and everyone re-wraps and
-re-splits the rest of the epoch over the larger world, keeping the global batch. The joiner
+re-splits the rest of the epoch over the larger world, keeping the global batch (in uneven
+shares where the grown world does not divide it). The joiner
 ran its script's set-up alone (a world of one) and takes the state in :class:`Continuing`,
 before its first epoch; its epoch sums start empty there.
 
@@ -45,13 +52,17 @@ import rankwise.distributed as rd
 from rankwise.distributed.membership import Membership, RegroupError
 from rankwise.parallel import unwrap_model
 from rankwise.train.config import DistributedTrainingConfig
+from rankwise.train.config_checks import check_continue_strategy
 from rankwise.train.loop import StepEnv, train_epoch
 from rankwise.train.pipeline import TrainBatches
 from rankwise.train.setup import rewrap
 from rankwise.train.state import TrainState, broadcast_state
 from rankwise.train.sums import EpochSums
 
-__all__ = ["Continuing", "check_split", "closing", "epoch_runner", "is_peer_failure"]
+__all__ = [
+    "Continuing", "check_split", "closing", "epoch_runner", "fits", "is_peer_failure",
+    "shares_text",
+]  # fmt: skip
 
 EpochFn = Callable[[TrainState, StepEnv, Any], tuple[float, float | None, int]]
 
@@ -68,16 +79,40 @@ _PEER_GONE = (
 )
 
 
+def fits(global_batch: int, world: int, accum: int) -> bool:
+    """Whether each of ``world`` ranks gets at least one sample of every micro-step's global
+    batch (``global_batch / accum``); the shares may differ by one.
+
+    >>> fits(15, 2, 1), fits(24, 5, 1), fits(8, 5, 2)
+    (True, True, False)
+    """
+    return world <= global_batch // accum
+
+
 def check_split(global_batch: int, world: int, accum: int, which: str) -> None:
-    """Refuse a world whose ranks cannot share ``global_batch`` evenly (``which``: "left"
-    after a failure, "now" after joiners came in)."""
-    if global_batch % (world * accum):
+    """Refuse a world that leaves a rank without a sample in a micro-step (``which``: "left"
+    after a failure, "now" after joiners came in). A world that does not divide the global
+    batch is fine: its ranks take shares that differ by at most one, the loss weighted."""
+    if not fits(global_batch, world, accum):
+        micro = global_batch // accum
         raise RegroupError(
-            f"the global batch {global_batch} cannot be split evenly over the {world} "
-            f"rank(s) {which} x {accum} accumulation steps (uneven per-rank batches are not "
-            "supported yet): the job stops. Choose batch_size x nproc so that every world "
-            "size down to --min-nproc divides it, or raise --min-nproc."
+            f"the global batch {global_batch} ({accum} accumulation step(s) of {micro} "
+            f"samples) cannot give each of the {world} rank(s) {which} a sample per step: "
+            f"the job stops. Raise batch_size so that batch_size x nproc (the samples of one "
+            f"accumulation step) is at least {world}."
         )
+
+
+def shares_text(global_batch: int, world: int, accum: int) -> str:
+    """How ``world`` ranks share ``global_batch`` per optimizer step, as the log line says it.
+
+    >>> shares_text(24, 2, 1), shares_text(15, 2, 1), shares_text(30, 4, 2)
+    ('2 x 12', '1 x 8 + 1 x 7', '3 x 8 + 1 x 6')
+    """
+    base, extra = divmod(global_batch // accum, world)
+    if not extra:
+        return f"{world} x {global_batch // world}"
+    return f"{extra} x {(base + 1) * accum} + {world - extra} x {base * accum}"
 
 
 class _Grow(Exception):  # a signal, not an error
@@ -108,6 +143,7 @@ def epoch_runner(
     membership = rd.membership()
     if membership is None or state is None or cfg is None:
         return train_epoch
+    check_continue_strategy(cfg.strategy)
     return Continuing(membership, state, cfg, device, notify).run_epoch
 
 
@@ -208,14 +244,14 @@ class Continuing:
 
     def _joiners_agreed(self) -> bool:
         """Whether every member lets the waiting joiners in now: rank 0 reads the store and
-        broadcasts the answer (a world the global batch does not divide waits for more)."""
+        broadcasts the answer (a world with more ranks than a micro-step has samples waits)."""
         if not self.join_every or self.state.step % self.join_every:
             return False
         flag = torch.zeros(1, dtype=torch.int64, device=rd.collective_device())
         if rd.is_master():
             world = self.membership.world_size + len(self.membership.joiners())
-            fits = self.global_batch % (world * self.cfg.grad_accum_steps) == 0
-            flag[0] = int(world > self.membership.world_size and fits)
+            holds = fits(self.global_batch, world, self.cfg.grad_accum_steps)
+            flag[0] = int(world > self.membership.world_size and holds)
         dist.broadcast(flag, src=0)
         return bool(flag.item())
 
@@ -298,8 +334,8 @@ class Continuing:
             world = self.membership.world_size
             print(
                 f"rankwise: {what}; continuing on {world} rank(s) (was {old_world or '?'}) "
-                f"from optimizer step {step}, global batch {self.global_batch} = {world} x "
-                f"{self.global_batch // world}",
+                f"from optimizer step {step}, global batch {self.global_batch} = "
+                f"{shares_text(self.global_batch, world, self.cfg.grad_accum_steps)}",
                 flush=True,
             )
 
@@ -314,14 +350,15 @@ class Continuing:
 
     def _resplit(self, cursor: dict[str, Any] | None, world: int) -> None:
         old = self.source
-        per_rank = self.global_batch // (world * self.cfg.grad_accum_steps)
+        micro = self.global_batch // self.cfg.grad_accum_steps  # one micro-step, all ranks
         self.source = TrainBatches(
             old.dataset,
-            per_rank,
+            micro // world,
             shuffle=self.cfg.shuffle,
             seed=self.cfg.seed,
             options=old.options,
             record_ids=old.record_ids,
+            global_batch=micro,  # shares that differ by one where the world does not divide it
         )
         if cursor is not None:
             self.source.sampler.load_state_dict(cursor)

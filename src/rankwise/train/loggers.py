@@ -187,6 +187,17 @@ class TrainingLogger:
         if self.enabled and self.verbose:
             self._print(message)
 
+    def follow(self, is_master: bool) -> None:
+        """Become the logging rank, or stop being it (``--on-failure continue``: after a
+        regroup rank 0 may be another process; a restarted process logs nothing until it has
+        joined). Log files are opened in append mode, so the new rank 0 continues them."""
+        if bool(is_master) == self.enabled:
+            return
+        self.close()
+        self.enabled = bool(is_master)
+        if self.enabled and self.log_dir is not None:
+            self._open_logs(self.log_dir)
+
     def close(self) -> None:
         """Close the bar and the log files (safe to call twice)."""
         self._close_bar()

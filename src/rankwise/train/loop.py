@@ -7,7 +7,7 @@ The step reads top to bottom (torchtitan's style)::
         last = is_sync_step(i, A, total)           # ends an accumulation window?
         with accumulate(model, last):              # no_sync on all but the last
             with precision.autocast(): loss = loss_fn(model(x), y)
-            precision.backward(loss / window)
+            precision.backward(loss / window)      # uneven shares: loss x weight first
         sampler.advance(len(x))                    # the resume cursor
         if last: optimizer_step(state, cfg)       # clip, step, zero_grad, scheduler
                  env.after_step(ends_epoch)       # the trainer's sync check and checkpoints
@@ -41,6 +41,7 @@ from rankwise.train.data import (
 )
 from rankwise.train.evaluation import is_class_target, model_loss, split_batch
 from rankwise.train.loggers import TrainingLogger
+from rankwise.train.pipeline import TrainBatches
 from rankwise.train.state import TrainState
 from rankwise.train.sums import LossReadout, summarize
 
@@ -113,6 +114,9 @@ def train_epoch(state: TrainState, env: StepEnv, source: Any) -> tuple[float, fl
     readout = LossReadout(device)  # the progress line's loss, never a wait for the device
     window_start = 0
     progress, sync = env.progress, _sync_name(cfg.strategy)
+    # Uneven shares of the global batch (--on-failure continue, a world that does not divide
+    # it): each rank's mean loss is weighted by its share, so DDP's average is the global mean.
+    weigh = source.loss_weight if isinstance(source, TrainBatches) and source.uneven else None
     for i, (batch, ids, final) in enumerate(_micro_batches(source)):
         # accum 1 (the common case): every micro-batch is a step, no window arithmetic.
         last = accum == 1 or (
@@ -133,7 +137,8 @@ def train_epoch(state: TrainState, env: StepEnv, source: Any) -> tuple[float, fl
             with precision.autocast():
                 out = model(x)
                 loss = model_loss(out, y, loss_fn, model)
-            precision.backward(loss / window if window > 1 else loss)
+            scaled = loss if weigh is None else loss * weigh(n)
+            precision.backward(scaled / window if window > 1 else scaled)
         sums.losses.append(loss.detach())
         sums.counts.append(n)
         if classes is None:
@@ -147,13 +152,14 @@ def train_epoch(state: TrainState, env: StepEnv, source: Any) -> tuple[float, fl
         if last:
             optimizer_step(state, cfg)
             window_start = i + 1
-            env.after_step(bool(final) if final is not None else i + 1 == total)
         if tick and ((i + 1) % tick == 0 or i + 1 == total):
             readout.issue(sums.losses[logged:], sums.counts[logged:])
             logged_n += sum(sums.counts[logged:])
             logged = len(sums.losses)
             rate = logged_n * rd.get_world_size() / max(time.perf_counter() - started, 1e-9)
             env.logger.step(i + 1, state.step, readout.mean(), rate)
+        if last:  # after the step's log row: under --on-failure continue this may regroup
+            env.after_step(bool(final) if final is not None else i + 1 == total)
     progress.mark(f"the all_reduce of the epoch's metrics (epoch {epoch})")
     totals = sums.reduced()
     mean_loss, accuracy = summarize(totals)

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Subset
 
 from rankwise.data import DistributedSampler
+from rankwise.data.shares import GlobalBatchShares
 from rankwise.train.config import DistributedTrainingConfig
 from rankwise.train.data import Batch, TensorPairs, UserBatches
 
@@ -71,6 +72,12 @@ class TrainBatches:
     Iterating yields ``(batch, sample_ids)``; ``sample_ids`` (a tensor of the user's dataset
     indices) only when ``record_ids`` is set, else None. Call :meth:`advance` after each
     micro-batch: it moves the sampler's cursor, which checkpoints save.
+
+    ``global_batch`` (``--on-failure continue`` after a regroup): the world's micro-batch.
+    When the world divides it, this is the even split above with ``batch_size`` per rank;
+    when not, the ranks take it in shares that differ by at most one
+    (:class:`~rankwise.data.shares.GlobalBatchShares`, so ``uneven`` is True) and the loop
+    weights each rank's loss by :meth:`loss_weight`.
     """
 
     def __init__(
@@ -82,12 +89,19 @@ class TrainBatches:
         seed: int,
         options: dict[str, Any] | None = None,
         record_ids: bool = False,
+        global_batch: int | None = None,
     ) -> None:
-        self.dataset = dataset
+        self.dataset, self.batch_size = dataset, batch_size
         self.sampler = DistributedSampler(len(dataset), shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
         self.record_ids = record_ids
         in_memory = isinstance(dataset, TensorPairs)
-        self.chunks = _IssuedBatches(self.sampler, batch_size, record_ids and not in_memory)
+        record = record_ids and not in_memory
+        self.shares: GlobalBatchShares | None = None
+        self.chunks: _IssuedBatches | GlobalBatchShares
+        if global_batch is not None and global_batch % self.sampler.num_replicas:
+            self.chunks = self.shares = GlobalBatchShares(self.sampler, global_batch, record)
+        else:
+            self.chunks = _IssuedBatches(self.sampler, batch_size, record)
         self.loader: DataLoader[Any] | None = None
         self.options = options = options or {}  # kept: a regrouped world rebuilds the batches
         self.pin = bool(options.get("pin_memory"))  # in-memory tensors: gathered pinned
@@ -101,8 +115,23 @@ class TrainBatches:
     def __len__(self) -> int:
         return len(self.chunks)
 
+    @property
+    def uneven(self) -> bool:
+        """Whether the ranks' shares of each global batch differ (see ``global_batch``)."""
+        return self.shares is not None
+
+    def loss_weight(self, n: int) -> float:
+        """The factor for this rank's mean loss over the ``n`` samples of its current micro-batch
+        that makes DDP's average the global batch's mean (1.0 when the shares are even)."""
+        return 1.0 if self.shares is None else self.shares.weight(n)
+
     def advance(self, n: int) -> None:
-        self.sampler.advance(n)
+        """Move the cursor past the micro-batch of ``n`` samples just trained (uneven shares:
+        past the whole global batch, whatever each rank's share)."""
+        if self.shares is None:
+            self.sampler.advance(n)
+        else:
+            self.shares.advance()
 
     def __iter__(self) -> Iterator[tuple[Batch, torch.Tensor | None]]:
         if isinstance(self.dataset, TensorPairs):
@@ -116,9 +145,14 @@ class TrainBatches:
     def _tensor_batches(self, data: TensorPairs) -> Iterator[tuple[Batch, torch.Tensor | None]]:
         # The pass's indices as one tensor (O(N/R), like the data already in memory), then a
         # view per batch: no per-batch list -> tensor conversion in the step.
+        if self.shares is not None:
+            for chunk in self.shares.arrays():
+                rows = torch.from_numpy(chunk)
+                yield data.take(rows, self.pin), self._ids(rows) if self.record_ids else None
+            return
         passed = iter(self.sampler)
         index = torch.from_numpy(np.fromiter(passed, dtype=np.int64, count=len(self.sampler)))
-        size = self.chunks.batch_size
+        size = self.batch_size
         for start in range(0, len(index), size):
             rows = index[start : start + size]
             yield data.take(rows, self.pin), self._ids(rows) if self.record_ids else None

@@ -33,13 +33,7 @@ from rankwise.train import checks, elastic
 from rankwise.train import resume as rs
 from rankwise.train import setup as st
 from rankwise.train.config import DistributedTrainingConfig
-from rankwise.train.data import (
-    as_dataset,
-    eval_data,
-    fit_datasets,
-    parse_fit_args,
-    to_device,
-)
+from rankwise.train.data import as_dataset, eval_data, fit_datasets, parse_fit_args, to_device
 from rankwise.train.evaluation import EvalBatches, eval_batches, evaluate_exact, predict_all
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
@@ -189,8 +183,10 @@ class DistributedTrainer:
         state.history.world_size = world
         self._step_save_due = False
         self._call("on_fit_start", self)
+        member = rd.membership()  # a restarted process waiting to rejoin logs nothing yet
+        logs = rd.is_master() and (member is None or not member.pending)
         self.logger = TrainingLogger(
-            cfg.log_dir, cfg.verbose, cfg.log_every_n_batches, rd.is_master(), epochs=cfg.epochs
+            cfg.log_dir, cfg.verbose, cfg.log_every_n_batches, logs, epochs=cfg.epochs
         )
         started = time.perf_counter()
         writer = self._writer = writer_for(
@@ -222,9 +218,7 @@ class DistributedTrainer:
             cfg, self.loss_fn, self.device, self.progress, self.logger, hooks, self._after_step
         )
         samples, train_seconds = 0, 0.0
-        regrouped = functools.partial(self._call, "on_regroup", self)  # lost peers: elastic.py
-        run = elastic.epoch_runner(state, cfg, self.device_choice, regrouped)
-        close = functools.partial(elastic.closing, run)  # a lost peer: recover, run it again
+        run = elastic.epoch_runner(state, cfg, self.device_choice, self._regrouped)
         for epoch in range(state.epoch, cfg.epochs):
             t0 = time.perf_counter()
             sums = state.sums if state.sums is not None else EpochSums()  # or resumed
@@ -237,12 +231,12 @@ class DistributedTrainer:
             self._call("on_epoch_end", self, epoch, metrics)
             every = cfg.checkpoint_every_n_epochs
             if (every and (epoch + 1) % every == 0) or self._step_save_due:
-                close(self._checkpoint)
+                elastic.closing(run, self._checkpoint)  # a lost peer: recovered
             self._step_save_due = False
         if self._saved_at != state.step:
-            close(self._checkpoint)
+            elastic.closing(run, self._checkpoint)
         if self._writer is not None:  # fit returns once the last checkpoint is durable
-            close(functools.partial(self._writer.finish, state))
+            elastic.closing(run, functools.partial(self._writer.finish, state))
         return samples, train_seconds
 
     def _setup(self, cfg: DistributedTrainingConfig) -> None:
@@ -303,6 +297,12 @@ class DistributedTrainer:
         }
         self.logger.end_epoch(epoch, metrics)
         return metrics
+
+    def _regrouped(self) -> None:
+        """The world changed under ``--on-failure continue`` (elastic.py): rank 0 logs, and the
+        callbacks hear of it (``on_regroup``)."""
+        self.logger.follow(rd.is_master())
+        self._call("on_regroup", self)
 
     # -- after each optimizer step (called by loop.train_epoch) ------------------------------
 
