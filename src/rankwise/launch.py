@@ -58,6 +58,13 @@ examples:
   rankwise launch --nproc-per-node 3 --max-restarts 2 --on-failure continue train.py
   # two machines, run on each (node 0 at 10.0.0.1):
   rankwise launch --nnodes 2 --nproc-per-node 4 --master-addr 10.0.0.1 --master-port 29500 train.py
+  # the same with continue: node R of 2 (R = 0 on 10.0.0.1, which hosts the store)
+  rankwise launch --nnodes 2 --node-rank R --nproc-per-node 4 --master-addr 10.0.0.1 \
+      --master-port 29500 --on-failure continue train.py
+  # ... with the store on a third machine (10.0.0.5), so losing node 0 stops nobody else:
+  rankwise store --port 29600 --nnodes 2     # on 10.0.0.5
+  rankwise launch --nnodes 2 --node-rank R --nproc-per-node 4 \
+      --store-endpoint 10.0.0.5:29600 --on-failure continue train.py
 """
 
 
@@ -80,13 +87,24 @@ def add_launch_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         default="restart",
         help="restart: a lost rank restarts every rank (torchrun's --max-restarts; the "
         "default). continue: the survivors keep training and only the lost rank restarts "
-        "(rankwise.supervise; one node).",
+        "(rankwise.supervise). Across nodes, continue needs a fixed --nnodes N, --node-rank "
+        "on each node and --master-port: node 0's launcher hosts the membership store at "
+        "--master-addr:--master-port (or see --store-endpoint).",
     )
     parser.add_argument(
         "--min-nproc",
         type=int,
         default=1,
-        help="--on-failure continue: stop once fewer ranks than this are left (default 1)",
+        help="--on-failure continue: stop once fewer ranks than this are left, counted over "
+        "all nodes (default 1)",
+    )
+    parser.add_argument(
+        "--store-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="--on-failure continue: connect to the membership store a `rankwise store` "
+        "serves at HOST:PORT instead of node 0's launcher hosting it, so that losing any "
+        "node (node 0 included) leaves the others their store. Give it to every node.",
     )
     return parser
 

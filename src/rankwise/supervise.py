@@ -12,7 +12,14 @@ Here the launcher supervises each process on its own (``subprocess``), hosts the
 - stops the job, saying why, when every process is lost.
 
 The job succeeds once a process exits 0 (training finished); processes still starting are then
-given a moment and ended. One node only: ``--nnodes`` above 1 is refused.
+given a moment and ended.
+
+Across nodes (``--nnodes N --node-rank R``, static: no nodes come or go) every node runs one
+launcher; slot ``R * nproc + i`` is the ``i``-th process of node ``R``. Node 0's launcher hosts
+the store at ``--master-addr``:``--master-port`` (or every launcher connects to a ``rankwise
+store`` at ``--store-endpoint``; see :mod:`rankwise.jobstore`), each launcher supervises and
+restarts only its own slots, and they share the job's end through the store: training
+finished on one node is finished on all, and the store host waits for the others to be done.
 """
 
 from __future__ import annotations
@@ -25,15 +32,15 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 
-import torch.distributed as dist
+from rankwise.jobstore import CONNECT_S, JobStore, parse_endpoint
 
 from rankwise.distributed.membership import mark_dead
 
 __all__ = ["check_continue_args", "run_continue"]
 
 _GRACE_S = 20.0  # after the first success: how long the others get to finish
+_END_WAIT_S = 40.0  # the store host, after that: how long the other nodes get to say done
 
 
 @dataclass
@@ -47,10 +54,14 @@ class _Slot:
 
 def check_continue_args(args: argparse.Namespace) -> str | None:
     """Why ``--on-failure continue`` cannot run with these options, or None."""
-    if str(args.nnodes).strip() not in ("1", "1:1"):
+    nnodes = str(args.nnodes).strip()
+    if nnodes == "1:1":
+        nnodes = "1"
+    if not (nnodes.isdigit() and int(nnodes) >= 1):
         return (
-            f"--on-failure continue runs on one node (got --nnodes {args.nnodes}); use "
-            "--on-failure restart (torchrun's restarts) across nodes."
+            f"--on-failure continue runs on a fixed number of nodes (got --nnodes "
+            f"{args.nnodes}); give one number, e.g. --nnodes 2, or use --on-failure restart "
+            "(torchrun's elastic restarts) for a MIN:MAX range."
         )
     if not str(args.nproc_per_node).isdigit():
         return (
@@ -58,29 +69,53 @@ def check_continue_args(args: argparse.Namespace) -> str | None:
             f"{args.nproc_per_node!r}), e.g. --nproc-per-node 3."
         )
     low = int(getattr(args, "min_nproc", 1) or 1)
-    if not 1 <= low <= int(args.nproc_per_node):
+    world = int(nnodes) * int(args.nproc_per_node)
+    if not 1 <= low <= world:
         return (
-            f"--min-nproc ({low}) must be between 1 and --nproc-per-node ({args.nproc_per_node})."
+            f"--min-nproc ({low}) must be between 1 and --nproc-per-node ({args.nproc_per_node})"
+            + (f" x --nnodes ({nnodes}) = {world}." if int(nnodes) > 1 else ".")
+        )
+    endpoint = getattr(args, "store_endpoint", None)
+    if endpoint is not None and parse_endpoint(endpoint) is None:
+        return (
+            f"--store-endpoint ({endpoint!r}) must be HOST:PORT of a running `rankwise store`, "
+            "e.g. --store-endpoint 10.0.0.5:29600."
+        )
+    node = getattr(args, "node_rank", None)
+    if int(nnodes) == 1 and node in (None, 0):
+        return None
+    if node is None or not 0 <= int(node) < int(nnodes):
+        return (
+            f"--on-failure continue on {nnodes} nodes needs --node-rank between 0 and "
+            f"{int(nnodes) - 1} on each node (got {node}); node 0 hosts the membership store "
+            "at --master-addr:--master-port unless --store-endpoint names one."
+        )
+    if endpoint is None and args.master_port is None:
+        return (
+            f"--on-failure continue on {nnodes} nodes needs --master-port: node 0's launcher "
+            "hosts the membership store at --master-addr:--master-port and the other nodes "
+            "connect to it, e.g. --master-addr 10.0.0.1 --master-port 29500 on every node "
+            "(or --store-endpoint HOST:PORT of a `rankwise store`)."
         )
     return None
 
 
 def run_continue(args: argparse.Namespace) -> int:
-    """Supervise ``--nproc-per-node`` processes of the script; return the job's exit code."""
+    """Supervise this node's ``--nproc-per-node`` processes; return the job's exit code."""
     nproc, restarts = int(args.nproc_per_node), int(args.max_restarts)
-    store = dist.TCPStore(
-        args.master_addr or "127.0.0.1",
-        0 if args.master_port is None else int(args.master_port),
-        is_master=True,
-        wait_for_workers=False,
-        timeout=timedelta(seconds=60),
-    )
+    nnodes = int(str(args.nnodes).split(":")[0])
+    node = int(getattr(args, "node_rank", None) or 0)
+    jobs = _open_store(args, nnodes, node)
+    if jobs is None:
+        return 1
     cmd = _command(args)
     base = {
         **os.environ,
-        "WORLD_SIZE": str(nproc),
-        "MASTER_ADDR": args.master_addr or "127.0.0.1",
-        "MASTER_PORT": str(store.port),
+        "WORLD_SIZE": str(nnodes * nproc),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "GROUP_RANK": str(node),
+        "MASTER_ADDR": jobs.host,
+        "MASTER_PORT": str(jobs.port),
         "RANKWISE_ON_FAILURE": "continue",
         "RANKWISE_MIN_NPROC": str(int(getattr(args, "min_nproc", 1) or 1)),
         # Nobody can come back without restarts: the members then never check for joiners.
@@ -92,18 +127,20 @@ def run_continue(args: argparse.Namespace) -> int:
         env = {
             **base,
             "RANK": str(index),
-            "LOCAL_RANK": str(index),
+            "LOCAL_RANK": str(index - node * nproc),
             "RANKWISE_SLOT": str(index),
             "RANKWISE_INCARNATION": str(incarnation),
         }
         return subprocess.Popen(cmd, env=env)
 
-    slots = [_Slot(i, spawn(i, 0)) for i in range(nproc)]
+    slots = [_Slot(i, spawn(i, 0)) for i in range(node * nproc, (node + 1) * nproc)]
     succeeded_at: float | None = None
     seen_gen = -1
     try:
         while True:
-            seen_gen = _watch_members(store, slots, seen_gen)
+            seen_gen = _watch_members(jobs, slots, seen_gen)
+            if succeeded_at is None and nnodes > 1 and jobs.finished():
+                succeeded_at = time.monotonic()  # another node's process finished training
             running = 0
             for slot in slots:
                 code = slot.proc.poll()
@@ -115,7 +152,8 @@ def run_continue(args: argparse.Namespace) -> int:
                     mark_dead(store, slot.index, slot.incarnation)  # the survivors regroup now
                     if code == 0:
                         succeeded_at = succeeded_at or time.monotonic()
-                    elif succeeded_at is None and slot.incarnation < restarts:
+                        jobs.set("launch/finished", "1")
+                    elif succeeded_at is None and slot.incarnation < restarts and not jobs.lost:
                         _say(f"slot {slot.index} exited with {_describe(code)}; restarting it "
                              f"({slot.incarnation + 1}/{restarts}), the others go on")  # fmt: skip
                         slot.incarnation += 1
@@ -131,17 +169,57 @@ def run_continue(args: argparse.Namespace) -> int:
                 for slot in slots:
                     _kill(slot.proc)
             time.sleep(0.1)
+        if succeeded_at is None:
+            jobs.await_outcome()  # nobody left here: the others may still finish
     except KeyboardInterrupt:
         for slot in slots:
             _kill(slot.proc)
         return 130
-    if any(0 in s.exit_codes for s in slots):
+    code = _outcome(jobs, slots, succeeded_at is not None)
+    jobs.set(f"launch/done/{node}", str(code))
+    if jobs.hosting and nnodes > 1:
+        jobs.await_others(_GRACE_S + _END_WAIT_S)  # the others still need the store
+    return code
+
+
+def _open_store(args: argparse.Namespace, nnodes: int, node: int) -> JobStore | None:
+    """Host the job's store (node 0) or connect to it (other nodes, or --store-endpoint)."""
+    endpoint = getattr(args, "store_endpoint", None)
+    if endpoint is not None:
+        host, port = parse_endpoint(endpoint) or ("", 0)
+        hosting = False
+    else:
+        host = args.master_addr or "127.0.0.1"
+        port = 0 if args.master_port is None else int(args.master_port)
+        hosting = node == 0
+    try:
+        return JobStore(host, port, hosting, node, nnodes)
+    except Exception as exc:
+        what = (
+            f"host the membership store on port {port} ({exc}); choose a free --master-port"
+            if hosting
+            else f"reach the membership store at {host}:{port} within {CONNECT_S:.0f} s ({exc}); "
+            + (
+                "start `rankwise store` there first"
+                if endpoint is not None
+                else "start node 0's launcher (which hosts it) and check --master-addr and "
+                "--master-port"
+            )
+        )
+        _say(f"error: cannot {what}.")
+        return None
+
+
+def _outcome(jobs: JobStore, slots: list[_Slot], succeeded: bool) -> int:
+    """This node's exit code: 0 once training finished anywhere, else the failure's."""
+    if succeeded or any(0 in s.exit_codes for s in slots) or jobs.finished():
         return 0
     codes = [c for s in slots for c in s.exit_codes]
+    elsewhere = " on this node, and no other node finished training" if jobs.nnodes > 1 else ""
     _say(
         "every process was lost (exit codes "
-        f"{', '.join(_describe(c) for c in codes)}): nobody is left to continue. The errors are "
-        "above; raise --max-restarts, or fix the failure and relaunch."
+        f"{', '.join(_describe(c) for c in codes)}){elsewhere}: nobody is left to continue. The "
+        "errors are above; raise --max-restarts, or fix the failure and relaunch."
     )
     return next((c for c in codes if c > 0), 1)
 
@@ -151,14 +229,13 @@ def _recorded(slot: _Slot) -> bool:
     return len(slot.exit_codes) > slot.incarnation
 
 
-def _watch_members(store: dist.TCPStore, slots: list[_Slot], seen: int) -> int:
-    """End every running process a new generation left out (frozen or stalled)."""
-    if not store.check(["current"]):
+def _watch_members(jobs: JobStore, slots: list[_Slot], seen: int) -> int:
+    """End every running process of this node a new generation left out (frozen or stalled)."""
+    current = jobs.get("current")
+    if current is None or int(current) == seen:
         return seen
-    gen = int(store.get("current").decode())
-    if gen == seen:
-        return seen
-    members = {int(s) for s in store.get(f"gen/{gen}/members").decode().split(",") if s}
+    gen = int(current)
+    members = {int(s) for s in (jobs.get(f"gen/{gen}/members") or "").split(",") if s}
     for slot in slots:
         if slot.index in members:
             slot.member_seen = True

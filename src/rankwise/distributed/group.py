@@ -100,6 +100,8 @@ def _build_group(cfg: DistributedConfig, backend: str, device: torch.device | No
     if device is not None:
         torch.cuda.set_device(device)  # rankwise's own group: this rank's GPU is its local rank
     timeout = timedelta(milliseconds=cfg.collective_timeout_ms)
+    if "gloo" in backend and cfg.world_size > 1:  # every generation's group binds to it too
+        choose_gloo_interface(cfg.master_addr, cfg.world_size)
     if (member := MemberConfig.from_environment()) is not None:  # --on-failure continue
         global _membership
         member = dataclasses.replace(member, collective_timeout_s=timeout.total_seconds())
@@ -112,8 +114,6 @@ def _build_group(cfg: DistributedConfig, backend: str, device: torch.device | No
             device_id=device,
         )  # fmt: skip
         return
-    if "gloo" in backend:
-        choose_gloo_interface(cfg.master_addr, cfg.world_size)
     # One deadline for the whole rendezvous: connecting, then waiting for the others.
     store = rendezvous(cfg, time.monotonic() + cfg.timeout_ms / 1000)
     try:
