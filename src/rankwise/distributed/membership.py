@@ -367,7 +367,10 @@ class Membership:
             f"the membership store at {self.cfg.host}:{self.cfg.port} (hosted by `rankwise "
             f"launch`) failed while {doing}: {exc}. The launcher (the store host) is gone or "
             "unreachable, so the survivors cannot agree on who is left: the job stops. Restart "
-            "it; with checkpoints, resume='auto' picks up from the last one."
+            "it; with checkpoints, resume='auto' picks up from the last one. So that losing a "
+            "node's launcher (node 0's included) stops only that node, host the store apart: "
+            "`rankwise store --port P --nnodes N` on a machine of its own, and --store-endpoint "
+            "HOST:P for every `rankwise launch`."
         )
 
 
