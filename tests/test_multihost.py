@@ -1,4 +1,4 @@
-"""A real two-host run (issue 10): two network namespaces joined by a veth pair, one
+"""A real two-host run (issues 10 and 16): two network namespaces joined by a veth pair, one
 ``rankwise launch --nnodes 2`` agent per "host" meeting over c10d rendezvous, training
 through the trainer (tests/scripts/fault_worker.py). Each namespace has its own interfaces,
 routes and loopback, so anything that announces ``127.0.0.1`` or a hostname that resolves to
@@ -7,7 +7,11 @@ between two machines. The filesystem is shared, as a cluster's shared checkpoint
 
 Checked: both hosts finish with the parameters of a single-machine run of the same global
 batch, every sample once per epoch (the audit log); then the same with the rank on one host
-SIGKILLed mid-epoch and recovered by ``--max-restarts``. Skipped only where ``ip netns add``
+SIGKILLed mid-epoch and recovered by ``--max-restarts``. Under ``--on-failure continue``
+(tests/scripts/continue_worker.py, 2 hosts x 2 ranks): a rank SIGKILLed on host 1 leaves host
+0's ranks in their processes, and with the store apart (``rankwise store``) losing host 0's
+launcher and its ranks leaves host 1 training; both end within 1e-4 of a one-process run of
+the same global batch, every sample exactly once. Skipped only where ``ip netns add``
 is refused for lack of permission (the skip reason quotes the error).
 """
 
@@ -21,14 +25,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 import torch
 
-from fault_runs import WORKER, exactly_once
-from rankwise.testing import child_env
+from fault_runs import EPOCHS, NUM_SAMPLES, WORKER, exactly_once
+from rankwise.testing import assert_exactly_once, child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -108,20 +112,46 @@ def hosts() -> Iterator[tuple[Host, Host]]:
 def launch_two_hosts(
     hosts: tuple[Host, Host], out: Path, *worker_args: str, restarts: int = 0
 ) -> list[tuple[int | None, str]]:
-    """One agent per namespace; each host's (exit code, ``None`` if it hung; log).
+    """One agent per namespace over c10d rendezvous; each host's (exit code, ``None`` if it
+    hung; log)."""
+    master = hosts[0]
+    cmds = []
+    for host in hosts:
+        cmd = [*_agent(host), "--nnodes", "2", "--nproc-per-node", "1"]
+        cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master.addr}:{RDZV_PORT}"]
+        cmd += ["--rdzv-id", f"multihost-{out.name}", "--max-restarts", str(restarts)]
+        cmds.append([*cmd, str(WORKER), str(out), *worker_args])
+    return run_agents(hosts, out, cmds)
 
+
+def _agent(host: Host) -> list[str]:
+    return ["ip", "netns", "exec", host.netns, sys.executable, "-m", "rankwise.cli", "launch"]
+
+
+def run_agents(
+    hosts: tuple[Host, Host],
+    out: Path,
+    cmds: list[list[str]],
+    background: Sequence[tuple[Host, list[str]]] = (),
+) -> list[tuple[int | None, str]]:
+    """Run ``cmds[i]`` (an agent) on host i; each host's (exit code, ``None`` if it hung; log).
+
+    ``background`` commands (e.g. a ``rankwise store``) start first and are killed at the end.
     Nothing outlives the call: an agent still running at the deadline is killed with its
     session, and everything left in either namespace (the ranks run in sessions of their own).
     """
-    master = hosts[0]
-    logs, procs = [], []
+    logs, procs, helpers = [], [], []
     try:
-        for host in hosts:
-            cmd = ["ip", "netns", "exec", host.netns, sys.executable, "-m", "rankwise.cli"]
-            cmd += ["launch", "--nnodes", "2", "--nproc-per-node", "1"]
-            cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master.addr}:{RDZV_PORT}"]
-            cmd += ["--rdzv-id", f"multihost-{out.name}", "--max-restarts", str(restarts)]
-            cmd += [str(WORKER), str(out), *worker_args]
+        for i, (host, cmd) in enumerate(background):
+            ip = ["ip", "netns", "exec", host.netns, sys.executable, "-m", "rankwise.cli"]
+            with (out.parent / f"{out.name}-background{i}.log").open("w") as sink:
+                helpers.append(
+                    subprocess.Popen(
+                        [*ip, *cmd], env=child_env(), stdout=sink, stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )  # fmt: skip
+        for host, cmd in zip(hosts, cmds, strict=True):
             log = out.parent / f"{out.name}-{host.netns}.log"
             logs.append(log)
             with log.open("w") as sink:
@@ -142,7 +172,7 @@ def launch_two_hosts(
             except subprocess.TimeoutExpired:
                 codes.append(None)
     finally:
-        for proc in procs:
+        for proc in [*procs, *helpers]:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -210,3 +240,87 @@ def test_rank_killed_on_one_host_recovers_on_both(hosts, reference, tmp_path):
     params = finished(results, out)
     assert exactly_once(out, attempts=2) == [0, 6]
     assert_equal(params, reference)
+
+
+# -- --on-failure continue across the two hosts (issue 16) --------------------------------------
+
+CONTINUE_WORKER = WORKER.parent / "continue_worker.py"
+STORE_PORT = 29600
+NPROC = 2  # per host: slots 0, 1 on host 0 and 2, 3 on host 1; 4 x 6 = the global batch 24
+
+
+@pytest.fixture(scope="module")
+def one_process_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """continue_worker.py's run as one process with the whole global batch (24): the k-th
+    global batch holds the same samples whatever the world size, so 4 x 6, 3 x 8 and 2 x 12
+    land within float rounding of it. No launcher, no process group: seconds."""
+    out = tmp_path_factory.mktemp("one-process")
+    cmd = [sys.executable, str(CONTINUE_WORKER), str(out), "--batch-size", "24"]
+    result = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert exactly_once_continue(out, attempts=1) == [0]
+    return torch.load(out / "final.pt")
+
+
+def exactly_once_continue(out: Path, attempts: int) -> list[int]:
+    return assert_exactly_once(out / "audit", attempts, NUM_SAMPLES, EPOCHS)
+
+
+def launch_continue(
+    hosts: tuple[Host, Host], out: Path, *worker_args: str, store: bool = False
+) -> list[tuple[int | None, str]]:
+    """``--on-failure continue`` on both hosts: node 0 hosts the store at its veth address, or
+    (``store=True``) a ``rankwise store`` in host 0's namespace, apart from its launcher."""
+    a = hosts[0]
+    where = ["--master-addr", a.addr, "--master-port", str(RDZV_PORT)]
+    if store:
+        where = ["--store-endpoint", f"{a.addr}:{STORE_PORT}"]
+    cmds = [
+        [*_agent(host), "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node",
+         str(NPROC), *where, "--on-failure", "continue", str(CONTINUE_WORKER), str(out),
+         "--batch-size", "6", *worker_args]
+        for node, host in enumerate(hosts)
+    ]  # fmt: skip
+    background = [(a, ["store", "--port", str(STORE_PORT), "--nnodes", "2"])] if store else []
+    return run_agents(hosts, out, cmds, background)
+
+
+def pids(out: Path, slot: int) -> list[str]:
+    return (out / f"pids-{slot}").read_text().split()
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_continue_a_rank_killed_on_host_1_leaves_host_0_running(
+    hosts, one_process_reference, tmp_path
+):
+    out = tmp_path / "run"
+    results = launch_continue(hosts, out, "--kill-slot", "3", "--kill-step", "5")
+    params = finished(results, out)
+    # Host 0's ranks (slots 0 and 1) and host 1's survivor kept their processes: no restart.
+    assert [len(pids(out, slot)) for slot in range(4)] == [1, 1, 1, 1]
+    assert "slot 3 exited with signal SIGKILL" in results[1][1]
+    assert "rankwise launch: slot" not in results[0][1]  # host 0's launcher restarted nothing
+    assert (out / "final-world").read_text().strip() == "3"
+    assert exactly_once_continue(out, attempts=2) == [0, 5]
+    assert max_diff(params, one_process_reference) < 1e-4
+
+
+def test_continue_with_the_store_apart_survives_losing_host_0(
+    hosts, one_process_reference, tmp_path
+):
+    # Slot 0 SIGKILLs its process group in step 5: host 0's launcher and both its ranks. The
+    # store runs apart (`rankwise store`), so host 1's two ranks regroup and finish on 2 x 12.
+    out = tmp_path / "run"
+    args = ("--kill-slot", "0", "--kill-step", "5", "--kill-group")
+    results = launch_continue(hosts, out, *args, store=True)
+    assert results[0][0] == -signal.SIGKILL, results[0][1][-3000:]
+    code, log = results[1]
+    assert code == 0, log[-5000:]
+    assert [len(pids(out, slot)) for slot in (2, 3)] == [1, 1]
+    assert (out / "final-world").read_text().strip() == "2"
+    assert exactly_once_continue(out, attempts=2) == [0, 5]
+    assert max_diff(torch.load(out / "final.pt"), one_process_reference) < 1e-4

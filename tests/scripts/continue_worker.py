@@ -6,6 +6,8 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
 
 - ``--kill-slot S --kill-step K``: slot S SIGKILLs itself in optimizer step K, after its
   micro-batch is recorded (its gradient reached the others), on its first start only.
+- ``--kill-group``: with ``--kill-slot``, slot S SIGKILLs its whole process group instead: its
+  launcher and that launcher's other processes (a lost node; tests/test_multihost.py).
 - ``--stop-slot S --stop-step K``: slot S SIGSTOPs itself there instead (frozen).
 - ``--await-joiner-step K``: in optimizer step K, a member of a smaller world than it started
   with waits (up to 120 s) until a restarted process asks to join, so the join lands at the
@@ -52,6 +54,7 @@ p.add_argument("--batch-size", type=int, default=8, help="per rank, at the start
 p.add_argument("--grad-accum", type=int, default=1)
 p.add_argument("--kill-slot", type=int, default=-1)
 p.add_argument("--kill-step", type=int, default=-1)
+p.add_argument("--kill-group", action="store_true")
 p.add_argument("--stop-slot", type=int, default=-1)
 p.add_argument("--stop-step", type=int, default=-1)
 p.add_argument("--await-joiner-step", type=int, default=-1)
@@ -122,6 +125,8 @@ class Fault:
         if step + 1 == args.await_joiner_step and member and member.world_size < 3:
             await_joiner(member)
         if slot == args.kill_slot and step + 1 == args.kill_step:
+            if args.kill_group:
+                os.killpg(os.getpgid(0), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         if slot == args.stop_slot and step + 1 == args.stop_step:
             args.stop_step = -1  # once
