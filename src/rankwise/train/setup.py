@@ -43,6 +43,14 @@ class Prepared:
     strategy: str
     compiled: bool
 
+    def hand_over(self, state: Any) -> None:
+        """Give the first ``fit``'s objects to the ``TrainState``, which owns the wrapper from
+        then on (``--on-failure continue`` replaces it at each regroup). Only the bare module
+        stays here: a kept wrapper would hold a broken group's sockets open, and a survivor
+        blocked on them (one not next to the lost rank in gloo's ring) would never wake."""
+        state.adopt(self.model, self.optimizer, self.scheduler, self.precision)
+        self.model = unwrap_model(self.model)
+
     def check_refit(self, cfg: DistributedTrainingConfig) -> None:
         """A later ``fit`` of the same trainer keeps the first one's wrapping and compiling."""
         for name, was, now in (

@@ -252,7 +252,7 @@ class DistributedTrainer:
                 self.device,
                 self.device_choice,
             )
-            state.adopt(prepared.model, prepared.optimizer, prepared.scheduler, prepared.precision)
+            prepared.hand_over(state)
         else:
             self.prepared.check_refit(cfg)
         if not state.lr_scaled:
