@@ -27,8 +27,8 @@ from rankwise.testing import child_env
         ),
         (["--nnodes", "2", "--master-port", "29500"], "needs --node-rank between 0 and 1"),
         (["--nnodes", "2", "--node-rank", "2", "--master-port", "29500"], "(got 2)"),
-        (["--node-rank", "1"], "on 1 nodes needs --node-rank between 0 and 0"),
-        (["--nnodes", "2", "--node-rank", "1"], "on 2 nodes needs --master-port"),
+        (["--node-rank", "1"], "on 1 node(s) needs --node-rank between 0 and 0"),
+        (["--nnodes", "2", "--node-rank", "1"], "on 2 node(s) needs --master-port"),
         (["--store-endpoint", "10.0.0.5"], "--store-endpoint ('10.0.0.5') must be HOST:PORT"),
     ],
 )

@@ -45,6 +45,7 @@ from rankwise.train.config_checks import check_continue_strategy
 from rankwise.train.elastic import check_split
 from test_troubleshooting_augment import TRIGGERS as AUGMENT_TRIGGERS
 from test_troubleshooting_compat import TRIGGERS as COMPAT_TRIGGERS
+from test_troubleshooting_continue import TRIGGERS as CONTINUE_TRIGGERS
 from test_troubleshooting_data import TRIGGERS as DATA_TRIGGERS
 from test_troubleshooting_distributed import TRIGGERS as DISTRIBUTED_TRIGGERS
 from test_troubleshooting_models import TRIGGERS as MODELS_TRIGGERS
@@ -386,6 +387,7 @@ def test_every_row_has_a_trigger_and_every_trigger_a_row() -> None:
         *AUGMENT_TRIGGERS,
         *MODELS_TRIGGERS,
         *COMPAT_TRIGGERS,
+        *CONTINUE_TRIGGERS,
     ]
     assert len(everywhere) == len(set(everywhere)), "a row id with two triggers"
     assert sorted(documented) == sorted(everywhere)

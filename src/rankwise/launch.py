@@ -245,8 +245,10 @@ def run_launch(args: argparse.Namespace) -> int:
     if getattr(args, "on_failure", "restart") == "continue":
         from rankwise.supervise import check_continue_args, run_continue
 
-        if (problem := check_continue_args(args)) is not None:
-            print(f"rankwise launch: error: {problem}", file=sys.stderr)
+        try:
+            check_continue_args(args)
+        except ValueError as exc:
+            print(f"rankwise launch: error: {exc}", file=sys.stderr)
             return 2
         return run_continue(args)
     apply_defaults(args)

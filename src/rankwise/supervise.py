@@ -52,52 +52,58 @@ class _Slot:
     exit_codes: list[int] = field(default_factory=list)
 
 
-def check_continue_args(args: argparse.Namespace) -> str | None:
-    """Why ``--on-failure continue`` cannot run with these options, or None."""
+def check_continue_args(args: argparse.Namespace) -> None:
+    """Refuse options ``--on-failure continue`` cannot run with; ``ValueError`` names the fix.
+
+    >>> check_continue_args(argparse.Namespace(nnodes="1:2", nproc_per_node="2"))
+    Traceback (most recent call last):
+    ...
+    ValueError: --on-failure continue runs on a fixed number of nodes (got --nnodes 1:2); ...
+    """
     nnodes = str(args.nnodes).strip()
     if nnodes == "1:1":
         nnodes = "1"
     if not (nnodes.isdigit() and int(nnodes) >= 1):
-        return (
+        raise ValueError(
             f"--on-failure continue runs on a fixed number of nodes (got --nnodes "
             f"{args.nnodes}); give one number, e.g. --nnodes 2, or use --on-failure restart "
             "(torchrun's elastic restarts) for a MIN:MAX range."
         )
     if not str(args.nproc_per_node).isdigit():
-        return (
+        raise ValueError(
             f"--on-failure continue needs a number for --nproc-per-node (got "
             f"{args.nproc_per_node!r}), e.g. --nproc-per-node 3."
         )
     low = int(getattr(args, "min_nproc", 1) or 1)
     world = int(nnodes) * int(args.nproc_per_node)
     if not 1 <= low <= world:
-        return (
-            f"--min-nproc ({low}) must be between 1 and --nproc-per-node ({args.nproc_per_node})"
-            + (f" x --nnodes ({nnodes}) = {world}." if int(nnodes) > 1 else ".")
+        nodes = f" x --nnodes ({nnodes}) = {world}" if int(nnodes) > 1 else ""
+        raise ValueError(
+            f"--min-nproc ({low}) must be between 1 and --nproc-per-node "
+            f"({args.nproc_per_node}){nodes}."
         )
     endpoint = getattr(args, "store_endpoint", None)
     if endpoint is not None and parse_endpoint(endpoint) is None:
-        return (
+        raise ValueError(
             f"--store-endpoint ({endpoint!r}) must be HOST:PORT of a running `rankwise store`, "
             "e.g. --store-endpoint 10.0.0.5:29600."
         )
     node = getattr(args, "node_rank", None)
     if int(nnodes) == 1 and node in (None, 0):
-        return None
+        return
     if node is None or not 0 <= int(node) < int(nnodes):
-        return (
-            f"--on-failure continue on {nnodes} nodes needs --node-rank between 0 and "
+        raise ValueError(
+            f"--on-failure continue on {nnodes} node(s) needs --node-rank between 0 and "
             f"{int(nnodes) - 1} on each node (got {node}); node 0 hosts the membership store "
             "at --master-addr:--master-port unless --store-endpoint names one."
         )
     if endpoint is None and args.master_port is None:
-        return (
-            f"--on-failure continue on {nnodes} nodes needs --master-port: node 0's launcher "
+        raise ValueError(
+            f"--on-failure continue on {nnodes} node(s) needs --master-port: node 0's launcher "
             "hosts the membership store at --master-addr:--master-port and the other nodes "
             "connect to it, e.g. --master-addr 10.0.0.1 --master-port 29500 on every node "
             "(or --store-endpoint HOST:PORT of a `rankwise store`)."
         )
-    return None
 
 
 def run_continue(args: argparse.Namespace) -> int:
