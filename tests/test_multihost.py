@@ -320,6 +320,7 @@ def test_continue_with_the_store_apart_survives_losing_host_0(
     assert results[0][0] == -signal.SIGKILL, results[0][1][-3000:]
     code, log = results[1]
     assert code == 0, log[-5000:]
+    assert "lost the membership store" not in log  # it lives apart from host 0
     assert [len(pids(out, slot)) for slot in (2, 3)] == [1, 1]
     assert (out / "final-world").read_text().strip() == "2"
     assert exactly_once_continue(out, attempts=2) == [0, 5]

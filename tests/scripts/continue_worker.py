@@ -7,7 +7,8 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
 - ``--kill-slot S --kill-step K``: slot S SIGKILLs itself in optimizer step K, after its
   micro-batch is recorded (its gradient reached the others), on its first start only.
 - ``--kill-group``: with ``--kill-slot``, slot S SIGKILLs its whole process group instead: its
-  launcher and that launcher's other processes (a lost node; tests/test_multihost.py).
+  launcher and that launcher's other processes (a lost node; tests/test_multihost.py), once
+  they have recorded their micro-batch of step K too.
 - ``--stop-slot S --stop-step K``: slot S SIGSTOPs itself there instead (frozen).
 - ``--await-joiner-step K``: in optimizer step K, a member of a smaller world than it started
   with waits (up to 120 s) until a restarted process asks to join, so the join lands at the
@@ -126,11 +127,26 @@ class Fault:
             await_joiner(member)
         if slot == args.kill_slot and step + 1 == args.kill_step:
             if args.kill_group:
+                node_records(step + 1)
                 os.killpg(os.getpgid(0), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         if slot == args.stop_slot and step + 1 == args.stop_step:
             args.stop_step = -1  # once
             os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def node_records(step: int) -> None:
+    """Wait until this node's other ranks recorded their micro-batch of ``step`` (its gradient
+    reached everyone: the step completes on the survivors), so the node dies after it."""
+    local, size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    first = int(os.environ["RANK"]) - local
+    deadline = time.monotonic() + 60
+    for rank in range(first, first + size):
+        while time.monotonic() < deadline:
+            logs = (args.out / "audit").glob(f"audit-*-rank{rank}.jsonl")
+            if any(f'"step": {step},' in f.read_text() for f in logs):
+                break
+            time.sleep(0.02)
 
 
 g = torch.Generator().manual_seed(0)
