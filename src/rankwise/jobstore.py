@@ -44,7 +44,7 @@ def parse_endpoint(text: str) -> tuple[str, int] | None:
 class JobStore:
     """A launcher's handle on the job's store (hosting it, or a client of it).
 
-    Every read and write goes through :meth:`_call`: once the store is unreachable (its host
+    Every read and write goes through :meth:`call`: once the store is unreachable (its host
     lost) the handle says so once and answers ``None``, and the launcher goes on with its own
     processes only.
     """
@@ -61,7 +61,8 @@ class JobStore:
         self.port = self.store.port  # the OS's choice for port 0
         self.lost = False
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the store, or None once it is lost (said once, naming the fix)."""
         if self.lost:
             return None
         try:
@@ -81,13 +82,13 @@ class JobStore:
 
     def get(self, key: str) -> str | None:
         """The value of ``key``, or None when it is not set (or the store is lost)."""
-        if not self._call(self.store.check, [key]):
+        if not self.call(self.store.check, [key]):
             return None
-        value = self._call(self.store.get, key)
+        value = self.call(self.store.get, key)
         return None if value is None else value.decode()
 
     def set(self, key: str, value: str) -> None:
-        self._call(self.store.set, key, value)
+        self.call(self.store.set, key, value)
 
     def finished(self) -> bool:
         """Whether a process of the job (on any node) finished training."""
