@@ -105,3 +105,10 @@ def test_rankwise_store_serves_until_every_node_is_done(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_rankwise_store_refuses_no_nodes(capsys):
+    from rankwise.cli import main
+
+    assert main(["store", "--port", "29600", "--nnodes", "0"]) == 2
+    assert "--nnodes (0) must be >= 1." in capsys.readouterr().err

@@ -128,6 +128,9 @@ class JobStore:
 
 def serve(args: argparse.Namespace) -> int:
     """``rankwise store``: host one job's membership store until its launchers are done."""
+    if args.nnodes < 1:
+        print(f"rankwise store: error: --nnodes ({args.nnodes}) must be >= 1.", file=sys.stderr)
+        return 2
     try:
         store = dist.TCPStore(
             args.host, args.port, is_master=True, wait_for_workers=False,
