@@ -9,7 +9,7 @@ Checked: both hosts finish with the parameters of a single-machine run of the sa
 batch, every sample once per epoch (the audit log); then the same with the rank on one host
 SIGKILLed mid-epoch and recovered by ``--max-restarts``. Under ``--on-failure continue``
 (tests/scripts/continue_worker.py, 2 hosts x 2 ranks): a rank SIGKILLed on host 1 leaves host
-0's ranks in their processes, and with the store apart (``rankwise store``) losing host 0's
+0's ranks in their processes while host 1 restarts it and it rejoins, and with the store apart (``rankwise store``) losing host 0's
 launcher and its ranks leaves host 1 training; both end within 1e-4 of a one-process run of
 the same global batch, every sample exactly once. Skipped only where ``ip netns add``
 is refused for lack of permission (the skip reason quotes the error).
@@ -267,7 +267,7 @@ def exactly_once_continue(out: Path, attempts: int) -> list[int]:
 
 
 def launch_continue(
-    hosts: tuple[Host, Host], out: Path, *worker_args: str, store: bool = False
+    hosts: tuple[Host, Host], out: Path, *worker_args: str, store: bool = False, restarts: int = 0
 ) -> list[tuple[int | None, str]]:
     """``--on-failure continue`` on both hosts: node 0 hosts the store at its veth address, or
     (``store=True``) a ``rankwise store`` in host 0's namespace, apart from its launcher."""
@@ -277,7 +277,8 @@ def launch_continue(
         where = ["--store-endpoint", f"{a.addr}:{STORE_PORT}"]
     cmds = [
         [*_agent(host), "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node",
-         str(NPROC), *where, "--on-failure", "continue", str(CONTINUE_WORKER), str(out),
+         str(NPROC), *where, "--max-restarts", str(restarts), "--on-failure", "continue",
+         str(CONTINUE_WORKER), str(out),
          "--batch-size", "6", *worker_args]
         for node, host in enumerate(hosts)
     ]  # fmt: skip
@@ -297,15 +298,20 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 def test_continue_a_rank_killed_on_host_1_leaves_host_0_running(
     hosts, one_process_reference, tmp_path
 ):
+    # Slot 3 (host 1) is SIGKILLed in step 5: slots 0-2 go on as 3 x 8; host 1's launcher
+    # restarts slot 3, which rejoins across the hosts after step 7 (the worker holds the
+    # members there until it asks), and steps 8-16 run on 4 x 6 again.
     out = tmp_path / "run"
-    results = launch_continue(hosts, out, "--kill-slot", "3", "--kill-step", "5")
+    args = ("--kill-slot", "3", "--kill-step", "5", "--await-joiner-step", "7")
+    results = launch_continue(hosts, out, *args, restarts=1)
     params = finished(results, out)
-    # Host 0's ranks (slots 0 and 1) and host 1's survivor kept their processes: no restart.
-    assert [len(pids(out, slot)) for slot in range(4)] == [1, 1, 1, 1]
-    assert "slot 3 exited with signal SIGKILL" in results[1][1]
+    # Host 0's ranks (slots 0 and 1) and host 1's survivor kept their processes.
+    assert [len(pids(out, slot)) for slot in range(4)] == [1, 1, 1, 2]
+    assert "slot 3 exited with signal SIGKILL; restarting it (1/1)" in results[1][1]
     assert "rankwise launch: slot" not in results[0][1]  # host 0's launcher restarted nothing
-    assert (out / "final-world").read_text().strip() == "3"
-    assert exactly_once_continue(out, attempts=2) == [0, 5]
+    assert (out / "final-world").read_text().strip() == "4"
+    assert [int(s) for s in (out / "rejoined-3").read_text().split()] == list(range(8, 17))
+    assert exactly_once_continue(out, attempts=3) == [0, 5, 7]
     assert max_diff(params, one_process_reference) < 1e-4
 
 

@@ -123,7 +123,8 @@ class Fault:
                 f.write(f"{step + 1}\n")
             return
         member = rd.membership()
-        if step + 1 == args.await_joiner_step and member and member.world_size < 3:
+        smaller = member is not None and member.world_size < member.cfg.world_size
+        if step + 1 == args.await_joiner_step and smaller:
             await_joiner(member)
         if slot == args.kill_slot and step + 1 == args.kill_step:
             if args.kill_group:
