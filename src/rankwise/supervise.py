@@ -33,9 +33,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from rankwise.jobstore import CONNECT_S, JobStore, parse_endpoint
-
 from rankwise.distributed.membership import mark_dead
+from rankwise.jobstore import CONNECT_S, JobStore, parse_endpoint
 
 __all__ = ["check_continue_args", "run_continue"]
 
@@ -155,7 +154,8 @@ def run_continue(args: argparse.Namespace) -> int:
                     continue
                 if slot.proc.returncode is not None and not _recorded(slot):
                     slot.exit_codes.append(code)
-                    mark_dead(store, slot.index, slot.incarnation)  # the survivors regroup now
+                    # The survivors regroup now (a lost store: nothing to tell, said once).
+                    jobs.call(mark_dead, jobs.store, slot.index, slot.incarnation)
                     if code == 0:
                         succeeded_at = succeeded_at or time.monotonic()
                         jobs.set("launch/finished", "1")
