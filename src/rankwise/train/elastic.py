@@ -330,6 +330,7 @@ class Continuing:
         self.notify()
 
     def _unwrap(self) -> torch.nn.Module:
+        self.membership.arrive()  # first: the collection below starves the heartbeat thread
         module = unwrap_model(self.state.model)
         self.state.model = module  # the wrapper holds the old group: let it go
         gc.collect()
