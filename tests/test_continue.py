@@ -90,8 +90,10 @@ def test_survivors_of_a_sigkill_train_on_with_the_global_batch(reference, tmp_pa
 
 
 def test_a_frozen_rank_is_removed_after_the_collective_timeout(reference, tmp_path):
+    # In the first epoch's last step (8): the survivors finish it and find out in the epoch's
+    # closing all-reduce, with the epoch's data all used; they must not train it again.
     env = {"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "4000"}
-    result = launch(tmp_path, "--stop-slot", "1", "--stop-step", "4", env=env)
+    result = launch(tmp_path, "--stop-slot", "1", "--stop-step", "8", env=env)
     params = finished(result, tmp_path)
     assert "slot 1 was left out of generation 1" in result.stderr  # the launcher ended it
     assert "continuing on 2 rank(s) (was 3)" in result.stdout

@@ -5,6 +5,7 @@ launcher does."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -147,3 +148,26 @@ def test_a_dead_mark_of_an_older_incarnation_is_not_about_the_live_member(tmp_pa
         wait_for(lambda: m._marked_dead(1), 10)
     finally:
         m.close()
+
+
+def test_an_arrived_member_is_never_counted_gone_whatever_its_heartbeat(tmp_path):
+    # A survivor says it arrives before its slow unwrap (a full gc.collect holds the GIL, and
+    # with it the heartbeat thread, for seconds on a loaded machine): the leader keeps it even
+    # though its heartbeat stands still, and drops a member that neither arrived nor beats.
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=60))  # fmt: skip
+    cfg = MemberConfig(slot=0, world_size=3, host="127.0.0.1", port=port, stale_s=0.5)
+    leader = Membership(cfg, 10)
+    slow = Membership(dataclasses.replace(cfg, slot=1), 10)
+    try:
+        for m in (leader, slow):
+            m.generation, m.members = 0, [0, 1, 2]
+        slow.close()  # its heartbeat stands still from now on; slot 2 never beat at all
+        slow.arrive()
+        wait_for(lambda: leader._has("gen/1/arrive/1"), 10)
+        leader.arrive()
+        leader._lead(1, expect_all=False)
+        assert store.get("gen/1/members") == b"0,1"
+    finally:
+        leader.close()

@@ -31,21 +31,12 @@ script's set-up needs nobody) and asks to come in with :meth:`Membership.join` o
 ready to train; the live members let it in at a step boundary they agree on
 (``regroup(grow=True)``), and a live peer sends it the training state.
 
-Teardown never waits for the broken group: gloo has no abort, and destroying a group whose
-collectives are still queued behind a frozen peer joins its worker threads, which wait for
-that peer until the collective timeout. (This is why torchft runs gloo in a subprocess: the
-only sure way to cancel a blocked gloo call is to kill the process that makes it.) Here the
-old group is taken out of torch's registry at once and let go in a thread of its own, where
-gloo's destructor closes this rank's sockets (the one thing that wakes a peer blocked on it:
-``shutdown()`` and ``abort()`` return at once but leave the sockets open); a new default
-group is built beside it. Callers drop their own references first (DDP holds the group).
+Teardown never waits for the broken group: see :func:`rankwise.distributed.retire.retire_groups`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import os
 import threading
 import time
@@ -53,9 +44,9 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from rankwise.distributed.errors import DistributedConfigError, DistributedConnectionError
+from rankwise.distributed.retire import retire_groups
 
 __all__ = [
     "MemberConfig",
@@ -209,7 +200,7 @@ class Membership:
     def join(self) -> None:
         """A restarted slot: ask to come in and wait until the live members let it in."""
         if dist.is_initialized():
-            _retire_default_group()  # the world of one
+            retire_groups()  # the world of one
         self._request_join()
         self.pending = False
 
@@ -221,8 +212,8 @@ class Membership:
         """
         nxt = self.generation + 1
         if dist.is_initialized():  # first: closing it wakes the peers still blocked in it
-            _retire_default_group()
-        self.store.set(f"gen/{nxt}/arrive/{self.cfg.slot}", "1")
+            retire_groups()
+        self.arrive()
         if (
             self.store.compare_set(f"gen/{nxt}/leader", "", str(self.cfg.slot))
             == str(self.cfg.slot).encode()
@@ -233,6 +224,11 @@ class Membership:
         joined = self._get(f"gen/{nxt}/joined", "")
         self.joined = [int(s) for s in joined.split(",") if s]
         self._enter(nxt, members)
+
+    def arrive(self) -> None:
+        """Alive and on the way into the next generation: said before slow work (a full
+        ``gc.collect()`` starves the heartbeat thread), so the leader never counts it gone."""
+        self.store.set(f"gen/{self.generation + 1}/arrive/{self.cfg.slot}", "1")
 
     def close(self) -> None:
         self._stop.set()
@@ -372,29 +368,3 @@ class Membership:
             "`rankwise store --port P --nnodes N` on a machine of its own, and --store-endpoint "
             "HOST:P for every `rankwise launch`."
         )
-
-
-def _retire_default_group() -> None:
-    """Forget every group and let it go in a thread of its own (see module doc): torch's
-    ``destroy_process_group()`` for the world, with the backends' teardown off this thread."""
-    w = c10d._world
-    groups = list(w.pg_names)
-    c10d._update_default_pg(None)
-    for table in (
-        w.pg_map, w.pg_names, w.pg_group_ranks, w.pg_backend_config, w.pg_to_tag,
-        w.tags_to_pg, w.pg_coalesce_state,
-    ):  # fmt: skip
-        table.clear()
-    c10d._unregister_all_process_groups()
-    w.group_count = 0
-    # The last reference goes in the thread: gloo's destructor closes this rank's sockets,
-    # which wakes the peers still blocked in one of the broken group's collectives.
-    threading.Thread(target=_let_go, args=(groups,), daemon=True).start()
-
-
-def _let_go(groups: list[object]) -> None:
-    for group in groups:
-        with contextlib.suppress(Exception):  # already broken: nothing more to stop
-            group.shutdown()  # type: ignore[attr-defined]
-    groups.clear()
-    gc.collect()  # a reference cycle through a failed Work must not keep the sockets open

@@ -57,7 +57,7 @@ from rankwise.train.loop import StepEnv, train_epoch
 from rankwise.train.pipeline import TrainBatches
 from rankwise.train.setup import rewrap
 from rankwise.train.state import TrainState, broadcast_state
-from rankwise.train.sums import EpochSums
+from rankwise.train.sums import EpochSums, summarize
 
 __all__ = [
     "Continuing", "check_split", "closing", "epoch_runner", "fits", "is_peer_failure",
@@ -206,6 +206,11 @@ class Continuing:
         self.mark = self._take_mark()
         while True:
             try:
+                if self._epoch_over(state):  # lost in the epoch's closing all-reduce
+                    totals = state.sums.reduced() if state.sums is not None else None
+                    assert totals is not None, "set by fit()"
+                    loss, accuracy = summarize(totals)
+                    return loss, accuracy, int(totals[1])
                 return train_epoch(state, env, self.source)
             except _Grow:
                 reason = ""
@@ -230,6 +235,12 @@ class Continuing:
                     raise
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             self._recover(reason)  # outside the except block, as in run_epoch
+
+    def _epoch_over(self, state: TrainState) -> bool:
+        """Whether the sampler already went through this epoch (a recovery after its last
+        step): iterating it again would repeat the epoch's order."""
+        sampler = self.source.sampler
+        return sampler.epoch == state.epoch and sampler.consumed > 0 and sampler.remaining() == 0
 
     # -- marks ------------------------------------------------------------------------------
 
@@ -319,6 +330,7 @@ class Continuing:
         self.notify()
 
     def _unwrap(self) -> torch.nn.Module:
+        self.membership.arrive()  # first: the collection below starves the heartbeat thread
         module = unwrap_model(self.state.model)
         self.state.model = module  # the wrapper holds the old group: let it go
         gc.collect()
