@@ -33,10 +33,10 @@ WORKER = Path(__file__).resolve().parent / "scripts" / "continue_worker.py"
 NUM_SAMPLES, EPOCHS = 192, 2
 
 
-def launch(out: Path, *args: str, launch_args: tuple[str, ...] = (), env=None):
+def launch(out: Path, *args: str, launch_args: tuple[str, ...] = (), env=None, nproc=3):
     return run_script(
         WORKER,
-        3,
+        nproc,
         script_args=[str(out), *args],
         launch_args=["--on-failure", "continue", *launch_args],
         timeout=400,
@@ -141,24 +141,26 @@ def test_a_restarted_rank_rejoins_from_a_live_peer(reference, tmp_path):
 
 
 def test_survivors_share_a_global_batch_their_world_does_not_divide(tmp_path):
-    # 3 x 5 = 15; slot 2 is SIGKILLed in step 5 and the 2 survivors take each global batch
-    # of 15 as 8 + 7 (the epoch's last one, 12, as 6 + 6), each rank's loss weighted.
+    # 4 x 5 = 20; slot 1 is SIGKILLed in step 5 and the 3 survivors take each global batch
+    # of 20 as 7 + 7 + 6 (the epoch's last one, 12, as 4 + 4 + 4), each rank's loss weighted.
+    # Four ranks: in gloo's ring one survivor (slot 3) is no neighbour of the lost one, and
+    # wakes only when the others' broken group is really let go.
     alone = tmp_path / "alone"  # the uninterrupted run's global batches, in one process
-    cmd = [sys.executable, str(WORKER), str(alone), "--batch-size", "15"]
+    cmd = [sys.executable, str(WORKER), str(alone), "--batch-size", "20"]
     assert run_isolated(cmd, env=child_env(), timeout=300).returncode == 0
     out = tmp_path / "continued"
-    result = launch(out, "--batch-size", "5", "--kill-slot", "2", "--kill-step", "5")
+    result = launch(out, "--batch-size", "5", "--kill-slot", "1", "--kill-step", "5", nproc=4)
     params = finished(result, out)
-    assert "continuing on 2 rank(s) (was 3) from optimizer step 5" in result.stdout
-    assert "global batch 15 = 1 x 8 + 1 x 7" in result.stdout
-    assert len(pids(out, 0)) == len(pids(out, 1)) == 1
-    assert (out / "final-world").read_text().strip() == "2"
+    assert "continuing on 3 rank(s) (was 4) from optimizer step 5" in result.stdout
+    assert "global batch 20 = 2 x 7 + 1 x 6" in result.stdout
+    assert len(pids(out, 0)) == len(pids(out, 2)) == len(pids(out, 3)) == 1
+    assert (out / "final-world").read_text().strip() == "3"
     assert assert_exactly_once(out / "audit", 2, NUM_SAMPLES, EPOCHS) == [0, 5]
     last = read_audit(out / "audit").attempts[-1].name
-    for rank, share in ((0, 8), (1, 7)):
+    for rank, share in ((0, 7), (1, 7), (2, 6)):
         lines = (out / "audit" / f"audit-{last}-rank{rank}.jsonl").read_text().splitlines()
         sizes = [len(r["ids"]) for r in map(json.loads, lines) if "ids" in r]
-        assert sizes == ([share] * 7 + [6]) + ([share] * 12 + [6]), sizes  # steps 6..26
+        assert sizes == ([share] * 4 + [4]) + ([share] * 9 + [4]), sizes  # steps 6..20
     assert max_diff(params, torch.load(alone / "final.pt")) < 1e-4
 
 
