@@ -105,7 +105,7 @@ def save_strike(point: str) -> None:
 
 
 class Fault:
-    """After AuditLog in the callbacks: the micro-batch is on record before the fault."""
+    """Strikes in on_batch, after the backward sent the gradient (AuditLog recorded before)."""
 
     def on_batch(self, trainer: DistributedTrainer, epoch: int, step: int, ids: object) -> None:
         member = rd.membership()
@@ -159,7 +159,9 @@ trainer = DistributedTrainer(
     model,
     torch.nn.CrossEntropyLoss(),
     torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-    callbacks=[AuditLog(args.out / "audit"), Fault()],
+    # Fault first: its kills in on_batch come after the backward sent the gradient but before
+    # any later hook; AuditLog records before the backward, so the micro-batch is on record.
+    callbacks=[Fault(), AuditLog(args.out / "audit")],
 )
 if any(kind in FAULT_POINTS for kind, _ in strikes):
     set_fault_hook(save_strike)

@@ -94,7 +94,11 @@ class AuditLog:
         old attempt are rolled back by :func:`read_audit` as a resume's are."""
         self.on_fit_start(trainer)
 
-    def on_batch(self, trainer: Any, epoch: int, step: int, sample_ids: Any) -> None:
+    def before_backward(self, trainer: Any, epoch: int, step: int, sample_ids: Any) -> None:
+        # Before the backward sends the micro-batch's gradient: a rank lost between that and
+        # an after-batch hook (--on-failure continue goes on from that step) left its record.
+        # One lost before the gradient was sent took the step with it: the survivors resume
+        # before it, and read_audit rolls the record back.
         ids = [] if sample_ids is None else [int(i) for i in sample_ids]
         self._write({"epoch": epoch, "step": step + 1, "ids": ids, "time": time.time()})
 

@@ -59,6 +59,9 @@ class StepEnv:
     logger: TrainingLogger
     hooks: Sequence[BatchHook]  # called after each micro-batch
     after_step: Callable[[bool], None]  # after each optimizer step: (ends the epoch?)
+    # Called after the forward, before the backward sends this micro-batch's gradient: a record
+    # written here exists for every micro-batch whose gradient reached the others.
+    early_hooks: Sequence[BatchHook] = ()
 
 
 def _micro_batches(source: Any) -> Iterator[tuple[Any, Any, bool | None]]:
@@ -137,6 +140,8 @@ def train_epoch(state: TrainState, env: StepEnv, source: Any) -> tuple[float, fl
             with precision.autocast():
                 out = model(x)
                 loss = model_loss(out, y, loss_fn, model)
+            for hook in env.early_hooks:
+                hook(epoch, state.step, ids)
             scaled = loss if weigh is None else loss * weigh(n)
             precision.backward(scaled / window if window > 1 else scaled)
         sums.losses.append(loss.detach())

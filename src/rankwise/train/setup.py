@@ -268,3 +268,8 @@ def seed_everything(seed: int, rank: int) -> None:
     torch.manual_seed(int(state[0]))
     np.random.seed(int(state[1]))
     random.seed(int(state[0]))
+
+
+def is_factory(obj: Any) -> bool:
+    """Whether a scheduler argument is a callable ``optimizer -> scheduler`` (not one)."""
+    return obj is not None and callable(obj) and not hasattr(obj, "step")

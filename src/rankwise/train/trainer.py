@@ -61,7 +61,8 @@ class DistributedTrainer:
       that comes wrapped (DDP, DataParallel, FSDP2) is trained as it is, never wrapped twice.
     - ``callbacks``: objects with any of ``on_fit_start(trainer)``, ``on_epoch_end(trainer,
       epoch, metrics)``, ``on_checkpoint_saved(trainer, path)``, ``on_fit_end(trainer,
-      history)``, ``on_batch(trainer, epoch, step, sample_ids)``.
+      history)``, ``on_batch(trainer, epoch, step, sample_ids)``, ``before_backward`` (the
+      same, after the forward: before this micro-batch's gradient reaches the other ranks).
 
     ``trainer.on_batch`` (None by default) is the same per-micro-batch hook without a callback
     object: ``sample_ids`` are the dataset indices of this rank's micro-batch when the trainer
@@ -93,7 +94,7 @@ class DistributedTrainer:
         self.state = TrainState(
             model,
             optimizer if isinstance(optimizer, torch.optim.Optimizer) else None,
-            None if _is_factory(scheduler) else scheduler,
+            None if st.is_factory(scheduler) else scheduler,
         )
         self.callbacks = list(callbacks)
         self.on_batch: Callable[[DistributedTrainer, int, int, Any], None] | None = None
@@ -173,7 +174,7 @@ class DistributedTrainer:
             cfg, self.model, self.optimizer, (train_set, val_set), self.fits
         )
         self._setup(cfg)
-        hooked = bool(self.batch_hooks())
+        hooked = bool(self.batch_hooks(early=True) or self.batch_hooks())
         self.train_source = train_source(train_set, cfg, hooked, self.device)
         state = self.state
         state.sampler = getattr(self.train_source, "sampler", None)
@@ -213,10 +214,9 @@ class DistributedTrainer:
         """The epochs left, each closed (validation, scheduler, history, checkpoints); returns
         the samples trained (all ranks) and the seconds spent training them."""
         state = self.state
-        hooks = [functools.partial(hook, self) for hook in self.batch_hooks()]
-        env = StepEnv(
-            cfg, self.loss_fn, self.device, self.progress, self.logger, hooks, self._after_step
-        )
+        hooks, early = ([functools.partial(h, self) for h in self.batch_hooks(e)] for e in (0, 1))
+        env = StepEnv(cfg, self.loss_fn, self.device, self.progress, self.logger, hooks,
+                      self._after_step, early)  # fmt: skip
         samples, train_seconds = 0, 0.0
         run = elastic.epoch_runner(state, cfg, self.device_choice, self._regrouped)
         for epoch in range(state.epoch, cfg.epochs):
@@ -320,7 +320,10 @@ class DistributedTrainer:
             else:
                 self._checkpoint()
 
-    def batch_hooks(self) -> list[Callable[..., None]]:
+    def batch_hooks(self, early: bool | int = False) -> list[Callable[..., None]]:
+        """``on_batch`` hooks; ``early``: the callbacks' ``before_backward`` (same arguments)."""
+        if early:
+            return [cb.before_backward for cb in self.callbacks if hasattr(cb, "before_backward")]
         hooks = [cb.on_batch for cb in self.callbacks if hasattr(cb, "on_batch")]
         return hooks if self.on_batch is None else [self.on_batch, *hooks]
 
@@ -394,7 +397,3 @@ class DistributedTrainer:
         if self.prepared is None:
             raise ValueError("the trainer is not set up yet: call fit() first.")
         return self.prepared
-
-
-def _is_factory(obj: Any) -> bool:
-    return obj is not None and callable(obj) and not hasattr(obj, "step")
