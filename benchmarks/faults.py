@@ -105,6 +105,9 @@ def run_trial(out: Path, fault: list[str], reference: dict[str, torch.Tensor]) -
     if result.returncode != 0 or not (out / "final.pt").exists():
         trial.note = result.stderr[-2000:]
         return trial
+    if trial.corrupt:  # name what the resume skipped (the warning's text)
+        warned = [line for line in result.stderr.splitlines() if "Checkpoint" in line]
+        trial.note = " | ".join(warned)[:600]
     trial.survived = True
     params = torch.load(out / "final.pt")
     trial.max_diff = max((params[k] - reference[k]).abs().max().item() for k in reference)
