@@ -51,6 +51,20 @@ def start(out: Path, world: int, port: int, extra: dict[str, str] | None = None)
     return procs
 
 
+def host_store(port: int) -> dist.TCPStore:
+    """The job's store, as `rankwise launch --on-failure continue` hosts it."""
+    return dist.TCPStore(
+        "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+    )
+
+
+def reap(procs: list) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def wait_for(predicate, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -62,8 +76,7 @@ def wait_for(predicate, timeout: float) -> None:
 @pytest.mark.parametrize("how", ["kill", "stop"])
 def test_survivors_keep_their_pids_and_all_reduce_in_a_new_group(tmp_path, how):
     port = free_port()
-    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=60))  # fmt: skip
+    store = host_store(port)
     # A frozen rank is only noticed by the collective timeout: keep it short.
     extra = {"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "3000"} if how == "stop" else {}
     procs = start(tmp_path, 3, port, extra)
@@ -84,10 +97,7 @@ def test_survivors_keep_their_pids_and_all_reduce_in_a_new_group(tmp_path, how):
             assert after["noticed"] - lost < limit
         assert store.get("gen/1/members") == b"0,1"
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        reap(procs)
 
 
 def test_init_refuses_continue_under_plain_torchrun(monkeypatch):
@@ -108,8 +118,7 @@ def test_a_rank_the_launcher_saw_die_is_gone_at_once(tmp_path):
     # (mark_dead, which `rankwise launch` writes when it sees the process exit) can make the
     # survivors regroup sooner.
     port = free_port()
-    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=60))  # fmt: skip
+    store = host_store(port)
     procs = start(tmp_path, 3, port, {"RANKWISE_STALE_S": "60"})
     try:
         wait_for(lambda: all(read(tmp_path, s) for s in range(3)), 120)
@@ -125,16 +134,12 @@ def test_a_rank_the_launcher_saw_die_is_gone_at_once(tmp_path):
             assert after["regrouped"] - lost < 40  # well under the 60 s of the heartbeat
         assert store.get("gen/1/members") == b"0,1"
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        reap(procs)
 
 
 def test_a_dead_mark_of_an_older_incarnation_is_not_about_the_live_member(tmp_path):
     port = free_port()
-    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=60))  # fmt: skip
+    store = host_store(port)
     m = Membership(MemberConfig(slot=0, world_size=2, host="127.0.0.1", port=port), 10)
     # A TCPStore set awaits no reply: another client sees it a moment later.
     try:
@@ -155,8 +160,7 @@ def test_an_arrived_member_is_never_counted_gone_whatever_its_heartbeat(tmp_path
     # with it the heartbeat thread, for seconds on a loaded machine): the leader keeps it even
     # though its heartbeat stands still, and drops a member that neither arrived nor beats.
     port = free_port()
-    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=60))  # fmt: skip
+    store = host_store(port)
     cfg = MemberConfig(slot=0, world_size=3, host="127.0.0.1", port=port, stale_s=0.5)
     leader = Membership(cfg, 10)
     slow = Membership(dataclasses.replace(cfg, slot=1), 10)
