@@ -14,6 +14,7 @@ import re
 import runpy
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -185,9 +186,11 @@ def test_ddp_loop_finishes_on_rankwise_and_breaks_on_the_released_package() -> N
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_basic_ddp_splits_each_epoch_over_two_ranks(tmp_path: Path) -> None:
-    (tmp_path / "tmp").mkdir()
-    epochs = epochs_of(torchrun("basic_ddp.py", tmp_path, tmp=tmp_path / "tmp"))
-    assert not list(tmp_path.glob("**/*.h5ad"))  # the temporary data set was deleted
+    # A short TMPDIR: the DataLoader workers' AF_UNIX sockets live under it, and a path past
+    # 108 bytes (pytest's numbered, per-worker folders grow) makes them fail and the run hang.
+    with tempfile.TemporaryDirectory(prefix="sc-") as short:
+        epochs = epochs_of(torchrun("basic_ddp.py", tmp_path, tmp=Path(short)))
+        assert not list(Path(short).glob("**/*.h5ad"))  # the temporary data set was deleted
     assert sorted(epochs) == [0, 1, 2]
     orders = []
     for per_rank in epochs.values():
