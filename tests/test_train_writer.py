@@ -222,3 +222,19 @@ def test_two_ranks_background_and_synchronous_saves_agree(tmp_path) -> None:
     sync = torch.load(tmp_path / "sync" / names[-1], weights_only=True)
     for key in sync["model"]:
         assert torch.equal(bg["model"][key], sync["model"][key]), key
+
+
+def test_a_rank_that_never_writes_keeps_its_sigterm_handler(tmp_path) -> None:
+    # A Python handler runs only once the main thread is back in Python: a rank blocked in a
+    # collective would ignore a launcher's SIGTERM. Only a rank that may write installs one.
+    from rankwise.train.writer import CheckpointWriter, drained_on_sigterm
+
+    manager = CheckpointManager(tmp_path)
+    before = signal.getsignal(signal.SIGTERM)
+    for writes, installs in ((False, False), (True, True), (lambda: False, True)):
+        writer = CheckpointWriter(
+            manager, writes=writes, background=True, shared=True, saved=lambda path: None
+        )
+        with drained_on_sigterm(writer):
+            assert (signal.getsignal(signal.SIGTERM) is not before) == installs, writes
+        assert signal.getsignal(signal.SIGTERM) is before

@@ -88,6 +88,7 @@ class JobStore:
         return None if value is None else value.decode()
 
     def set(self, key: str, value: str) -> None:
+        """Write ``key`` (nothing, once the store is lost)."""
         self.call(self.store.set, key, value)
 
     def finished(self) -> bool:

@@ -214,10 +214,11 @@ class Membership:
         if dist.is_initialized():  # first: closing it wakes the peers still blocked in it
             retire_groups()
         self.arrive()
-        if (
-            self.store.compare_set(f"gen/{nxt}/leader", "", str(self.cfg.slot))
-            == str(self.cfg.slot).encode()
-        ):
+        try:
+            leads = self.store.compare_set(f"gen/{nxt}/leader", "", str(self.cfg.slot))
+        except Exception as exc:
+            raise self._lost(exc, f"choosing the leader of generation {nxt}") from exc
+        if leads == str(self.cfg.slot).encode():
             self._lead(nxt, expect_all=grow)
         members = self._wait_members(nxt)
         check_min_nproc(members, self.cfg.min_nproc)
@@ -228,7 +229,11 @@ class Membership:
     def arrive(self) -> None:
         """Alive and on the way into the next generation: said before slow work (a full
         ``gc.collect()`` starves the heartbeat thread), so the leader never counts it gone."""
-        self.store.set(f"gen/{self.generation + 1}/arrive/{self.cfg.slot}", "1")
+        key = f"gen/{self.generation + 1}/arrive/{self.cfg.slot}"
+        try:
+            self.store.set(key, "1")
+        except Exception as exc:
+            raise self._lost(exc, f"writing {key!r}") from exc
 
     def close(self) -> None:
         self._stop.set()

@@ -187,10 +187,13 @@ class TrainingLogger:
         if self.enabled and self.verbose:
             self._print(message)
 
-    def follow(self, is_master: bool) -> None:
+    def follow(self, is_master: bool, global_step: int | None = None) -> None:
         """Become the logging rank, or stop being it (``--on-failure continue``: after a
         regroup rank 0 may be another process; a restarted process logs nothing until it has
-        joined). Log files are opened in append mode, so the new rank 0 continues them."""
+        joined). Log files are opened in append mode, so the new rank 0 continues them.
+        ``global_step``: where training is (the next epoch row's step)."""
+        if global_step is not None:
+            self._global_step = global_step
         if bool(is_master) == self.enabled:
             return
         self.close()

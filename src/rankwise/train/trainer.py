@@ -223,8 +223,8 @@ class DistributedTrainer:
             t0 = time.perf_counter()
             sums = state.sums if state.sums is not None else EpochSums()  # or resumed
             state.epoch, state.sums = epoch, sums
-            loss, acc, _ = run(state, env, self.train_source)
-            samples += sum(sums.counts) * rd.get_world_size()
+            loss, acc, count = run(state, env, self.train_source)
+            samples += count  # every rank's, reduced (a lost rank's and uneven shares too)
             state.epoch, state.sums = epoch + 1, None  # closed: a save now starts the next
             train_seconds += time.perf_counter() - t0
             metrics = self._end_epoch(epoch, loss, acc, val_set, t0)
@@ -301,7 +301,7 @@ class DistributedTrainer:
     def _regrouped(self) -> None:
         """The world changed under ``--on-failure continue`` (elastic.py): rank 0 logs, and the
         callbacks hear of it (``on_regroup``)."""
-        self.logger.follow(rd.is_master())
+        self.logger.follow(rd.is_master(), self.state.step)
         self._call("on_regroup", self)
 
     # -- after each optimizer step (called by loop.train_epoch) ------------------------------

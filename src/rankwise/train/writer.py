@@ -91,6 +91,12 @@ class CheckpointWriter:
         """Whether this rank writes the checkpoint files now."""
         return self._writes() if callable(self._writes) else self._writes
 
+    @property
+    def never_writes(self) -> bool:
+        """Whether this rank writes at no save of this ``fit`` (not rank 0, and rank 0 cannot
+        move to it: no ``--on-failure continue``)."""
+        return self._writes is False
+
     def save(self, state: TrainState) -> Path | None:
         """Checkpoint ``state`` where it is; a collective. Returns the checkpoint's path (in
         the background: where it is being written)."""
@@ -197,7 +203,9 @@ def writer_for(
         manager,
         # sharded (FSDP2): every rank writes its shards into one folder
         # rank 0 writes, as it is at each save: --on-failure continue may make another rank 0
-        writes=True if manager.sharded or not cfg.save_on_master_only else rd.is_master,
+        writes=True
+        if manager.sharded or not cfg.save_on_master_only
+        else (rd.is_master if rd.membership() is not None else rd.is_master()),
         background=cfg.async_checkpoints,
         shared=manager.sharded or cfg.save_on_master_only,
         saved=saved,
@@ -209,7 +217,9 @@ def drained_on_sigterm(writer: CheckpointWriter | None) -> Iterator[None]:
     """While the block runs, SIGTERM (a launcher's stop, a scheduler's preemption) first waits
     for the checkpoint write in flight, then does what it did before (by default: ends the
     process). Only in the main thread, where Python delivers signals."""
-    if writer is None or not writer.background:  # drain() asks whether this rank writes
+    # A rank that never writes installs no handler: a Python handler runs only once the main
+    # thread is back in Python, so one blocked in a collective would not stop at once.
+    if writer is None or not writer.background or writer.never_writes:
         yield
         return
     if threading.current_thread() is not threading.main_thread():
