@@ -40,13 +40,12 @@ import time
 from pathlib import Path
 
 import torch
+from tiny_run import data, mlp_trainer
 
 import rankwise.distributed as rd
 from rankwise.distributed.membership import Membership
 from rankwise.train import AuditLog, DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import FAULT_POINTS, set_fault_hook
-
-NUM_SAMPLES = 192
 
 p = argparse.ArgumentParser()
 p.add_argument("out", type=Path)
@@ -150,19 +149,10 @@ def node_records(step: int) -> None:
             time.sleep(0.02)
 
 
-g = torch.Generator().manual_seed(0)
-x = torch.randn(NUM_SAMPLES, 8, generator=g)
-y = (x[:, :3].sum(1) > 0).long() + (x[:, 3] > 1).long()
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-trainer = DistributedTrainer(
-    model,
-    torch.nn.CrossEntropyLoss(),
-    torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-    # Fault first: its kills in on_batch come after the backward sent the gradient but before
-    # any later hook; AuditLog records before the backward, so the micro-batch is on record.
-    callbacks=[Fault(), AuditLog(args.out / "audit")],
-)
+x, y = data()
+# Fault first: its kills in on_batch come after the backward sent the gradient but before any
+# later hook; AuditLog records before the backward, so the micro-batch is on record.
+model, trainer = mlp_trainer([Fault(), AuditLog(args.out / "audit")])
 if any(kind in FAULT_POINTS for kind, _ in strikes):
     set_fault_hook(save_strike)
 every = args.checkpoint_every

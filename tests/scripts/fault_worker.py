@@ -23,13 +23,12 @@ import time
 from pathlib import Path
 
 import torch
+from tiny_run import data, mlp_trainer
 
 import rankwise.distributed as rd
 from rankwise.testing import kill_at_checkpoint
 from rankwise.train import AuditLog, DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import set_fault_hook
-
-NUM_SAMPLES = 192
 
 p = argparse.ArgumentParser()
 p.add_argument("out", type=Path)
@@ -49,13 +48,6 @@ config = rd.init()
 first_attempt = config.restart_count == 0
 rank = rd.get_rank()
 args.out.mkdir(parents=True, exist_ok=True)
-
-
-def data() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(NUM_SAMPLES, 8, generator=g)
-    y = (x[:, :3].sum(1) > 0).long() + (x[:, 3] > 1).long()
-    return x, y
 
 
 def fault(trainer: DistributedTrainer, epoch: int, step: int, ids: object) -> None:
@@ -86,14 +78,7 @@ if config.restart_count < len(save_faults) and rank == 0:  # rank 0 writes the c
 
     set_fault_hook(record_thread)
 
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-trainer = DistributedTrainer(
-    model,
-    torch.nn.CrossEntropyLoss(),
-    torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-    callbacks=[AuditLog(args.out / "audit")],
-)
+model, trainer = mlp_trainer([AuditLog(args.out / "audit")])
 trainer.on_batch = fault
 cfg = DistributedTrainingConfig(
     epochs=args.epochs,
