@@ -33,15 +33,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from run_header import run_header  # beside this file
 from torch import nn
 
 IMPLS = (
@@ -288,13 +287,7 @@ def main() -> None:
     if args.worker:
         worker(args.workload, args.out, args.quick, rounds)
         return
-    results: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
-        "command": "python " + " ".join(sys.argv),
-        "torch": torch.__version__,
-        "workloads": {},
-    }
+    results: dict[str, Any] = run_header(workloads={})
     # First the trainer's own per-step cost in measures that load does not move (the
     # sibling script: python puts this folder first on sys.path).
     from trainer_overhead import overhead

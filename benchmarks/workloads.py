@@ -55,7 +55,6 @@ import argparse
 import dataclasses
 import itertools
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -65,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from run_header import run_header  # beside this file
 from torch import nn
 
 from rankwise.models import GPT, GPTConfig, lm_loss, resnet18_cifar
@@ -500,15 +500,9 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    results: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
-        "command": "python " + " ".join(sys.argv),
-        "torch": torch.__version__,
-        "trainer_compiles": trainer_compiles(),
-        "fixed_malloc": args.fixed_malloc,
-        "tables": {},
-    }
+    results: dict[str, Any] = run_header(
+        trainer_compiles=trainer_compiles(), fixed_malloc=args.fixed_malloc, tables={}
+    )
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         by_world = {world: measure(args, world, Path(tmp)) for world in args.worlds}
