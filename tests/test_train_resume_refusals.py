@@ -16,23 +16,14 @@ import rankwise.distributed as rd
 from rankwise.data import DistributedSampler
 from rankwise.testing import run_distributed
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
-
-
-class Stop(Exception):
-    pass
+from trainer_stops import Stop, stop_in_step
 
 
 def _trainer(stop_at: int | None = None) -> DistributedTrainer:
     torch.manual_seed(0)
     model = nn.Linear(8, 3)
     trainer = DistributedTrainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters()))
-    if stop_at is not None:
-
-        def stop(_t: Any, _e: int, step: int, _ids: Any) -> None:
-            if step == stop_at:
-                raise Stop
-
-        trainer.on_batch = stop
+    stop_in_step(trainer, stop_at)
     return trainer
 
 

@@ -21,10 +21,7 @@ from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train import checkpoint as ck
 from rankwise.train.sharded import MANIFEST, REST
 from rankwise.train.state import TrainState
-
-
-class Stop(Exception):
-    """Raised by the batch hook: a crash at a chosen optimizer step."""
+from trainer_stops import Stop, fit_starts, stop_in_step
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,17 +35,8 @@ def _run(folder: Path, batch_size: int, stop_at: int | None = None, resume: Any 
     trainer = DistributedTrainer(
         model, nn.CrossEntropyLoss(), lambda p: torch.optim.Adam(p, lr=1e-2)
     )
-    started: list[int] = []
-    trainer.callbacks.append(
-        type("Probe", (), {"on_fit_start": lambda s, t: started.append(t.global_step)})()
-    )
-    if stop_at is not None:
-
-        def stop(_trainer: Any, _epoch: int, step: int, _ids: Any) -> None:
-            if step == stop_at:
-                raise Stop
-
-        trainer.on_batch = stop
+    started = fit_starts(trainer)
+    stop_in_step(trainer, stop_at)
     # 96 samples, a global batch of 16: 6 optimizer steps an epoch, a checkpoint every 4.
     cfg = DistributedTrainingConfig(
         epochs=2,

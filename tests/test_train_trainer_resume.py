@@ -14,10 +14,7 @@ from torch import nn
 
 from rankwise.testing import run_distributed
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
-
-
-class Stop(Exception):
-    """Raised by the batch hook: a crash at a chosen optimizer step."""
+from trainer_stops import Stop, fit_starts, stop_in_step
 
 
 def _data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,17 +43,8 @@ def _run(
     model = _model(dropout)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     trainer = DistributedTrainer(model, nn.CrossEntropyLoss(), optimizer)
-    started_at: list[int] = []
-    trainer.callbacks.append(
-        type("Probe", (), {"on_fit_start": lambda s, t: started_at.append(t.global_step)})()
-    )
-    if stop_at is not None:
-
-        def stop(_trainer: Any, _epoch: int, step: int, _ids: Any) -> None:
-            if step == stop_at:
-                raise Stop
-
-        trainer.on_batch = stop
+    started_at = fit_starts(trainer)
+    stop_in_step(trainer, stop_at)
     cfg = DistributedTrainingConfig(
         epochs=epochs,
         batch_size=batch_size,
