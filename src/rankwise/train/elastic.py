@@ -57,7 +57,7 @@ from rankwise.train.loop import StepEnv, train_epoch
 from rankwise.train.pipeline import TrainBatches
 from rankwise.train.setup import rewrap
 from rankwise.train.state import TrainState, broadcast_state
-from rankwise.train.sums import EpochSums, summarize
+from rankwise.train.sums import EpochSums
 
 __all__ = [
     "Continuing", "check_split", "closing", "epoch_runner", "fits", "is_peer_failure",
@@ -131,6 +131,13 @@ def is_peer_failure(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and any(word in text for word in _PEER_GONE)
+
+
+def _lost_peer(exc: RuntimeError) -> str:
+    """What to say of a collective's error that means a lost peer; any other is raised."""
+    if not is_peer_failure(exc):
+        raise exc
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
 
 
 def epoch_runner(
@@ -207,17 +214,13 @@ class Continuing:
         while True:
             try:
                 if self._epoch_over(state):  # lost in the epoch's closing all-reduce
-                    totals = state.sums.reduced() if state.sums is not None else None
-                    assert totals is not None, "set by fit()"
-                    loss, accuracy = summarize(totals)
-                    return loss, accuracy, int(totals[1])
+                    assert state.sums is not None, "set by fit()"
+                    return state.sums.result()
                 return train_epoch(state, env, self.source)
             except _Grow:
                 reason = ""
             except RuntimeError as exc:
-                if not is_peer_failure(exc):
-                    raise
-                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                reason = _lost_peer(exc)
             # Outside the except block: the traceback's frames hold the DDP wrapper, and so
             # the broken group, whose sockets must close for blocked peers to wake up.
             if reason:
@@ -231,9 +234,7 @@ class Continuing:
             try:
                 return what()
             except RuntimeError as exc:
-                if not is_peer_failure(exc):
-                    raise
-                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                reason = _lost_peer(exc)
             self._recover(reason)  # outside the except block, as in run_epoch
 
     def _epoch_over(self, state: TrainState) -> bool:

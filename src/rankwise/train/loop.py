@@ -43,7 +43,7 @@ from rankwise.train.evaluation import is_class_target, model_loss, split_batch
 from rankwise.train.loggers import TrainingLogger
 from rankwise.train.pipeline import TrainBatches
 from rankwise.train.state import TrainState
-from rankwise.train.sums import LossReadout, summarize
+from rankwise.train.sums import LossReadout
 
 BatchHook = Callable[[int, int, Any], None]  # (epoch, optimizer steps so far, sample ids)
 
@@ -166,9 +166,7 @@ def train_epoch(state: TrainState, env: StepEnv, source: Any) -> tuple[float, fl
         if last:  # after the step's log row: under --on-failure continue this may regroup
             env.after_step(bool(final) if final is not None else i + 1 == total)
     progress.mark(f"the all_reduce of the epoch's metrics (epoch {epoch})")
-    totals = sums.reduced()
-    mean_loss, accuracy = summarize(totals)
-    return mean_loss, accuracy, int(totals[1])
+    return sums.result()
 
 
 def optimizer_step(state: TrainState, cfg: DistributedTrainingConfig) -> None:

@@ -77,6 +77,12 @@ class EpochSums:
         """The world's sums (on the CPU): one all-reduce on the collective device."""
         return rd.all_reduce(self.local().to(rd.collective_device())).cpu()
 
+    def result(self) -> tuple[float, float | None, int]:
+        """The epoch's ``(mean loss, accuracy, samples)`` over the world (a collective)."""
+        totals = self.reduced()
+        loss, accuracy = summarize(totals)
+        return loss, accuracy, int(totals[1])
+
 
 class LossReadout:
     """Rank 0's running mean loss for the progress line, read without waiting for the device.
