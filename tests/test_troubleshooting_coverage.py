@@ -49,7 +49,7 @@ INTERNAL: dict[tuple[str, str], str] = {
     ("testing/faults.py", "is not a checkpoint fault point"): _TESTING,
     ("testing/faults.py", "after ({}) must be an integer >= 0."): _TESTING,
     ("__init__.py", "module 'rankwise' has no attribute {}"): "Python's own AttributeError text",
-    ("compat/tensorbrain/_alias.py", "has no attribute {}: it is an alias"): "Python's own text",
+    ("compat/tensorbrain/alias.py", "has no attribute {}: it is an alias"): "Python's own text",
     ("train/state.py", "the training state has no optimizer yet"): (
         "the trainer refuses first with 'the trainer is not set up yet' (row trainer-not-set-up)"
     ),

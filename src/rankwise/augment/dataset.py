@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rankwise._checks import check_epoch, check_int
+from rankwise.validation import check_epoch, check_int
 from rankwise.augment.apply import apply_augmentation
 from rankwise.augment.params import AugmentationConfig, generate_params, resolve_config
 from rankwise.augment.seeds import MAX_U64

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rankwise._checks import check_int, check_rank
+from rankwise.validation import check_int, check_rank
 from rankwise.augment.seeds import (
     as_sample_ids,
     dpa_digest,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rankwise._checks import check_int, check_rank
+from rankwise.validation import check_int, check_rank
 
 U64 = npt.NDArray[np.uint64]
 

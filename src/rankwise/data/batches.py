@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
-from rankwise._checks import check_int
+from rankwise.validation import check_int
 
 __all__ = ["DistributedBatchIterator"]
 

@@ -38,7 +38,7 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from rankwise._checks import check_epoch, check_int
+from rankwise.validation import check_epoch, check_int
 from rankwise.data.fetch_io import default_fetch, probe_default_fetch, source_len
 from rankwise.data.fetch_plan import (
     Fetch,

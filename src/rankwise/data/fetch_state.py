@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rankwise._checks import check_epoch, check_int
+from rankwise.validation import check_epoch, check_int
 from rankwise.data.fetch_plan import Piece, Work
 from rankwise.data.permutation import ORDER_VERSION
 

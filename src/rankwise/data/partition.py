@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import numpy.typing as npt
 
-from rankwise._checks import check_int, check_rank
+from rankwise.validation import check_int, check_rank
 from rankwise.distributed import detect_world
 
 __all__ = [

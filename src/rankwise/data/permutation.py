@@ -34,9 +34,9 @@ from collections.abc import Iterator
 import numpy as np
 import numpy.typing as npt
 
-from rankwise._checks import check_epoch, check_int
+from rankwise.validation import check_epoch, check_int
 
-# check_epoch / check_int live in rankwise._checks; re-exported for older imports.
+# check_epoch / check_int live in rankwise.validation; re-exported for older imports.
 __all__ = [
     "DEFAULT_CHUNK",
     "ORDER_VERSION",
@@ -74,19 +74,19 @@ _S32 = np.uint64(32)
 IntArray = npt.NDArray[np.int64]
 
 
-def _mix(z: int) -> int:
+def mix(z: int) -> int:
     # SplitMix64's finaliser: a bijection on 64-bit words with full avalanche.
     z = ((z ^ (z >> 30)) * _MIX1) & _MASK
     z = ((z ^ (z >> 27)) * _MIX2) & _MASK
     return z ^ (z >> 31)
 
 
-def _absorb(state: int, value: int) -> int:
+def absorb(state: int, value: int) -> int:
     # The word count first, then each 64-bit word: no two (seed, epoch) pairs share an input.
     words = [(value >> shift) & _MASK for shift in range(0, max(value.bit_length(), 1), 64)]
-    state = _mix(((state ^ len(words)) + _GAMMA) & _MASK)
+    state = mix(((state ^ len(words)) + _GAMMA) & _MASK)
     for word in words:
-        state = _mix(((state ^ word) + _GAMMA) & _MASK)
+        state = mix(((state ^ word) + _GAMMA) & _MASK)
     return state
 
 
@@ -103,8 +103,8 @@ def permutation_keys(seed: int, epoch: int, rounds: int = ROUNDS) -> tuple[int, 
     """
     seed = check_int("seed", seed)
     epoch = check_int("epoch", epoch)
-    state = _absorb(_absorb(_DOMAIN, seed), epoch)
-    return tuple(_mix((state + (i + 1) * _GAMMA) & _MASK) for i in range(rounds))
+    state = absorb(absorb(_DOMAIN, seed), epoch)
+    return tuple(mix((state + (i + 1) * _GAMMA) & _MASK) for i in range(rounds))
 
 
 class Permutation:

@@ -42,7 +42,7 @@ from collections.abc import Iterator
 import numpy as np
 from torch.utils.data import Sampler
 
-from rankwise._checks import check_int
+from rankwise.validation import check_int
 from rankwise.data.partition import global_batch_end, strided_positions
 from rankwise.data.sampler import DistributedSampler
 

@@ -41,7 +41,7 @@ class Strategy(Protocol):
     def order(self, n: int, positions: IntArray, *, seed: int, epoch: int) -> IntArray: ...
 
 
-def _subset(indices: npt.ArrayLike | None) -> IntArray | None:
+def subset_indices(indices: npt.ArrayLike | None) -> IntArray | None:
     if indices is None:
         return None
     arr = np.asarray(indices)
@@ -55,7 +55,7 @@ def _subset(indices: npt.ArrayLike | None) -> IntArray | None:
     return arr.astype(np.int64)
 
 
-def _base_length(n: int, indices: IntArray | None) -> int:
+def base_length(n: int, indices: IntArray | None) -> int:
     if indices is None:
         return n
     if indices.size and int(indices.max()) >= n:
@@ -84,11 +84,11 @@ class Streaming:
     """
 
     def __init__(self, indices: npt.ArrayLike | None = None, shuffle: bool = False) -> None:
-        self.indices = _subset(indices)
+        self.indices = subset_indices(indices)
         self.shuffle_fetch = bool(shuffle)
 
     def epoch_length(self, n: int) -> int:
-        return _base_length(n, self.indices)
+        return base_length(n, self.indices)
 
     def order(self, n: int, positions: IntArray, *, seed: int, epoch: int) -> IntArray:
         return positions if self.indices is None else self.indices[positions]
@@ -115,11 +115,11 @@ class BlockShuffling:
         self, block_size: int = 8, indices: npt.ArrayLike | None = None, drop_last: bool = False
     ) -> None:
         self.block_size = check_block_size(block_size)
-        self.indices = _subset(indices)
+        self.indices = subset_indices(indices)
         self.drop_last = bool(drop_last)
 
     def epoch_length(self, n: int) -> int:
-        m = _base_length(n, self.indices)
+        m = base_length(n, self.indices)
         return m - m % self.block_size if self.drop_last else m
 
     def order(self, n: int, positions: IntArray, *, seed: int, epoch: int) -> IntArray:

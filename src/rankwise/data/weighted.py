@@ -25,9 +25,9 @@ import warnings
 import numpy as np
 import numpy.typing as npt
 
-from rankwise._checks import check_int
-from rankwise.data.permutation import _absorb, _mix
-from rankwise.data.strategies import _base_length, _subset, block_order, check_block_size
+from rankwise.validation import check_int
+from rankwise.data.permutation import absorb, mix
+from rankwise.data.strategies import base_length, subset_indices, block_order, check_block_size
 
 __all__ = ["BlockWeightedSampling", "ClassBalancedSampling", "class_balance_weights", "uniforms"]
 
@@ -57,8 +57,8 @@ def uniforms(seed: int, epoch: int, stream: int, count: int) -> FloatArray:
     >>> bool((u != uniforms(0, 1, 0, 4)).all())
     True
     """
-    state = _absorb(_absorb(_absorb(_DOMAIN, check_int("seed", seed)), epoch), stream)
-    k0, k1 = np.uint64(_mix(state)), np.uint64(_mix(state ^ 0x5BD1E995))
+    state = absorb(absorb(absorb(_DOMAIN, check_int("seed", seed)), epoch), stream)
+    k0, k1 = np.uint64(mix(state)), np.uint64(mix(state ^ 0x5BD1E995))
     z = _mix_array(np.arange(count, dtype=np.uint64) * _GAMMA + k0)
     z = _mix_array(z ^ k1)
     return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
@@ -110,7 +110,7 @@ class BlockWeightedSampling:
         sampling_size: int | None = None,
     ) -> None:
         self.block_size = check_block_size(block_size)
-        self.indices = _subset(indices)
+        self.indices = subset_indices(indices)
         self.weights = None if weights is None else _check_weights(weights)
         self.total_size = None if total_size is None else check_int("total_size", total_size)
         self.replace = bool(replace)
@@ -131,7 +131,7 @@ class BlockWeightedSampling:
         self._cache: tuple[tuple[int, int, int], IntArray] | None = None
 
     def epoch_length(self, n: int) -> int:
-        m = _base_length(n, self.indices)
+        m = base_length(n, self.indices)
         total = m if self.total_size is None else self.total_size
         weights = self._weights_for(n)
         if total and not m:
@@ -151,7 +151,7 @@ class BlockWeightedSampling:
         """The weights of the rows that can be drawn (``indices`` order), or None: uniform."""
         if self.weights is None:
             return None
-        m, w = _base_length(n, self.indices), self.weights
+        m, w = base_length(n, self.indices), self.weights
         if len(w) != m:
             if self.indices is None or len(w) != n:
                 sizes = f"the source's {n} rows" + (
@@ -175,7 +175,7 @@ class BlockWeightedSampling:
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1]
         total, weights = self.epoch_length(n), self._weights_for(n)
-        m = _base_length(n, self.indices)
+        m = base_length(n, self.indices)
         if self.replace:
             picked = _with_replacement(weights, m, total, seed, epoch)
         else:
@@ -232,7 +232,7 @@ class ClassBalancedSampling(BlockWeightedSampling):
 
     def _weights_for(self, n: int) -> FloatArray | None:
         # The weights are derived from labels: a length mismatch is the labels' to report.
-        m = _base_length(n, self.indices)
+        m = base_length(n, self.indices)
         if len(self.labels) not in (n, m):
             sizes = f"the source's {n} rows" + (
                 "" if self.indices is None else f" or the {m} indices"

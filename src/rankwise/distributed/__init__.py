@@ -38,7 +38,8 @@ from rankwise.distributed.group import (
     membership,
     select_backend,
 )
-from rankwise.distributed.progress import Progress, is_timeout
+from rankwise.distributed.failures import classify, is_peer_failure, is_timeout
+from rankwise.distributed.progress import Progress
 
 __all__ = [
     "BackendType",
@@ -52,6 +53,7 @@ __all__ = [
     "all_reduce",
     "barrier",
     "broadcast",
+    "classify",
     "collective_device",
     "detect_world",
     "device",
@@ -64,6 +66,7 @@ __all__ = [
     "init",
     "is_initialized",
     "is_master",
+    "is_peer_failure",
     "is_timeout",
     "membership",
     "normalize_backend",

@@ -30,14 +30,9 @@ from collections.abc import Iterator
 import torch.distributed as dist
 
 from rankwise.distributed.errors import DistributedTimeoutError
+from rankwise.distributed.failures import classify
 from rankwise.distributed.group import collective_timeout_ms, get_rank, get_world_size, has_group
 
-# What gloo (and torch's store and work objects) say when an operation ran out of time.
-_TIMEOUT_WORDS = ("timed out", "timeout")
-# What gloo says when a peer's socket closed: the peer exited, or (with 3+ ranks) it timed out
-# waiting for a rank that never came and gave up first, closing its connections to the others.
-_CLOSED_WORDS = ("connection closed by peer", "connection reset by peer")
-_BACKENDS = ("gloo", "nccl", "c10d")
 # How long a timed-out rank waits for its peers' marks: the store's host may be frozen
 # (stopped, in D-state, cut off), and a report without names beats a rank that never raises.
 READ_DEADLINE_S = 2.0
@@ -101,11 +96,10 @@ class Progress:
         the current operation, or for a peer that closed its connection while a rank had not
         arrived (with 3+ ranks the first survivor to time out closes its connections, so the
         others see that instead of their own timeout); None for any other error."""
-        if is_timeout(exc):
+        failure = classify(exc)
+        if failure == "timeout":
             return self.timeout_error(exc)
-        if not (
-            isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in _CLOSED_WORDS)
-        ):
+        if failure != "peer-lost":
             return None
         peers = self._peers()
         behind = self._behind(peers or {})
@@ -179,25 +173,6 @@ def _read_marks(store: dist.Store, keys: dict[int, str]) -> dict[int, tuple[int,
         count, _, what = value.decode().partition("\t")
         peers[rank] = (int(count), what)
     return peers
-
-
-def is_timeout(exc: BaseException) -> bool:
-    """Whether ``exc`` is torch's report of a collective or store operation out of time.
-
-    gloo raises a plain ``RuntimeError`` naming its source file; torch's own errors are
-    ``DistError`` s. Other timeouts (a DataLoader worker's) are left alone.
-
-    >>> is_timeout(RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting"))
-    True
-    >>> is_timeout(RuntimeError("DataLoader timed out after 5 seconds"))
-    False
-    """
-    text = str(exc).lower()
-    if not any(word in text for word in _TIMEOUT_WORDS):
-        return False
-    return isinstance(exc, dist.DistError) or (
-        isinstance(exc, RuntimeError) and any(b in text for b in _BACKENDS)
-    )
 
 
 def _describe_behind(

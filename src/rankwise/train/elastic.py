@@ -60,23 +60,10 @@ from rankwise.train.state import TrainState, broadcast_state
 from rankwise.train.sums import EpochSums
 
 __all__ = [
-    "Continuing", "check_split", "closing", "epoch_runner", "fits", "is_peer_failure",
-    "shares_text",
+    "Continuing", "check_split", "closing", "epoch_runner", "fits", "shares_text",
 ]  # fmt: skip
 
 EpochFn = Callable[[TrainState, StepEnv, Any], tuple[float, float | None, int]]
-
-# What gloo and c10d say when a peer is gone: a closed or reset connection, or the
-# collective timeout (a frozen peer).
-_PEER_GONE = (
-    "closed by peer",
-    "connection reset",
-    "broken pipe",
-    "timed out",
-    "timeout",
-    "connection refused",
-    "socket",
-)
 
 
 def fits(global_batch: int, world: int, accum: int) -> bool:
@@ -119,23 +106,9 @@ class _Grow(Exception):  # a signal, not an error
     """Raised at the step boundary where the members agreed to let joiners in."""
 
 
-def is_peer_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` (from a collective) says a peer is gone, not that the code is wrong.
-
-    >>> is_peer_failure(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]"))
-    True
-    >>> is_peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
-    False
-    """
-    if isinstance(exc, dist.DistError):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and any(word in text for word in _PEER_GONE)
-
-
 def _lost_peer(exc: RuntimeError) -> str:
     """What to say of a collective's error that means a lost peer; any other is raised."""
-    if not is_peer_failure(exc):
+    if not rd.is_peer_failure(exc):
         raise exc
     return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch as _torch_module
 
 from rankwise.compat.tensorbrain import cuda, distributed, multiprocessing, nn, optim, utils
-from rankwise.compat.tensorbrain._alias import forward, names
+from rankwise.compat.tensorbrain.alias import forward, names
 
 __all__ = ["cuda", "distributed", "multiprocessing", "nn", "optim", "utils"]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch.optim as _torch_module
 
-from rankwise.compat.tensorbrain._alias import forward, names
+from rankwise.compat.tensorbrain.alias import forward, names
 
 
 def __getattr__(name: str) -> Any:

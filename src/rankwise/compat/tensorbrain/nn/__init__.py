@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.nn as _torch_module
 
-from rankwise.compat.tensorbrain._alias import forward, names
+from rankwise.compat.tensorbrain.alias import forward, names
 from rankwise.compat.tensorbrain.nn import parallel
 from rankwise.models import ResNet50
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch.utils as _torch_module
 
-from rankwise.compat.tensorbrain._alias import forward, names
+from rankwise.compat.tensorbrain.alias import forward, names
 from rankwise.compat.tensorbrain.utils import data
 
 __all__ = ["data"]

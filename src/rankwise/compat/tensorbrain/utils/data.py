@@ -16,7 +16,7 @@ from typing import Any
 
 import torch.utils.data as _torch_module
 
-from rankwise.compat.tensorbrain._alias import forward, names
+from rankwise.compat.tensorbrain.alias import forward, names
 from rankwise.data import DistributedSampler
 
 __all__ = ["DistributedSampler"]
