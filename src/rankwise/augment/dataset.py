@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from rankwise.validation import check_epoch, check_int
 from rankwise.augment.apply import apply_augmentation
 from rankwise.augment.params import AugmentationConfig, generate_params, resolve_config
 from rankwise.augment.seeds import MAX_U64
+from rankwise.validation import check_epoch, check_int
 
 
 def augment_batch(

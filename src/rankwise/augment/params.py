@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rankwise.validation import check_int, check_rank
 from rankwise.augment.seeds import (
     as_sample_ids,
     dpa_digest,
@@ -28,6 +27,7 @@ from rankwise.augment.seeds import (
     to_unit,
 )
 from rankwise.data.partition import contiguous_range
+from rankwise.validation import check_int, check_rank
 
 # The order of the parameters: the DPA path cuts them from its digest in this order, the
 # vectorised path uses the index as the counter-hash stream. Changing it changes every value.

@@ -38,7 +38,6 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from rankwise.validation import check_epoch, check_int
 from rankwise.data.fetch_io import default_fetch, probe_default_fetch, source_len
 from rankwise.data.fetch_plan import (
     Fetch,
@@ -54,6 +53,7 @@ from rankwise.data.fetch_state import state_to_work, work_to_state
 from rankwise.data.partition import resolve_world
 from rankwise.data.permutation import Permutation
 from rankwise.data.strategies import Strategy
+from rankwise.validation import check_epoch, check_int
 
 __all__ = ["Fetch", "FetchDataset", "default_fetch", "rank_fetches", "rows_per_rank"]
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rankwise.validation import check_epoch, check_int
 from rankwise.data.fetch_plan import Piece, Work
 from rankwise.data.permutation import ORDER_VERSION
+from rankwise.validation import check_epoch, check_int
 
 __all__ = ["state_to_work", "work_to_state"]
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import numpy as np
 import numpy.typing as npt
 
-from rankwise.validation import check_int, check_rank
 from rankwise.distributed import detect_world
+from rankwise.validation import check_int, check_rank
 
 __all__ = [
     "DistributedRangeSplitter",

@@ -40,10 +40,10 @@ import numpy as np
 import torch
 import torch.utils.data.distributed as tud_distributed
 
-from rankwise.validation import check_epoch, check_int
 from rankwise.data.partition import position_chunks, resolve_world, strided_positions
 from rankwise.data.passes import SamplerPass
 from rankwise.data.permutation import DEFAULT_CHUNK, ORDER_VERSION, Permutation
+from rankwise.validation import check_epoch, check_int
 
 __all__ = ["DistributedSampler"]
 

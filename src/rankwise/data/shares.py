@@ -42,9 +42,9 @@ from collections.abc import Iterator
 import numpy as np
 from torch.utils.data import Sampler
 
-from rankwise.validation import check_int
 from rankwise.data.partition import global_batch_end, strided_positions
 from rankwise.data.sampler import DistributedSampler
+from rankwise.validation import check_int
 
 __all__ = ["GlobalBatchShares"]
 

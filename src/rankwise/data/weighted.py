@@ -25,9 +25,9 @@ import warnings
 import numpy as np
 import numpy.typing as npt
 
-from rankwise.validation import check_int
 from rankwise.data.permutation import absorb, mix
-from rankwise.data.strategies import base_length, subset_indices, block_order, check_block_size
+from rankwise.data.strategies import base_length, block_order, check_block_size, subset_indices
+from rankwise.validation import check_int
 
 __all__ = ["BlockWeightedSampling", "ClassBalancedSampling", "class_balance_weights", "uniforms"]
 

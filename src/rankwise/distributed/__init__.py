@@ -22,6 +22,7 @@ from rankwise.distributed.errors import (
     DistributedStateError,
     DistributedTimeoutError,
 )
+from rankwise.distributed.failures import classify, is_peer_failure, is_timeout
 from rankwise.distributed.group import (
     barrier,
     detect_world,
@@ -38,7 +39,6 @@ from rankwise.distributed.group import (
     membership,
     select_backend,
 )
-from rankwise.distributed.failures import classify, is_peer_failure, is_timeout
 from rankwise.distributed.progress import Progress
 
 __all__ = [
