@@ -41,7 +41,6 @@ from rankwise.distributed.membership import (
 from rankwise.launch import check_args
 from rankwise.testing import child_env, free_port, run_distributed, run_isolated
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig, load_file, save_file
-from rankwise.train.config_checks import check_continue_strategy
 from rankwise.train.elastic import check_split
 from test_troubleshooting_augment import TRIGGERS as AUGMENT_TRIGGERS
 from test_troubleshooting_compat import TRIGGERS as COMPAT_TRIGGERS
@@ -308,7 +307,9 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "continue-mode-value": lambda: raised(on_failure_mode, {"RANKWISE_ON_FAILURE": "sometimes"}),
     "continue-min-nproc": lambda: raised(check_min_nproc, [0, 1], 3),
     "continue-uneven-split": lambda: raised(check_split, 8, 5, 2, "left"),
-    "continue-fsdp": lambda: raised(check_continue_strategy, "fsdp"),
+    "continue-fsdp": lambda: raised(
+        DistributedTrainingConfig(strategy="fsdp").check_combinations, continue_mode=True
+    ),
     "continue-store-gone": _membership_store_gone,
     "timeout-ms": lambda: raised(DistributedConfig, timeout_ms=0),
     "launch-nproc": lambda: _launch(nproc="two"),

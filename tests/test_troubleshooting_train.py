@@ -417,12 +417,7 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
         save_file, {"x": torch.ones(1)}, _folder() / "x.pt.sha256.json"
     ),
     "checkpoint-tensor-subclass": _tensor_subclass,
-    "sync-check-fsdp": lambda: raised(
-        _trainer(loss=nn.MSELoss()).fit,
-        _X,
-        _Y,
-        _config(strategy="fsdp", check_sync_every_n_steps=2),
-    ),
+    "sync-check-fsdp": lambda: raised(_config, strategy="fsdp", check_sync_every_n_steps=2),
     "fit-array-type": lambda: raised(_trainer(loss=nn.MSELoss()).fit, _X, _Y.tolist(), _config()),
     "fit-arrays-count": lambda: raised(_trainer(loss=nn.MSELoss()).fit, _X, _Y, _X, _config()),
     "fit-data-arguments": lambda: raised(

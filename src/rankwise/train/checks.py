@@ -57,16 +57,8 @@ def begin_fit(
     ``cfg``, ``model``, ``optimizer`` and the ``(train, validation)`` data.
 
     The Progress is named by the trainer's fit count (``trainer/fit-2``), never by a
-    process-wide counter: a Progress or trainer made on some ranks only shifts nothing. The
-    periodic sync check is refused under FSDP2, whose shards have no replica to compare.
+    process-wide counter: a Progress or trainer made on some ranks only shifts nothing.
     """
-    if cfg.strategy == "fsdp" and cfg.check_sync_every_n_steps:
-        raise ValueError(
-            f"check_sync_every_n_steps={cfg.check_sync_every_n_steps} with strategy='fsdp': "
-            "FSDP2 shards every parameter (each element lives on one rank), so there is no "
-            "replica to compare and the check would pass without checking anything. Set "
-            "check_sync_every_n_steps=None, or use strategy='ddp' to check replicas."
-        )
     progress = rd.Progress(f"trainer/fit-{fit_number}")
     if rd.get_world_size() > 1:  # one rank agrees with itself
         check_start(cfg, model, optimizer, data, progress)

@@ -52,7 +52,6 @@ import rankwise.distributed as rd
 from rankwise.distributed.membership import Membership, RegroupError
 from rankwise.parallel import unwrap_model
 from rankwise.train.config import DistributedTrainingConfig
-from rankwise.train.config_checks import check_continue_strategy
 from rankwise.train.loop import StepEnv, train_epoch
 from rankwise.train.pipeline import TrainBatches
 from rankwise.train.setup import rewrap
@@ -123,7 +122,7 @@ def epoch_runner(
     membership = rd.membership()
     if membership is None or state is None or cfg is None:
         return train_epoch
-    check_continue_strategy(cfg.strategy)
+    cfg.check_combinations(continue_mode=True)
     return Continuing(membership, state, cfg, device, notify).run_epoch
 
 
@@ -158,7 +157,7 @@ class Continuing:
     ) -> None:
         self.membership, self.state, self.cfg = membership, state, cfg
         self.device, self.notify = device, notify
-        self.global_batch = cfg.batch_size * rd.get_world_size() * cfg.grad_accum_steps
+        self.global_batch = cfg.effective_batch_size(rd.get_world_size())
         self.source: Any = None
         self.mark: _Mark | None = None
         self.regroups = 0

@@ -9,6 +9,7 @@ with the same class and per-group settings over the new parameters (matched by n
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -40,8 +41,7 @@ class Prepared:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     precision: Precision
-    strategy: str
-    compiled: bool
+    config: DistributedTrainingConfig  # a copy of the first fit's: later fits keep its wrapping
 
     def hand_over(self, state: Any) -> None:
         """Give the first ``fit``'s objects to the ``TrainState``, which owns the wrapper from
@@ -50,19 +50,6 @@ class Prepared:
         blocked on them (one not next to the lost rank in gloo's ring) would never wake."""
         state.adopt(self.model, self.optimizer, self.scheduler, self.precision)
         self.model = unwrap_model(self.model)
-
-    def check_refit(self, cfg: DistributedTrainingConfig) -> None:
-        """A later ``fit`` of the same trainer keeps the first one's wrapping and compiling."""
-        for name, was, now in (
-            ("strategy", self.strategy, cfg.strategy),
-            ("compile", self.compiled, cfg.compile),
-        ):
-            if was != now:
-                raise ValueError(
-                    f"this trainer's model was prepared with {name}={was!r} by an earlier "
-                    f"fit(); config.{name} is {now!r}. Keep the {name} or build a new "
-                    "DistributedTrainer."
-                )
 
 
 def prepare(
@@ -106,7 +93,7 @@ def prepare(
             "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)."
         )
     precision = Precision(cfg.precision, device)
-    return Prepared(model, optimizer, scheduler, precision, cfg.strategy, cfg.compile)
+    return Prepared(model, optimizer, scheduler, precision, dataclasses.replace(cfg))
 
 
 def resolve_device(device: torch.device | str | int) -> torch.device:

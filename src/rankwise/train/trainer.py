@@ -254,7 +254,7 @@ class DistributedTrainer:
             )
             prepared.hand_over(state)
         else:
-            self.prepared.check_refit(cfg)
+            cfg.check_refit(self.prepared.config)
         if not state.lr_scaled:
             scale = cfg.lr_scale(rd.get_world_size())
             if scale != 1.0:
