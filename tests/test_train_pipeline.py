@@ -12,7 +12,7 @@ from torch.utils.data import TensorDataset
 
 from rankwise.train import DistributedTrainingConfig
 from rankwise.train.data import TensorPairs
-from rankwise.train.pipeline import TrainBatches, loader_options, train_source
+from rankwise.train.data import TrainBatches, loader_options, train_source
 
 CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
 

@@ -3,7 +3,7 @@
 Counted, never timed: a ``TorchFunctionMode`` (torch's own hook for every call into the torch
 API) tallies the torch functions and tensor methods called between two optimizer steps, in
 the trainer and in the loop a user writes over the same data, sampler, model and optimizer.
-The difference must be exactly what ``loop.py`` documents per micro-batch: the loss kept
+The difference must be exactly what ``step.py`` documents per micro-batch: the loss kept
 detached for the epoch's metrics, ``argmax`` / ``==`` for its accuracy, and the batch's
 ``shape`` (its length moves the sampler's resume cursor). A per-step ``.item()`` (a host
 sync on a GPU), a stray copy or a metric reduced every step shows up here by name.

@@ -41,7 +41,7 @@ from rankwise.distributed.membership import (
 from rankwise.launch import check_args
 from rankwise.testing import child_env, free_port, run_distributed, run_isolated
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig, load_file, save_file
-from rankwise.train.elastic import check_split
+from rankwise.train.continuing import check_split
 from test_troubleshooting_augment import TRIGGERS as AUGMENT_TRIGGERS
 from test_troubleshooting_compat import TRIGGERS as COMPAT_TRIGGERS
 from test_troubleshooting_continue import TRIGGERS as CONTINUE_TRIGGERS

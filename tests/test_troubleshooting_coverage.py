@@ -114,8 +114,8 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
         "distributed/membership.py",
         "slot {} was left out of generation {} (members {}): it d",
     ): _CONTINUE,
-    ("train/elastic.py", "the survivors stopped at different optimizer steps ({}) "): _CONTINUE,
-    ("train/elastic.py", "--on-failure continue re-splits the rest of the epoch ov"): _CONTINUE,
+    ("train/continuing.py", "the survivors stopped at different optimizer steps ({}) "): _CONTINUE,
+    ("train/continuing.py", "--on-failure continue re-splits the rest of the epoch ov"): _CONTINUE,
     ("train/sharded.py", "checkpoint {}: {} is not a rankwise training state."): _FORGED,
     ("train/sharded.py", "checkpoint {}: {} verifies but does not load: {}"): _FORGED,
 }

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.parallel import DataParallel
 from torch.utils.data import DataLoader, Dataset
 
 import rankwise.distributed as rd
@@ -34,8 +33,7 @@ from rankwise.train.data import (
     is_map_style,
     to_device,
 )
-
-LossFn = Callable[..., torch.Tensor] | None
+from rankwise.train.step import LossFn, is_class_target, model_loss, split_batch
 
 
 class EvalBatches:
@@ -127,55 +125,6 @@ def _stream(batches: Any) -> Iterator[tuple[Batch, int]]:
         assert batch is not None
         yield batch, batch_length(batch)
         step += 1
-
-
-def split_batch(batch: Batch, needs_target: bool) -> tuple[Any, Any]:
-    """``(inputs, targets)`` of a batch; targets may be None when the model computes its own
-    loss (``loss_fn=None``)."""
-    if isinstance(batch, list | tuple):
-        if len(batch) == 2:
-            return batch[0], batch[1]
-        if len(batch) == 1 and not needs_target:
-            return batch[0], None
-    elif not needs_target:
-        return batch, None
-    raise ValueError(
-        f"a batch must be an (input, target) pair, got a {type(batch).__name__}"
-        + (f" of {len(batch)} items" if isinstance(batch, list | tuple) else "")
-        + "; make the Dataset return (x, y), or pass loss_fn=None to a model that returns "
-        "{'loss': ...}."
-    )
-
-
-def model_loss(outputs: Any, targets: Any, loss_fn: LossFn, model: Any = None) -> torch.Tensor:
-    """The batch-mean loss: ``loss_fn(outputs, targets)``, or the model's own ``"loss"``.
-
-    A DataParallel gathers each GPU replica's scalar ``"loss"`` into a vector of one entry per
-    GPU; its mean is the batch's loss (replicas get equal shares, the last one maybe fewer).
-    """
-    if loss_fn is not None:
-        return loss_fn(outputs, targets)
-    if isinstance(outputs, dict) and "loss" in outputs:
-        loss = outputs["loss"]
-        if isinstance(model, DataParallel) and isinstance(loss, torch.Tensor) and loss.dim() == 1:
-            return loss.mean()
-        return loss
-    raise ValueError(
-        f"loss_fn is None, so the model must return a dict with a 'loss' entry; it returned "
-        f"a {type(outputs).__name__}. Pass a loss_fn, e.g. torch.nn.CrossEntropyLoss()."
-    )
-
-
-def is_class_target(outputs: Any, targets: Any) -> bool:
-    """Accuracy applies when targets are class indices and outputs are [B, C] logits."""
-    return (
-        isinstance(targets, torch.Tensor)
-        and isinstance(outputs, torch.Tensor)
-        and targets.ndim == 1
-        and not targets.is_floating_point()
-        and outputs.ndim == 2
-        and outputs.shape[0] == targets.shape[0]
-    )
 
 
 def per_sample_loss(loss_fn: LossFn) -> LossFn:

@@ -197,7 +197,7 @@ def rewrap(
     module: nn.Module, cfg: DistributedTrainingConfig, device: torch.device | None
 ) -> nn.Module:
     """Wrap ``module`` (unwrapped) again for the process group as it is now: after the
-    survivors of a lost rank regrouped (:mod:`rankwise.train.elastic`)."""
+    survivors of a lost rank regrouped (:mod:`rankwise.train.continuing`)."""
     return _wrap(module, cfg, device)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -24,6 +24,23 @@ import torch
 import rankwise.distributed as rd
 
 FOLD_EVERY = 256  # accuracy masks summed in one op; bounds their memory (256 x batch bytes)
+
+
+class EpochResult(NamedTuple):
+    """An epoch's figures over the whole world."""
+
+    loss: float  # the mean over every sample trained
+    accuracy: float | None  # None unless every target was a class index
+    samples: int  # trained by all ranks together
+
+
+class SumsLength(NamedTuple):
+    """How far the sums had got at an optimizer step (continue mode rolls back to it)."""
+
+    losses: int
+    counts: int
+    hits: int
+    classed: int
 
 
 @dataclass
@@ -41,6 +58,7 @@ class EpochSums:
     hits: list[torch.Tensor] = field(default_factory=list)  # bool: prediction == target
     folded: torch.Tensor | None = None  # correct predictions of the masks folded so far
     classed: int = 0
+    classes: bool | None = None  # whether accuracy applies: decided on the epoch's first batch
     carried: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
 
     def local(self) -> torch.Tensor:
@@ -77,11 +95,20 @@ class EpochSums:
         """The world's sums (on the CPU): one all-reduce on the collective device."""
         return rd.all_reduce(self.local().to(rd.collective_device())).cpu()
 
-    def result(self) -> tuple[float, float | None, int]:
-        """The epoch's ``(mean loss, accuracy, samples)`` over the world (a collective)."""
+    def result(self) -> EpochResult:
+        """The epoch's figures over the world (a collective)."""
         totals = self.reduced()
         loss, accuracy = summarize(totals)
-        return loss, accuracy, int(totals[1])
+        return EpochResult(loss, accuracy, int(totals[1]))
+
+    def length(self) -> SumsLength:
+        return SumsLength(len(self.losses), len(self.counts), len(self.hits), self.classed)
+
+    def truncate(self, to: SumsLength) -> None:
+        """Forget the micro-batches after ``to`` (a step lost with a peer is trained again)."""
+        del self.losses[to.losses :], self.counts[to.counts :]
+        del self.hits[min(to.hits, len(self.hits)) :]
+        self.classed = to.classed
 
 
 class LossReadout:

@@ -33,12 +33,18 @@ from rankwise.train import checks, elastic
 from rankwise.train import resume as rs
 from rankwise.train import setup as st
 from rankwise.train.config import DistributedTrainingConfig
-from rankwise.train.data import as_dataset, eval_data, fit_datasets, parse_fit_args, to_device
+from rankwise.train.data import (
+    as_dataset,
+    eval_data,
+    fit_datasets,
+    parse_fit_args,
+    to_device,
+    train_source,
+)
 from rankwise.train.evaluation import EvalBatches, eval_batches, evaluate_exact, predict_all
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
 from rankwise.train.loop import StepEnv, epoch_scheduler_step
-from rankwise.train.pipeline import train_source
 from rankwise.train.state import TrainState
 from rankwise.train.sums import EpochSums
 from rankwise.train.writer import CheckpointWriter, SaveStats, drained_on_sigterm, writer_for

@@ -1,8 +1,9 @@
 """Training on through a lost rank (``rankwise launch --on-failure continue``).
 
-Without that launcher :func:`epoch_runner` is :func:`~rankwise.train.loop.train_epoch` itself.
-Under it, each epoch runs inside :class:`Continuing`, which keeps a *mark* at every optimizer
-step (the step, the sampler cursor, the length of the epoch's sums) and, when a collective
+The trainer side of continue mode; the launcher side is :mod:`rankwise.launch`. Without that
+launcher there is no :class:`Continuing` and the epoch loop (:mod:`rankwise.train.loop`) is
+plain. Under it, the loop marks every optimizer step (:meth:`Continuing.mark`: the step, the
+sampler cursor, the length of the epoch's sums) and, when a collective
 fails because a peer is gone (closed gloo connection, collective timeout):
 
 1. drops its references to the broken group (the DDP wrapper) and the partial step (gradients
@@ -33,7 +34,7 @@ shares where the grown world does not divide it). The joiner
 ran its script's set-up alone (a world of one) and takes the state in :class:`Continuing`,
 before its first epoch; its epoch sums start empty there.
 
->>> epoch_runner(None, None, None, lambda: None) is train_epoch   # no membership: plain
+>>> Continuing.for_this_job(None, None, None) is None   # no launcher membership: plain
 True
 """
 
@@ -42,7 +43,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -52,17 +52,12 @@ import rankwise.distributed as rd
 from rankwise.distributed.membership import Membership, RegroupError
 from rankwise.parallel import unwrap_model
 from rankwise.train.config import DistributedTrainingConfig
-from rankwise.train.loop import StepEnv, train_epoch
-from rankwise.train.pipeline import TrainBatches
+from rankwise.train.data import TrainBatches
 from rankwise.train.setup import rewrap
 from rankwise.train.state import TrainState, broadcast_state
-from rankwise.train.sums import EpochSums
+from rankwise.train.sums import EpochSums, SumsLength
 
-__all__ = [
-    "Continuing", "check_split", "closing", "epoch_runner", "fits", "shares_text",
-]  # fmt: skip
-
-EpochFn = Callable[[TrainState, StepEnv, Any], tuple[float, float | None, int]]
+__all__ = ["Continuing", "JoinersWaiting", "check_split", "fits", "shares_text"]
 
 
 def fits(global_batch: int, world: int, accum: int) -> bool:
@@ -101,51 +96,22 @@ def shares_text(global_batch: int, world: int, accum: int) -> str:
     return f"{extra} x {(base + 1) * accum} + {world - extra} x {base * accum}"
 
 
-class _Grow(Exception):  # a signal, not an error
+class JoinersWaiting(Exception):  # a signal, not an error
     """Raised at the step boundary where the members agreed to let joiners in."""
-
-
-def _lost_peer(exc: RuntimeError) -> str:
-    """What to say of a collective's error that means a lost peer; any other is raised."""
-    if not rd.is_peer_failure(exc):
-        raise exc
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-
-
-def epoch_runner(
-    state: TrainState | None,
-    cfg: DistributedTrainingConfig | None,
-    device: torch.device | None,
-    notify: Callable[[], None],
-) -> EpochFn:
-    """``train_epoch``, or a :class:`Continuing` one under ``--on-failure continue``."""
-    membership = rd.membership()
-    if membership is None or state is None or cfg is None:
-        return train_epoch
-    cfg.check_combinations(continue_mode=True)
-    return Continuing(membership, state, cfg, device, notify).run_epoch
-
-
-def closing(run: EpochFn, what: Callable[[], None]) -> None:
-    """``what()`` between epochs or after the last (a checkpoint save, the wait for the last
-    one); under ``--on-failure continue`` (``run`` from :func:`epoch_runner`), a peer lost in
-    it is recovered from as in an epoch and ``what`` runs again in the new group."""
-    owner = getattr(run, "__self__", None)
-    if isinstance(owner, Continuing):
-        owner.closing(what)
-    else:
-        what()
 
 
 @dataclasses.dataclass
 class _Mark:
     step: int
     cursor: dict[str, Any] | None
-    sums: tuple[int, int, int, int]  # lengths of losses, counts, hits; classed
+    sums: SumsLength | None
 
 
 class Continuing:
-    """One ``fit``'s epochs under ``--on-failure continue`` (see module doc)."""
+    """One ``fit``'s epochs under ``--on-failure continue`` (see module doc). The epoch loop
+    (:func:`rankwise.train.loop.run_epoch`) calls :meth:`begin_epoch`, :meth:`mark` after every
+    step, :meth:`joiners_agreed` at step boundaries, and :meth:`recover` or :meth:`grow`
+    when a step fails or joiners come in."""
 
     def __init__(
         self,
@@ -153,23 +119,42 @@ class Continuing:
         state: TrainState,
         cfg: DistributedTrainingConfig,
         device: torch.device | None,
-        notify: Callable[[], None],
     ) -> None:
         self.membership, self.state, self.cfg = membership, state, cfg
-        self.device, self.notify = device, notify
+        self.device = device
         self.global_batch = cfg.effective_batch_size(rd.get_world_size())
         self.source: Any = None
-        self.mark: _Mark | None = None
-        self.regroups = 0
+        self.last_mark: _Mark | None = None
         self.join_every = int(os.environ.get("RANKWISE_JOIN_CHECK_EVERY", "1") or 0)
         self.join_cursor: dict[str, Any] | None = None  # a joiner's, until it has the data
-        if membership.pending:  # a restarted process: in at the members' next step boundary
-            state.sums = EpochSums()  # its own sums of the epoch start empty
-            membership.join()
-            self._take_state(None)
 
-    def run_epoch(self, state: TrainState, env: StepEnv, source: Any) -> tuple:
-        """``train_epoch`` until it finishes, regrouping after each lost peer."""
+    @classmethod
+    def for_this_job(
+        cls,
+        state: TrainState | None,
+        cfg: DistributedTrainingConfig | None,
+        device: torch.device | None,
+    ) -> Continuing | None:
+        """A ``Continuing`` when the job runs under ``--on-failure continue``, else None."""
+        membership = rd.membership()
+        if membership is None or state is None or cfg is None:
+            return None
+        cfg.check_combinations(continue_mode=True)
+        return cls(membership, state, cfg, device)
+
+    def join_if_waiting(self) -> bool:
+        """A restarted process: wait to be let in at the members' next step boundary and take
+        a live member's state. Returns whether it joined (False: an original member)."""
+        if not self.membership.pending:
+            return False
+        self.state.sums = EpochSums()  # its own sums of the epoch start empty
+        self.membership.join()
+        self._take_state(None)
+        return True
+
+    def begin_epoch(self, source: Any) -> Any:
+        """The epoch's batches: ``source`` (the trainer's), or this mode's re-split of it after
+        a regroup; marks the epoch's start."""
         if self.source is None or self.source.dataset is not getattr(source, "dataset", None):
             if not isinstance(source, TrainBatches):
                 raise RegroupError(
@@ -181,52 +166,25 @@ class Continuing:
         if self.join_cursor is not None:
             self._resplit(self.join_cursor, self.membership.world_size)
             self.join_cursor = None
-        env = dataclasses.replace(env, after_step=self._marking(env.after_step))
-        self.mark = self._take_mark()
-        while True:
-            try:
-                if self._epoch_over(state):  # lost in the epoch's closing all-reduce
-                    assert state.sums is not None, "set by fit()"
-                    return state.sums.result()
-                return train_epoch(state, env, self.source)
-            except _Grow:
-                reason = ""
-            except RuntimeError as exc:
-                reason = _lost_peer(exc)
-            # Outside the except block: the traceback's frames hold the DDP wrapper, and so
-            # the broken group, whose sockets must close for blocked peers to wake up.
-            if reason:
-                self._recover(reason)
-            else:
-                self._grow()
+        self.mark()
+        return self.source
 
-    def closing(self, what: Callable[[], None]) -> None:
-        """See :func:`closing`: the state is at the last mark (an epoch's last step)."""
-        while True:
-            try:
-                return what()
-            except RuntimeError as exc:
-                reason = _lost_peer(exc)
-            self._recover(reason)  # outside the except block, as in run_epoch
-
-    def _epoch_over(self, state: TrainState) -> bool:
+    def epoch_over(self) -> bool:
         """Whether the sampler already went through this epoch (a recovery after its last
-        step): iterating it again would repeat the epoch's order."""
+        step, lost in the epoch's closing all-reduce): iterating it again would repeat it."""
         sampler = self.source.sampler
-        return sampler.epoch == state.epoch and sampler.consumed > 0 and sampler.remaining() == 0
+        return (
+            sampler.epoch == self.state.epoch and sampler.consumed > 0 and sampler.remaining() == 0
+        )
 
-    # -- marks ------------------------------------------------------------------------------
+    def mark(self) -> None:
+        """Remember where training is (a step boundary): a lost peer rolls back to here."""
+        sums, sampler = self.state.sums, self.state.sampler
+        cursor = dict(sampler.state_dict()) if sampler is not None else None
+        length = sums.length() if sums is not None else None
+        self.last_mark = _Mark(self.state.step, cursor, length)
 
-    def _marking(self, inner: Callable[[bool], None]) -> Callable[[bool], None]:
-        def after_step(ends_epoch: bool) -> None:
-            self.mark = self._take_mark()  # first: the step is done, whatever follows fails
-            inner(ends_epoch)
-            if not ends_epoch and self._joiners_agreed():
-                raise _Grow
-
-        return after_step
-
-    def _joiners_agreed(self) -> bool:
+    def joiners_agreed(self) -> bool:
         """Whether every member lets the waiting joiners in now: rank 0 reads the store and
         broadcasts the answer (a world with more ranks than a micro-step has samples waits)."""
         if not self.join_every or self.state.step % self.join_every:
@@ -239,24 +197,24 @@ class Continuing:
         dist.broadcast(flag, src=0)
         return bool(flag.item())
 
-    def _take_mark(self) -> _Mark:
-        sums, sampler = self.state.sums, self.state.sampler
-        lengths = (0, 0, 0, 0)
-        if sums is not None:
-            lengths = (len(sums.losses), len(sums.counts), len(sums.hits), sums.classed)
-        cursor = dict(sampler.state_dict()) if sampler is not None else None
-        return _Mark(self.state.step, cursor, lengths)
+    @staticmethod
+    def lost_peer(exc: RuntimeError) -> str:
+        """What to say of an error that means a lost or frozen peer; the rank's own error
+        (:func:`rankwise.distributed.classify`) is raised: it is this rank's failure."""
+        if not rd.is_peer_failure(exc):
+            raise exc
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
 
     # -- recovery ---------------------------------------------------------------------------
 
-    def _recover(self, reason: str) -> None:
-        state, mark = self.state, self.mark
-        assert mark is not None and state.optimizer is not None, "set by run_epoch / fit"
+    def recover(self, reason: str) -> None:
+        """Regroup with the survivors after a lost peer and go back to the last mark."""
+        state, mark = self.state, self.last_mark
+        assert mark is not None and state.optimizer is not None, "set by begin_epoch / fit"
         module = self._unwrap()
         state.optimizer.zero_grad(set_to_none=True)  # the partial step's gradients
         old_world = rd.get_world_size() if rd.has_group() else None
         self.membership.regroup()
-        self.regroups += 1
         world = self._check_split("left")
         state.model = rewrap(module, self.cfg, self.device)
         steps: list[Any] = [None] * world
@@ -267,23 +225,23 @@ class Continuing:
                 f"{reason}; handing the furthest state to the others is not supported yet."
             )
         state.step = mark.step
-        self._truncate_sums(mark)
+        if state.sums is not None and mark.sums is not None:
+            state.sums.truncate(mark.sums)
         self._resplit(mark.cursor, world)
         self._say(f"a peer was lost ({reason})", old_world, mark.step)
-        self.notify()
 
-    def _grow(self) -> None:
+    def grow(self) -> None:
         """Let the waiting joiners in at this step boundary (every member, agreed)."""
         old_world = rd.get_world_size()
         self._unwrap()
         self.membership.regroup(grow=True)
-        self.regroups += 1
         self._take_state(old_world)
 
     def _take_state(self, old_world: int | None) -> None:
         """After a generation that let joiners in: a live member's state on every rank (the
         joiners load it), the module wrapped for the new group, the rest of the epoch re-split
-        (a joiner's once it has its data: :meth:`run_epoch`). ``old_world``: None on a joiner."""
+        (a joiner's once it has its data: :meth:`begin_epoch`). ``old_world``: None on a
+        joiner."""
         state, m = self.state, self.membership
         src = next(r for r, slot in enumerate(m.members) if slot not in m.joined)
         saved = state.state_dict()  # a collective (the sums, the RNG states): on every rank
@@ -300,7 +258,6 @@ class Continuing:
         if old_world is not None:
             self._resplit(got["sampler"], world)
         self._say(f"slot(s) {m.joined} rejoined", old_world, state.step)
-        self.notify()
 
     def _unwrap(self) -> torch.nn.Module:
         self.membership.arrive()  # first: the collection below starves the heartbeat thread
@@ -323,15 +280,6 @@ class Continuing:
                 f"{shares_text(self.global_batch, world, self.cfg.grad_accum_steps)}",
                 flush=True,
             )
-
-    def _truncate_sums(self, mark: _Mark) -> None:
-        sums = self.state.sums
-        if sums is None:
-            return
-        losses, counts, hits, classed = mark.sums
-        del sums.losses[losses:], sums.counts[counts:]
-        del sums.hits[min(hits, len(sums.hits)) :]
-        sums.classed = classed
 
     def _resplit(self, cursor: dict[str, Any] | None, world: int) -> None:
         old = self.source
