@@ -19,7 +19,7 @@ here, never from the modules below (their shared names are the package's interna
 - During ``fit``: :class:`Checkpointer` (``checkpointer.py``) decides when to save (every N
   steps or epochs, the deferral at an epoch's end, the last save, the drain on SIGTERM) and
   saves through one background writer (``writer.py``) that stages the state in reused CPU
-  buffers (:func:`snapshot`); :class:`SaveStats` is what that cost the loop.
+  buffers (:func:`snapshot`, ``staging.py``); :class:`SaveStats` is what that cost the loop.
   :func:`manager_for` and :func:`load_resume` (``resume.py``) are where ``fit`` saves and what
   it resumes from.
 
@@ -60,7 +60,7 @@ from rankwise.train.checkpoint.portable import (
 )
 from rankwise.train.checkpoint.resume import load_resume, manager_for
 from rankwise.train.checkpoint.sharded import load_shards, sharded_state_dicts
-from rankwise.train.checkpoint.snapshot import snapshot
+from rankwise.train.checkpoint.staging import snapshot
 from rankwise.train.checkpoint.writer import SaveStats
 
 __all__ = [

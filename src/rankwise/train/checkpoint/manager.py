@@ -34,7 +34,7 @@ from rankwise.train.checkpoint.files import (
     write_json_atomic,
 )
 from rankwise.train.checkpoint.sharded import ShardedWriter
-from rankwise.train.checkpoint.snapshot import snapshot as take_snapshot
+from rankwise.train.checkpoint.staging import snapshot as take_snapshot
 
 __all__ = ["FORMAT_VERSION", "CheckpointManager", "find_latest", "read_checkpoint"]
 

@@ -60,7 +60,7 @@ from rankwise.train.checkpoint.portable import (
     load_optimizer_state_dict,
     optimizer_state_dict,
 )
-from rankwise.train.checkpoint.snapshot import snapshot
+from rankwise.train.checkpoint.staging import snapshot
 
 __all__ = [
     "MANIFEST",

@@ -1,7 +1,7 @@
 """Writing the training state's checkpoints during ``fit``: in the background by default.
 
 A save at a step boundary takes the training state's ``state_dict()`` (a collective), copies it into
-reused CPU buffers (``snapshot.py``; pinned on CUDA) and hands the
+reused CPU buffers (``staging.py``; pinned on CUDA) and hands the
 copy to :meth:`CheckpointManager.save_async`'s one background thread, which writes it exactly
 as a synchronous save does: temporary file, fsync, checksum manifest, rename, pointer, pruning.
 The loop is held only for the state dict and the copy. At most one write is in flight: a save
