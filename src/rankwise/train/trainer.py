@@ -240,7 +240,7 @@ class DistributedTrainer:
             # every N epochs, or a step save deferred to the epoch's end; a lost peer in it is
             # recovered from and the save made again
             elastic.closing(run, functools.partial(checkpointer.after_epoch, state, epoch))
-        # the last step saved unless it is, and fit returns once that checkpoint is durable
+        # a last save unless the last step is saved; fit returns once it is durable
         elastic.closing(run, functools.partial(checkpointer.at_end, state))
         return samples, train_seconds
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
+import rankwise.distributed as rd
 from rankwise.train.checkpoint.manager import CheckpointManager
 from rankwise.train.checkpoint.writer import Savable, SaveStats, drained_on_sigterm, writer_for
+from rankwise.train.config import DistributedTrainingConfig
 
 __all__ = ["Checkpointer"]
 
@@ -37,10 +38,9 @@ class Checkpointer:
     ``manager``: the checkpoint folder, or None (no ``checkpoint_dir``: every call does
     nothing). ``cfg``: the fit's config (``checkpoint_every_n_steps``,
     ``checkpoint_every_n_epochs``, ``async_checkpoints``, ``save_on_master_only``).
-    ``on_saved(path)`` runs on every rank once a checkpoint is durable. ``progress`` (a
-    :class:`rankwise.distributed.Progress`) names a save a late rank is stuck in.
-    ``saved_at``: the step the run's newest checkpoint holds already (a resume's), which the
-    end of ``fit`` then does not save again.
+    ``on_saved(path)`` runs on every rank once a checkpoint is durable. ``progress`` names the
+    save a late rank is stuck in. ``saved_at``: the step the run's newest checkpoint holds
+    already (a resume's), which the end of ``fit`` then does not save again.
 
     Every save is a collective: the loop calls these methods on every rank at the same
     points.
@@ -49,10 +49,10 @@ class Checkpointer:
     def __init__(
         self,
         manager: CheckpointManager | None,
-        cfg: Any,
+        cfg: DistributedTrainingConfig,
         *,
         on_saved: Callable[[Path], None],
-        progress: Any = None,
+        progress: rd.Progress | None = None,
         saved_at: int | None = None,
     ) -> None:
         self.writer = writer_for(manager, cfg, on_saved)
