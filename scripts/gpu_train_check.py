@@ -28,7 +28,7 @@ from torch import nn
 
 import rankwise.distributed as rd
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
-from rankwise.train.portable import rng_state, set_rng_state
+from rankwise.train.checkpoint import rng_state, set_rng_state
 
 failures = 0
 

@@ -20,7 +20,7 @@ import rankwise.distributed as rd
 from rankwise.parallel import compile_model, is_compiled, unwrap_model
 from rankwise.testing import run_distributed
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig, load_file
-from rankwise.train.portable import model_state_dict
+from rankwise.train.checkpoint import model_state_dict
 
 SETTINGS: dict[str, Any] = {
     "epochs": 2,

@@ -12,7 +12,7 @@ from torch import nn
 
 from rankwise.testing import run_distributed
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
-from rankwise.train.snapshot import snapshot
+from rankwise.train.checkpoint import snapshot
 from rankwise.train.state import TrainState, broadcast_state
 
 PLAIN = (int, float, str, bool, bytes, type(None), torch.Tensor)

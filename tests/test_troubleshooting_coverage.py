@@ -41,7 +41,7 @@ INTERNAL: dict[tuple[str, str], str] = {
     ("train/state.py", "broadcast_state in a world of one needs the state"): _INVARIANT,
     ("parallel/hooks.py", "powersgd_hook needs HookState.powersgd"): _INVARIANT,
     ("train/config.py", "{} (config file {})"): _WRAPPER,
-    ("train/files.py", "checkpoint {} verifies but does not load: {}"): _WRAPPER,
+    ("train/checkpoint/files.py", "checkpoint {} verifies but does not load: {}"): _WRAPPER,
     ("distributed/environment.py", "{}. Start the script with `srun python"): _WRAPPER,
     ("testing/__init__.py", "world_size ({}) must be >= 1."): _TESTING,
     ("testing/__init__.py", "rank {} of {} failed{}:"): _TESTING,
@@ -53,7 +53,7 @@ INTERNAL: dict[tuple[str, str], str] = {
     ("train/state.py", "the training state has no optimizer yet"): (
         "the trainer refuses first with 'the trainer is not set up yet' (row trainer-not-set-up)"
     ),
-    ("train/files.py", "checkpoint {} holds a {}, not a dict."): (
+    ("train/checkpoint/files.py", "checkpoint {} holds a {}, not a dict."): (
         "save_file writes dicts only, and a file without its manifest fails verification first"
     ),
     ("distributed/rendezvous.py", "no live store at {}"): (
@@ -104,8 +104,11 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
         "distributed/rendezvous.py",
         "rank {} lost the rendezvous store during init(): rank 0,",
     ): _MID_INIT,
-    ("train/portable.py", "the RNG state holds {} CUDA generators and this process"): _NEEDS_GPU,
-    ("train/sharded.py", "checkpoint {}: its manifest lists no {}."): _FORGED,
+    (
+        "train/checkpoint/portable.py",
+        "the RNG state holds {} CUDA generators and this process",
+    ): _NEEDS_GPU,
+    ("train/checkpoint/sharded.py", "checkpoint {}: its manifest lists no {}."): _FORGED,
     (
         "distributed/membership.py",
         "slot {} (restart {}) waited {}s and no running rank let",
@@ -116,8 +119,8 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
     ): _CONTINUE,
     ("train/continuing.py", "the survivors stopped at different optimizer steps ({}) "): _CONTINUE,
     ("train/continuing.py", "--on-failure continue re-splits the rest of the epoch ov"): _CONTINUE,
-    ("train/sharded.py", "checkpoint {}: {} is not a rankwise training state."): _FORGED,
-    ("train/sharded.py", "checkpoint {}: {} verifies but does not load: {}"): _FORGED,
+    ("train/checkpoint/sharded.py", "checkpoint {}: {} is not a rankwise training state."): _FORGED,
+    ("train/checkpoint/sharded.py", "checkpoint {}: {} verifies but does not load: {}"): _FORGED,
 }
 
 
@@ -220,12 +223,14 @@ def test_the_scan_finds_the_messages_it_should() -> None:
     assert len(found) >= 250, len(found)
     templates = {(s.path, s.template) for s in found}
     # a plain raise with an f-string
-    assert ("train/files.py", "save_file takes a dict, got {}.") in templates
+    assert ("train/checkpoint/files.py", "save_file takes a dict, got {}.") in templates
     # an error a helper builds and returns (environment.py's _bad_nodelist)
     assert any(s.path == "distributed/environment.py" and "SLURM host list" in s.template
                for s in found)  # fmt: skip
     # a warning, with its category
-    assert any(s.kind == "CheckpointWarning" and s.path == "train/writer.py" for s in found)
+    assert any(
+        s.kind == "CheckpointWarning" and s.path == "train/checkpoint/writer.py" for s in found
+    )
     # a message concatenated from a literal and an expression
     assert any(s.template.startswith("{} Skipping it and trying") for s in found)
 

@@ -31,7 +31,7 @@ from rankwise.train import (
     save_file,
     set_rng_state,
 )
-from rankwise.train.writer import CheckpointWriter
+from rankwise.train.checkpoint.writer import CheckpointWriter
 from troubleshooting_table import check_row, raised, run_cases, warned
 
 _X, _Y = np.zeros((8, 2), np.float32), np.zeros((8, 2), np.float32)

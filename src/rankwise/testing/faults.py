@@ -21,7 +21,7 @@ def kill_at_checkpoint(point: str, after: int = 0) -> None:
     the first ``after`` passes through it are let go. Call it inside the process to kill (a
     rank, a child script); ``rankwise.train.checkpoint.set_fault_hook(None)`` undoes it.
     """
-    from rankwise.train.files import FAULT_POINTS, set_fault_hook
+    from rankwise.train.checkpoint import FAULT_POINTS, set_fault_hook
 
     if point not in FAULT_POINTS:
         raise ValueError(

@@ -7,8 +7,9 @@ rank 0; ``AuditLog`` (opt-in) records which samples each rank consumed per step;
 (``trainer.state``: what a checkpoint holds, what ``broadcast_state`` sends to another rank);
 ``SaveStats`` what background checkpoint saves cost the loop. See ``docs/train.md``.
 
-Checkpoints (:mod:`rankwise.train.checkpoint`): atomic, verified files; a manager with a
-``latest`` pointer and pruning; model / optimizer / RNG state independent of the wrapping.
+Checkpoints (:mod:`rankwise.train.checkpoint`, a package): atomic, verified files; a manager
+with a ``latest`` pointer and pruning; model / optimizer / RNG state independent of the
+wrapping; the ``Checkpointer`` that decides when ``fit`` saves.
 """
 
 from rankwise.train.audit import AuditLog, AuditReport, read_audit
@@ -18,6 +19,7 @@ from rankwise.train.checkpoint import (
     CheckpointError,
     CheckpointManager,
     CheckpointWarning,
+    SaveStats,
     find_latest,
     load_file,
     load_model_state_dict,
@@ -35,7 +37,6 @@ from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
 from rankwise.train.state import TrainState, broadcast_state
 from rankwise.train.trainer import DistributedTrainer
-from rankwise.train.writer import SaveStats
 
 __all__ = [
     "FAULT_POINTS",

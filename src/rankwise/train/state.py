@@ -7,10 +7,8 @@ whether the learning rate was scaled). ``state_dict()`` turns it into plain valu
 and optimizer keys do not depend on the wrapping; ``load_state_dict()`` puts them back, on any
 world size. What is done with those values is a function over them:
 
-- :func:`~rankwise.train.snapshot.snapshot`: a copy in reusable CPU buffers, for a writer
-  that works while training goes on;
-- :mod:`rankwise.train.checkpoint` and :mod:`rankwise.train.resume`: atomic, verified files,
-  and picking the newest valid one up again;
+- :mod:`rankwise.train.checkpoint`: a copy in reusable CPU buffers for a writer that works
+  while training goes on, atomic verified files, and picking the newest valid one up again;
 - :func:`broadcast_state`: one rank's state dict on every rank, over the process group.
 
 ``state_dict()`` (checkpoint format 1)::
@@ -30,6 +28,7 @@ world size. What is done with those values is a function over them:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +38,18 @@ from torch import nn
 
 import rankwise.distributed as rd
 from rankwise.parallel import Precision, comm_state_dict, load_comm_state_dict
-from rankwise.train import checkpoint as ck
-from rankwise.train import sharded as sh
+from rankwise.train.checkpoint import (
+    FORMAT_VERSION,
+    CheckpointError,
+    load_model_state_dict,
+    load_optimizer_state_dict,
+    load_shards,
+    model_state_dict,
+    optimizer_state_dict,
+    rng_state,
+    set_rng_state,
+    sharded_state_dicts,
+)
 from rankwise.train.config import DistributedTrainingConfig
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.sums import EpochSums
@@ -113,27 +122,27 @@ class TrainState:
         A collective: the epoch's sums are all-reduced, every rank's RNG state gathered, and
         a sharded (FSDP2) model gathered to rank 0. Call it on every rank at a step boundary.
         ``sharded``: the model and optimizer state stay as each rank holds them (FSDP2's
-        DTensor shards, nothing gathered), for a DCP folder (:mod:`rankwise.train.sharded`).
+        DTensor shards, nothing gathered), for a DCP folder (a sharded checkpoint).
         """
         if self.optimizer is None:
             raise ValueError("the training state has no optimizer yet: call fit() first.")
         world = rd.get_world_size()
         carried = self.sums.reduced().tolist() if self.sums is not None else list(_NO_SUMS)
-        rngs: list[Any] = [ck.rng_state()]
+        rngs: list[Any] = [rng_state()]
         if world > 1 and rd.has_group():
             rngs = [None] * world
-            dist.all_gather_object(rngs, ck.rng_state())
+            dist.all_gather_object(rngs, rng_state())
         cfg = self.config or DistributedTrainingConfig()
         precision = self.precision.state_dict() if self.precision is not None else None
         if precision is None and self.restored is not None:
             precision = self.restored.precision
         if sharded:
-            model, optimizer = sh.sharded_state_dicts(self.model, self.optimizer)
+            model, optimizer = sharded_state_dicts(self.model, self.optimizer)
         else:
-            model = ck.model_state_dict(self.model)
-            optimizer = ck.optimizer_state_dict(self.model, self.optimizer)
+            model = model_state_dict(self.model)
+            optimizer = optimizer_state_dict(self.model, self.optimizer)
         return {
-            "format": ck.FORMAT_VERSION,
+            "format": FORMAT_VERSION,
             "model": model,
             "optimizer": optimizer,
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
@@ -160,13 +169,13 @@ class TrainState:
         A collective. Model, optimizer, scheduler, precision and RNG are loaded into the
         objects that exist; an optimizer or precision built later (a factory, the first
         ``fit``) starts fresh or takes :attr:`restored`'s values. The sampler's cursor waits
-        in :attr:`restored` for the data (:func:`rankwise.train.resume.continue_data`).
+        in :attr:`restored` for the data (:meth:`resume_data`).
         ``source`` names the state in errors (a file's path).
         """
         version = state.get("format")
-        if version != ck.FORMAT_VERSION:
-            raise ck.CheckpointError(
-                f"{source}: checkpoint format {version!r} is not {ck.FORMAT_VERSION}; it was "
+        if version != FORMAT_VERSION:
+            raise CheckpointError(
+                f"{source}: checkpoint format {version!r} is not {FORMAT_VERSION}; it was "
                 "written by another rankwise version or is not a trainer checkpoint. Load it "
                 "with the rankwise version that wrote it, pass a checkpoint this trainer "
                 "saved, or start fresh with resume=None."
@@ -174,11 +183,11 @@ class TrainState:
         # Before the first fit() an optimizer given as a factory does not exist yet: the next
         # fit builds it fresh (the model weights are what a loaded checkpoint is mostly for).
         if "dcp" in state:  # a sharded checkpoint: the tensors are in its folder's shards
-            sh.load_tensors(self.model, self.optimizer, state)
+            load_shards(self.model, self.optimizer, state)
         else:
-            ck.load_model_state_dict(self.model, state["model"])
+            load_model_state_dict(self.model, state["model"])
             if self.optimizer is not None:
-                ck.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+                load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if self.precision is not None:
@@ -191,7 +200,7 @@ class TrainState:
         # Each rank continues its own random stream when the world is the same; otherwise every
         # rank takes rank 0's (there is no right answer for a rank that did not exist).
         same_world = len(rngs) == rd.get_world_size()
-        ck.set_rng_state(rngs[rd.get_rank()] if same_world else state["rng"])
+        set_rng_state(rngs[rd.get_rank()] if same_world else state["rng"])
         # The world's sums of the epoch so far: the same on every rank, in the file; rank 0
         # alone carries them, so the epoch's all-reduce adds them once.
         carried = extra.get("epoch_sums") or list(_NO_SUMS)
@@ -208,10 +217,66 @@ class TrainState:
             precision=None if self.precision is not None else state["precision"],
         )
 
+    def resume_data(self, cfg: DistributedTrainingConfig) -> None:
+        """Check that the restored state can go on under ``cfg`` on this world, then move the
+        sampler to where the run stopped (the rest of the epoch re-split over this world size).
+
+        Runs for a resume and after ``load_checkpoint()`` before ``fit()`` alike; nothing to do
+        when nothing was restored.
+        """
+        restored = self.restored
+        if restored is None:
+            return
+        _check_global_batch(
+            restored.global_batch, cfg.batch_size, rd.get_world_size(), cfg.grad_accum_steps
+        )
+        self._check_resumable(restored)
+        saved = restored.cursor
+        if self.sampler is not None and saved is not None and saved["epoch"] == self.epoch:
+            self.sampler.load_state_dict(saved)
+
+    def _check_resumable(self, restored: Restored) -> None:
+        """Refuse a mid-epoch resume that cannot continue where the run stopped: without a
+        saved rankwise sampler cursor the loader would repeat the epoch from its start (its
+        first part trained, and counted, twice)."""
+        sampler = self.sampler
+        if not restored.mid_epoch or (sampler is not None and restored.cursor is not None):
+            return
+        missing = "this run's" if sampler is None else "the checkpoint's"
+        raise ValueError(
+            f"cannot resume mid-epoch (epoch {self.epoch}, optimizer step {self.step}): "
+            f"{missing} training data has no rankwise DistributedSampler, so the rest of the "
+            "epoch is unknown and the loader would repeat it from the start. Put "
+            "rankwise.data.DistributedSampler in your DataLoader (or pass the Dataset and let "
+            "the trainer build the loader), or resume from an epoch-end checkpoint "
+            "(checkpoint_every_n_steps=0)."
+        )
+
     def _cursor(self) -> dict[str, Any] | None:
         if self.sampler is not None:
             return dict(self.sampler.state_dict())
         return None if self.restored is None else self.restored.cursor
+
+
+def _check_global_batch(saved: int, batch_size: int, world: int, accum: int) -> None:
+    """Refuse a resume whose saved global batch this world cannot reproduce; warn when the
+    user changed it (the run then differs from an uninterrupted one)."""
+    now = batch_size * world * accum
+    if saved == now:
+        return
+    if saved % (world * accum):
+        raise ValueError(
+            f"saved global batch {saved} cannot be split over {world} ranks x {accum} "
+            f"accumulation steps; use batch_size such that batch_size x world_size x "
+            f"grad_accum_steps = {saved} (a world size and grad_accum_steps whose product "
+            f"divides {saved}), or start a fresh run with resume=None."
+        )
+    warnings.warn(
+        f"the checkpoint was saved with global batch {saved} and this run's is {now} "
+        f"(batch_size {batch_size} x {world} ranks x {accum}); training goes on with {now}. "
+        f"Set batch_size={saved // (world * accum)} to continue exactly as the saved run.",
+        stacklevel=4,
+    )
 
 
 def broadcast_state(

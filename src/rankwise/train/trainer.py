@@ -28,10 +28,17 @@ from torch import nn
 
 import rankwise.distributed as rd
 from rankwise.parallel import Precision, unwrap_model
-from rankwise.train import checkpoint as ck
 from rankwise.train import checks, elastic
-from rankwise.train import resume as rs
 from rankwise.train import setup as st
+from rankwise.train.checkpoint import (
+    Checkpointer,
+    CheckpointManager,
+    SaveStats,
+    load_resume,
+    manager_for,
+    read_checkpoint,
+    save_file,
+)
 from rankwise.train.config import DistributedTrainingConfig
 from rankwise.train.data import (
     as_dataset,
@@ -47,7 +54,6 @@ from rankwise.train.loggers import TrainingLogger
 from rankwise.train.loop import StepEnv, epoch_scheduler_step
 from rankwise.train.state import TrainState
 from rankwise.train.sums import EpochSums
-from rankwise.train.writer import CheckpointWriter, SaveStats, drained_on_sigterm, writer_for
 
 OptimizerSpec = torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -110,10 +116,7 @@ class DistributedTrainer:
         self.logger: Any = None
         self.device_choice = None if device is None else st.resolve_device(device)
         self.device = self.device_choice or rd.device()
-        self._manager: ck.CheckpointManager | None = None
-        self._writer: CheckpointWriter | None = None
-        self._saved_at: int | None = None
-        self._step_save_due = False  # a step checkpoint on an epoch's last step, see below
+        self._checkpointer: Checkpointer | None = None  # the last fit's: when it saves
         self.last_evaluation: dict[str, int] = {}  # samples and correct ones of evaluate()
         self.fits = 0  # names each fit's Progress (checks.begin_fit)
         self.progress = rd.Progress("trainer/unfitted")  # marks collectives: names who is behind
@@ -156,7 +159,7 @@ class DistributedTrainer:
     @property
     def checkpoint_stats(self) -> SaveStats | None:
         """What checkpoint saves cost the loop in the last ``fit`` (None without a folder)."""
-        return None if self._writer is None else self._writer.stats
+        return None if self._checkpointer is None else self._checkpointer.stats
 
     def to_device(self, batch: Any) -> Any:
         return to_device(batch, self.device)
@@ -184,11 +187,11 @@ class DistributedTrainer:
         self.train_source = train_source(train_set, cfg, hooked, self.device)
         state = self.state
         state.sampler = getattr(self.train_source, "sampler", None)
-        self._start(cfg)
+        manager = manager_for(cfg)
+        resumed = self._start(cfg, manager)
         world = rd.get_world_size()
         state.history.effective_batch_size = cfg.effective_batch_size(world)
         state.history.world_size = world
-        self._step_save_due = False
         self._call("on_fit_start", self)
         member = rd.membership()  # a restarted process waiting to rejoin logs nothing yet
         logs = rd.is_master() and (member is None or not member.pending)
@@ -196,19 +199,22 @@ class DistributedTrainer:
             cfg.log_dir, cfg.verbose, cfg.log_every_n_batches, logs, epochs=cfg.epochs
         )
         started = time.perf_counter()
-        writer = self._writer = writer_for(
-            self._manager, cfg, lambda path: self._call("on_checkpoint_saved", self, path)
+        checkpointer = self._checkpointer = Checkpointer(
+            manager,
+            cfg,
+            on_saved=lambda path: self._call("on_checkpoint_saved", self, path),
+            progress=self.progress,
+            saved_at=state.step if resumed else None,  # the end does not save it again
         )
         try:
-            with drained_on_sigterm(writer):
-                samples, train_seconds = self._epochs(cfg, val_set)
+            # SIGTERM or an exception: the checkpoint write in flight still lands
+            with checkpointer.draining():
+                samples, train_seconds = self._epochs(cfg, val_set, checkpointer)
         except RuntimeError as exc:
             if (error := self.progress.explain(exc)) is None:  # a stall names the late rank
                 raise
             raise error from exc
         finally:
-            if writer is not None:
-                writer.drain()  # after an exception: the write in flight still lands
             self.logger.close()
         self.history.total_time_seconds += time.perf_counter() - started
         if samples:  # a resume with nothing left to do keeps the recorded throughput
@@ -216,7 +222,9 @@ class DistributedTrainer:
         self._call("on_fit_end", self, self.history)
         return self.history
 
-    def _epochs(self, cfg: DistributedTrainingConfig, val_set: Any) -> tuple[int, float]:
+    def _epochs(
+        self, cfg: DistributedTrainingConfig, val_set: Any, checkpointer: Checkpointer
+    ) -> tuple[int, float]:
         """The epochs left, each closed (validation, scheduler, history, checkpoints); returns
         the samples trained (all ranks) and the seconds spent training them."""
         state = self.state
@@ -235,14 +243,11 @@ class DistributedTrainer:
             train_seconds += time.perf_counter() - t0
             metrics = self._end_epoch(epoch, loss, acc, val_set, t0)
             self._call("on_epoch_end", self, epoch, metrics)
-            every = cfg.checkpoint_every_n_epochs
-            if (every and (epoch + 1) % every == 0) or self._step_save_due:
-                elastic.closing(run, self._checkpoint)  # a lost peer: recovered
-            self._step_save_due = False
-        if self._saved_at != state.step:
-            elastic.closing(run, self._checkpoint)
-        if self._writer is not None:  # fit returns once the last checkpoint is durable
-            elastic.closing(run, functools.partial(self._writer.finish, state))
+            # every N epochs, or a step save deferred to the epoch's end; a lost peer in it is
+            # recovered from and the save made again
+            elastic.closing(run, functools.partial(checkpointer.after_epoch, state, epoch))
+        # a last save unless the last step is saved; fit returns once it is durable
+        elastic.closing(run, functools.partial(checkpointer.at_end, state))
         return samples, train_seconds
 
     def _setup(self, cfg: DistributedTrainingConfig) -> None:
@@ -267,21 +272,21 @@ class DistributedTrainer:
                 st.scale_lr(state.optimizer, state.scheduler, scale)  # type: ignore[arg-type]
             state.lr_scaled = True  # once per trainer, and recorded in checkpoints
 
-    def _start(self, cfg: DistributedTrainingConfig) -> None:
-        """Resume from a checkpoint (or what load_checkpoint() loaded), or start fresh."""
+    def _start(self, cfg: DistributedTrainingConfig, manager: CheckpointManager | None) -> bool:
+        """Resume from a checkpoint in ``manager``'s folder (or what load_checkpoint()
+        loaded), or start fresh; return whether the fit goes on from a checkpoint."""
         state = self.state
-        self._manager = rs.manager_for(cfg)
         with self.progress.operation(f"the resume from the checkpoints (resume={cfg.resume!r})"):
-            loaded = rs.load_resume(cfg.resume, self._manager, not cfg.save_on_master_only)
+            loaded = load_resume(cfg.resume, manager, not cfg.save_on_master_only)
         if loaded is not None:
             state.load_state_dict(loaded[1], loaded[0])
         elif state.restored is None:  # nothing loaded: a fresh, seeded start
             st.seed_everything(cfg.seed, rd.get_rank())
             state.start_over()
-            return
-        rs.continue_data(state, cfg)
+            return False
+        state.resume_data(cfg)
         state.restored = None  # used: a later fit without a resume starts fresh
-        self._saved_at = state.step
+        return True
 
     def _end_epoch(
         self, epoch: int, loss: float, acc: float | None, val_set: Any, t0: float
@@ -313,18 +318,10 @@ class DistributedTrainer:
     # -- after each optimizer step (called by loop.train_epoch) ------------------------------
 
     def _after_step(self, ends_epoch: bool) -> None:
-        cfg, step = self.config, self.state.step
-        assert cfg is not None, "set by fit()"
+        cfg, step, checkpointer = self.config, self.state.step, self._checkpointer
+        assert cfg is not None and checkpointer is not None, "set by fit()"
         checks.check_sync(self.model, cfg, step, self.progress)  # every N steps, if set
-        every = cfg.checkpoint_every_n_steps
-        if every and step % every == 0:
-            if ends_epoch:
-                # Saved once the epoch is closed (history, epoch scheduler, validation), as
-                # the start of the next epoch: saved here, the sampler would have nothing left
-                # and a resume would re-enter an epoch that is already over.
-                self._step_save_due = True
-            else:
-                self._checkpoint()
+        checkpointer.after_step(self.state, ends_epoch)  # every N steps, if set
 
     def batch_hooks(self, early: bool | int = False) -> list[Callable[..., None]]:
         """``on_batch`` hooks; ``early``: the callbacks' ``before_backward`` (same arguments)."""
@@ -367,20 +364,13 @@ class DistributedTrainer:
 
     # -- checkpoints -------------------------------------------------------------------------
 
-    def _checkpoint(self) -> None:
-        """Save the training state where it is (mid-epoch: with the cursor and the sums)."""
-        if self._writer is not None:
-            self.progress.mark(f"the checkpoint save at step {self.state.step}")
-            self._writer.save(self.state)
-            self._saved_at = self.state.step
-
     def save_checkpoint(self, path: str | Path) -> Path:
         """Write a full checkpoint to ``path`` (collective: call it on every rank; rank 0
         writes atomically)."""
         self._require_prepared()
         saved = self.state.state_dict()
         if rd.is_master():
-            ck.save_file(saved, path)
+            save_file(saved, path)
         rd.barrier()
         return Path(path)
 
@@ -391,7 +381,7 @@ class DistributedTrainer:
         Works before the first ``fit`` too (e.g. to evaluate a saved model); an optimizer or
         scheduler given as a factory is then built fresh by ``fit``.
         """
-        self.state.load_state_dict(ck.read_checkpoint(path), path)
+        self.state.load_state_dict(read_checkpoint(path), path)
 
     def _call(self, name: str, *args: Any) -> None:
         for cb in self.callbacks:

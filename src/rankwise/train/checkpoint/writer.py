@@ -1,7 +1,7 @@
 """Writing the training state's checkpoints during ``fit``: in the background by default.
 
-A save at a step boundary takes :meth:`TrainState.state_dict` (a collective), copies it into
-reused CPU buffers (:func:`~rankwise.train.snapshot.snapshot`; pinned on CUDA) and hands the
+A save at a step boundary takes the training state's ``state_dict()`` (a collective), copies it into
+reused CPU buffers (``staging.py``; pinned on CUDA) and hands the
 copy to :meth:`CheckpointManager.save_async`'s one background thread, which writes it exactly
 as a synchronous save does: temporary file, fsync, checksum manifest, rename, pointer, pruning.
 The loop is held only for the state dict and the copy. At most one write is in flight: a save
@@ -34,14 +34,24 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import rankwise.distributed as rd
-from rankwise.train.checkpoint import CheckpointManager, CheckpointWarning
-from rankwise.train.resume import share_path
-from rankwise.train.state import TrainState
+from rankwise.train.checkpoint.files import CheckpointWarning
+from rankwise.train.checkpoint.manager import CheckpointManager
+from rankwise.train.checkpoint.resume import broadcast_path
 
-__all__ = ["CheckpointWriter", "SaveStats", "writer_for"]
+__all__ = ["CheckpointWriter", "Savable", "SaveStats", "drained_on_sigterm", "writer_for"]
+
+
+class Savable(Protocol):
+    """What a save reads of the training state (:class:`~rankwise.train.TrainState` is one):
+    where it is, and its ``state_dict()``."""
+
+    epoch: int
+    step: int
+
+    def state_dict(self, *, sharded: bool = False) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -61,7 +71,7 @@ class SaveStats:
 
 
 class CheckpointWriter:
-    """Saves a :class:`TrainState` through ``manager`` for one ``fit``.
+    """Saves the training state (a :class:`Savable`) through ``manager`` for one ``fit``.
 
     ``writes``: this rank writes files (rank 0, or every rank with per-rank folders); a
     function is asked at each save (rank 0 may change under ``--on-failure continue``);
@@ -97,7 +107,7 @@ class CheckpointWriter:
         move to it: no ``--on-failure continue``)."""
         return self._writes is False
 
-    def save(self, state: TrainState) -> Path | None:
+    def save(self, state: Savable) -> Path | None:
         """Checkpoint ``state`` where it is; a collective. Returns the checkpoint's path (in
         the background: where it is being written)."""
         started = time.perf_counter()
@@ -116,7 +126,7 @@ class CheckpointWriter:
         else:
             if self.writes:
                 path = self.manager.save(saved, epoch=state.epoch, step=state.step)
-            path = share_path(path) if self.shared else path
+            path = broadcast_path(path) if self.shared else path
             rd.barrier()  # no rank runs ahead of a checkpoint that may not exist yet
         self.stats.saves += 1
         self.stats.blocked_seconds += time.perf_counter() - started
@@ -126,7 +136,7 @@ class CheckpointWriter:
             self._saved(path)
         return path
 
-    def finish(self, state: TrainState | None = None) -> None:
+    def finish(self, state: Savable | None = None) -> None:
         """The end of ``fit``: return once the last checkpoint is durable on disk; a
         collective (every rank waits for the writing rank). Under ``--on-failure continue``,
         a last save whose writer was lost is made again from ``state`` by the new rank 0."""

@@ -1,24 +1,10 @@
-"""Crash-safe checkpoints for training (``rankwise.train.checkpoint``).
+"""Numbered checkpoints in a folder: :class:`CheckpointManager`, :func:`read_checkpoint`,
+:func:`find_latest`.
 
-- :func:`save_file` / :func:`load_file`: one checkpoint file, written atomically (temporary
-  file, fsync, ``os.replace``, folder fsync) with a manifest holding its size and SHA-256;
-  loading verifies it and raises :class:`CheckpointError` naming the file and the fault.
-- :class:`CheckpointManager`: numbered checkpoints in a folder, a ``latest`` pointer that
-  moves only once the new file is safe, pruning only after that, and :meth:`~CheckpointManager.
-  latest` that falls back to the previous good checkpoint when the newest is torn or corrupt.
-  With ``sharded=True`` (FSDP2) a checkpoint is a DCP folder every rank writes its shards to,
-  under the same rules (:mod:`rankwise.train.sharded`); :func:`read_checkpoint` reads either.
-- Wrapping-independent state (:mod:`rankwise.train.portable`): :func:`model_state_dict`,
-  :func:`optimizer_state_dict` and their loaders, :func:`rng_state` / :func:`set_rng_state`.
-
->>> import tempfile
->>> manager = CheckpointManager(tempfile.mkdtemp(), keep_last=2)
->>> for step in (10, 20, 30):
-...     _ = manager.save({"step": step}, epoch=0, step=step)
->>> [p.name for p in manager.checkpoints()]
-['ckpt-e000000-s000000020.pt', 'ckpt-e000000-s000000030.pt']
->>> manager.load_latest()[1]
-{'step': 30}
+A save writes the file (or, with ``sharded=True``, the DCP folder of ``sharded.py``) and its
+manifest, then moves a ``latest`` pointer to it, then prunes; a kill at any point leaves
+:meth:`CheckpointManager.latest` a valid checkpoint, the previous one until the pointer moved.
+A torn or corrupt newest checkpoint is reported and the previous good one is used.
 """
 
 from __future__ import annotations
@@ -34,51 +20,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rankwise.train import sharded as sh
-from rankwise.train.files import (
-    _TMP_MARK,
-    FAULT_POINTS,
+from rankwise.train.checkpoint import sharded
+from rankwise.train.checkpoint.files import (
+    TMP_MARK,
     CheckpointError,
     CheckpointWarning,
-    _check_plain,
-    _fault_point,
-    _write_json_atomic,
+    check_plain,
+    fault_point,
     load_file,
     manifest_path,
     save_file,
-    set_fault_hook,
     verify_file,
+    write_json_atomic,
 )
-from rankwise.train.portable import (
-    load_model_state_dict,
-    load_optimizer_state_dict,
-    model_state_dict,
-    optimizer_state_dict,
-    rng_state,
-    set_rng_state,
-)
-from rankwise.train.snapshot import snapshot as take_snapshot
+from rankwise.train.checkpoint.sharded import ShardedWriter
+from rankwise.train.checkpoint.staging import snapshot as take_snapshot
 
-__all__ = [
-    "FAULT_POINTS",
-    "FORMAT_VERSION",
-    "CheckpointError",
-    "CheckpointManager",
-    "CheckpointWarning",
-    "find_latest",
-    "load_file",
-    "load_model_state_dict",
-    "load_optimizer_state_dict",
-    "manifest_path",
-    "model_state_dict",
-    "optimizer_state_dict",
-    "read_checkpoint",
-    "rng_state",
-    "save_file",
-    "set_fault_hook",
-    "set_rng_state",
-    "verify_file",
-]
+__all__ = ["FORMAT_VERSION", "CheckpointManager", "find_latest", "read_checkpoint"]
 
 FORMAT_VERSION = 1  # of the checkpoint content the trainer builds: {"format": 1, "model": ...}
 _PREFIX = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -122,8 +80,8 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.prefix = prefix
         self.sharded = sharded
-        self._name = re.compile(rf"^{re.escape(prefix)}-e(\d+)-s(\d+)(\.pt|\{sh.SUFFIX})$")
-        self._dcp: sh.ShardedWriter | None = None
+        self._name = _name_pattern(prefix)
+        self._dcp: ShardedWriter | None = None
         self._warned_newer = False
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: concurrent.futures.Future[Path] | None = None
@@ -143,7 +101,7 @@ class CheckpointManager:
     def path_for(self, epoch: int, step: int) -> Path:
         """The file (or folder) a save at ``(epoch, step)`` writes (zero-padded: names sort by
         age)."""
-        suffix = sh.SUFFIX if self.sharded else ".pt"
+        suffix = sharded.SUFFIX if self.sharded else ".pt"
         return self.directory / f"{self.prefix}-e{epoch:06d}-s{step:09d}{suffix}"
 
     def _key(self, path: Path) -> tuple[int, int]:
@@ -176,9 +134,9 @@ class CheckpointManager:
 
     def _commit(self, path: Path) -> None:
         epoch, step = self._key(path)
-        _fault_point("before-pointer")
-        _write_json_atomic(self.pointer_path, {"file": path.name, "epoch": epoch, "step": step})
-        _fault_point("before-prune")
+        fault_point("before-pointer")
+        write_json_atomic(self.pointer_path, {"file": path.name, "epoch": epoch, "step": step})
+        fault_point("before-prune")
         self._prune(path)
 
     def _start_sharded(
@@ -187,7 +145,7 @@ class CheckpointManager:
         """Start every rank's DCP write of ``state`` (the loop is held for the staging copy
         only); return what finishes the save once it is written."""
         if self._dcp is None:
-            self._dcp = sh.ShardedWriter()
+            self._dcp = ShardedWriter()
         tmp, written, rest = self._dcp.start(state, path, background=background)
 
         def finish() -> Path:
@@ -196,7 +154,7 @@ class CheckpointManager:
                 self._remove_orphan_tmp_files()
                 epoch, step = self._key(path)
                 meta = {"epoch": epoch, "step": step, "world_size": state.get("world_size")}
-                sh.publish(tmp, path, rest, meta)
+                sharded.publish(tmp, path, rest, meta)
                 self._commit(path)
             return path
 
@@ -221,7 +179,7 @@ class CheckpointManager:
             finish = self._start_sharded(state, self.path_for(epoch, step), background=True)
             self._pending = self._executor.submit(finish)
             return self._pending
-        _check_plain(state, "state")  # here, not as an error on the background thread
+        check_plain(state, "state")  # here, not as an error on the background thread
         # The model and optimizer change in place from now on: write a copy. The previous
         # snapshot's write is finished (wait() above), so its memory can be refilled.
         snapshot = self._staged = take_snapshot(state, into=self._staged)
@@ -247,7 +205,7 @@ class CheckpointManager:
         """
         for path in self._candidates():
             try:
-                sh.verify_folder(path) if sh.is_sharded_path(path) else verify_file(path)
+                sharded.verify_folder(path) if sharded.is_sharded_path(path) else verify_file(path)
             except CheckpointError as e:
                 self._skip(e)
                 continue
@@ -322,8 +280,8 @@ class CheckpointManager:
             complete = [p for p in older if p not in doomed]
             doomed += complete[: max(0, len(complete) - (self.keep_last - 1))]
         for path in doomed:
-            if sh.is_sharded_path(path):
-                sh.remove_folder(path)
+            if sharded.is_sharded_path(path):
+                sharded.remove_folder(path)
                 continue
             # Manifest first: a kill between the two leaves an unverifiable file, never a
             # manifest vouching for a missing one.
@@ -336,13 +294,18 @@ class CheckpointManager:
         # Left by saves killed mid-write; a live writer's files (its pid runs) are left alone.
         if not self.directory.is_dir() or os.name == "nt":  # os.kill(pid, 0) kills on Windows
             return
-        for path in self.directory.glob(f".{self.prefix}-*{_TMP_MARK}*"):
-            pid = path.name.rsplit(_TMP_MARK, 1)[1].split("-", 1)[0]
+        for path in self.directory.glob(f".{self.prefix}-*{TMP_MARK}*"):
+            pid = path.name.rsplit(TMP_MARK, 1)[1].split("-", 1)[0]
             if pid.isdigit() and not _pid_running(int(pid)):
                 if path.is_dir():  # a sharded save's folder
                     shutil.rmtree(path, ignore_errors=True)
                 with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                     path.unlink()
+
+
+def _name_pattern(prefix: str) -> re.Pattern[str]:
+    """``{prefix}-e{epoch}-s{step}`` with a file's or a folder's suffix."""
+    return re.compile(rf"^{re.escape(prefix)}-e(\d+)-s(\d+)(\.pt|\{sharded.SUFFIX})$")
 
 
 def _check_position(epoch: int, step: int) -> None:
@@ -352,7 +315,7 @@ def _check_position(epoch: int, step: int) -> None:
 
 
 def _manifest_of(path: Path) -> Path:
-    return path / sh.MANIFEST if sh.is_sharded_path(path) else manifest_path(path)
+    return path / sharded.MANIFEST if sharded.is_sharded_path(path) else manifest_path(path)
 
 
 def read_checkpoint(path: str | os.PathLike[str], *, verify_shards: bool = True) -> dict[str, Any]:
@@ -360,8 +323,8 @@ def read_checkpoint(path: str | os.PathLike[str], *, verify_shards: bool = True)
     folder's plain part whose ``"dcp"`` entry names the folder; ``TrainState.load_state_dict``
     reads its shards into the model. ``verify_shards=False`` checks a folder's shards by size
     only (a rank loading what rank 0 verified in full)."""
-    if sh.is_sharded_path(path):
-        return sh.read_state(path, verify_shards=verify_shards)
+    if sharded.is_sharded_path(path):
+        return sharded.read_state(path, verify_shards=verify_shards)
     return load_file(path)
 
 

@@ -1,6 +1,6 @@
-"""Background checkpoints inside ``fit`` (``rankwise.train.writer``): the loop goes on while the
-writer thread writes, ``fit`` returns only once the last checkpoint is durable, and an
-exception or SIGTERM still lets the write in flight land.
+"""Background checkpoints inside ``fit`` (the checkpoint package's writer): the loop goes on
+while the writer thread writes, ``fit`` returns only once the last checkpoint is durable, and
+an exception or SIGTERM still lets the write in flight land.
 
 The writes are slowed or held with the checkpoint fault hook (``set_fault_hook``), which the
 writer thread calls at each point of a save; no timing is asserted, only the order of events.
@@ -227,7 +227,7 @@ def test_two_ranks_background_and_synchronous_saves_agree(tmp_path) -> None:
 def test_a_rank_that_never_writes_keeps_its_sigterm_handler(tmp_path) -> None:
     # A Python handler runs only once the main thread is back in Python: a rank blocked in a
     # collective would ignore a launcher's SIGTERM. Only a rank that may write installs one.
-    from rankwise.train.writer import CheckpointWriter, drained_on_sigterm
+    from rankwise.train.checkpoint.writer import CheckpointWriter, drained_on_sigterm
 
     manager = CheckpointManager(tmp_path)
     before = signal.getsignal(signal.SIGTERM)

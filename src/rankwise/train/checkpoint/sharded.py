@@ -17,11 +17,11 @@ collectives on the default group. The folder is written under a temporary name; 
 rank's shards are on disk rank 0 writes ``train_state.pt`` and the manifest, renames the
 folder into place and fsyncs, then the manager moves its pointer and prunes. The rules are a
 checkpoint file's: a folder without a manifest that matches is never loaded, and
-:meth:`~rankwise.train.checkpoint.CheckpointManager.latest` falls back past it.
+:meth:`CheckpointManager.latest` falls back past it.
 
 The DCP part holds tensors only: DCP unpickles non-tensor entries with ``weights_only=False``,
 so every plain value goes to ``train_state.pt``, read with ``weights_only=True``. Loading
-(:func:`load_tensors`) reads the shards into the live model's and optimizer's layout with
+(:func:`load_shards`) reads the shards into the live model's and optimizer's layout with
 ``torch.distributed.checkpoint.load``, which reshards onto any world size, or into a plain
 model in a world of one.
 """
@@ -42,21 +42,25 @@ import torch.distributed as dist
 from torch import nn
 
 import rankwise.distributed as rd
-from rankwise.train.files import (
-    _USE_ANOTHER,
+from rankwise.train.checkpoint.files import (
+    USE_ANOTHER,
     CheckpointError,
-    _check_bytes,
-    _check_plain,
-    _digest,
-    _fault_point,
-    _fsync_dir,
-    _tmp_name,
-    _write_atomic,
-    _write_json_atomic,
+    check_bytes,
+    check_plain,
+    checksum_of,
+    fault_point,
+    fsync_dir,
+    tmp_name,
+    write_atomic,
+    write_json_atomic,
 )
-from rankwise.train.portable import _dcp_view, _in_group, load_optimizer_state_dict
-from rankwise.train.portable import optimizer_state_dict as _stateless_optimizer
-from rankwise.train.snapshot import snapshot
+from rankwise.train.checkpoint.portable import (
+    dcp_view,
+    in_group,
+    load_optimizer_state_dict,
+    optimizer_state_dict,
+)
+from rankwise.train.checkpoint.staging import snapshot
 
 __all__ = [
     "MANIFEST",
@@ -64,7 +68,7 @@ __all__ = [
     "SUFFIX",
     "ShardedWriter",
     "is_sharded_path",
-    "load_tensors",
+    "load_shards",
     "read_state",
     "remove_folder",
     "sharded_state_dicts",
@@ -93,10 +97,10 @@ def sharded_state_dicts(
         get_optimizer_state_dict,
     )
 
-    view = _dcp_view(model)
+    view = dcp_view(model)
     model_state: dict[str, Any] = get_model_state_dict(view)
     if not optimizer.state:
-        return model_state, _stateless_optimizer(model, optimizer)
+        return model_state, optimizer_state_dict(model, optimizer)  # hyper-parameters alone
     return model_state, dict(get_optimizer_state_dict(view, optimizer))
 
 
@@ -135,7 +139,7 @@ class ShardedWriter:
         import torch.distributed.checkpoint as dcp
 
         tensors, rest = _split(state)
-        _check_plain(rest, "state")  # here, not as an error on the background thread
+        check_plain(rest, "state")  # here, not as an error on the background thread
         tmp = _shared_tmp(final)
         storage = dcp.FileSystemWriter(str(tmp))
         no_dist = _no_dist()
@@ -159,7 +163,7 @@ class ShardedWriter:
     def _background_group(self) -> dist.ProcessGroup | None:
         # DCP's collectives run on its writer thread; on the default group they would
         # interleave with the loop's. gloo: DCP's async save needs a CPU group.
-        if self._group is None and _in_group():
+        if self._group is None and in_group():
             self._group = dist.new_group(backend="gloo")
         return self._group
 
@@ -179,7 +183,7 @@ def _no_dist() -> bool:
     load, that it assumes a single process: that is rankwise's intent, so that one warning
     (matched by its text) is silenced; it is raised on DCP's writer thread too, where a
     ``catch_warnings`` block would not be thread-safe."""
-    if _in_group():
+    if in_group():
         return False
     warnings.filterwarnings(
         "ignore",
@@ -195,9 +199,9 @@ def _shared_tmp(final: Path) -> Path:
     tmp: Path | None = None
     if rd.is_master():
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _tmp_name(final)
+        tmp = tmp_name(final)
         tmp.mkdir()
-    if _in_group():
+    if in_group():
         box: list[Any] = [None if tmp is None else str(tmp)]
         dist.broadcast_object_list(box, src=0)
         tmp = Path(box[0])
@@ -208,12 +212,12 @@ def _shared_tmp(final: Path) -> Path:
 def publish(tmp: Path, final: Path, rest: dict[str, Any], meta: dict[str, Any]) -> None:
     """Rank 0, once every rank's shards are in ``tmp``: the rest, the manifest (last), then
     ``tmp`` renamed to ``final`` and the parent folder fsynced."""
-    _write_atomic(tmp / REST, lambda f: torch.save(rest, f))
-    _fault_point("before-manifest")
+    write_atomic(tmp / REST, lambda f: torch.save(rest, f))
+    fault_point("before-manifest")
     files = {}
     for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
         name = path.relative_to(tmp).as_posix()
-        files[name] = {"size": path.stat().st_size, "xxh3_128": _digest(path)}
+        files[name] = {"size": path.stat().st_size, "xxh3_128": checksum_of(path)}
     manifest = {
         "version": _VERSION,
         "layout": "dcp",
@@ -222,18 +226,18 @@ def publish(tmp: Path, final: Path, rest: dict[str, Any], meta: dict[str, Any]) 
         "torch": torch.__version__,
         "meta": meta,
     }
-    _write_json_atomic(tmp / MANIFEST, manifest)
-    _fault_point("before-rename")
+    write_json_atomic(tmp / MANIFEST, manifest)
+    fault_point("before-rename")
     if final.exists():  # the same step saved again: the old folder goes first (a kill in
         remove_folder(final)  # between leaves neither, and the previous checkpoint is used)
     os.replace(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
 
 
 def remove_folder(folder: Path) -> None:
     """Delete a checkpoint folder: renamed away first (atomic), so a kill mid-delete never
     leaves a half-deleted folder under a checkpoint's name."""
-    doomed = _tmp_name(folder)
+    doomed = tmp_name(folder)
     try:
         os.replace(folder, doomed)
     except FileNotFoundError:
@@ -256,7 +260,7 @@ def verify_folder(folder: str | os.PathLike[str], *, shards: bool = True) -> dic
         raise CheckpointError(
             f"checkpoint {folder} has no manifest ({MANIFEST}): its save did not finish, or "
             "it was copied without it; it cannot be verified, so it is not used. Copy the "
-            f"whole folder, or {_USE_ANOTHER}."
+            f"whole folder, or {USE_ANOTHER}."
         ) from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(
@@ -267,11 +271,11 @@ def verify_folder(folder: str | os.PathLike[str], *, shards: bool = True) -> dic
         if not path.is_file():
             raise CheckpointError(
                 f"checkpoint {folder} lacks {name}, which its manifest lists (a file lost or "
-                f"not copied); it is not used: {_USE_ANOTHER}."
+                f"not copied); it is not used: {USE_ANOTHER}."
             )
         # Without ``shards`` a size that differs still fails here, with the full message.
         if shards or name == REST or path.stat().st_size != size:
-            _check_bytes(path, size, digest, "xxh3_128", f"checkpoint {folder}: {name}")
+            check_bytes(path, size, digest, "xxh3_128", f"checkpoint {folder}: {name}")
     if REST not in files:
         raise CheckpointError(f"checkpoint {folder}: its manifest lists no {REST}.")
     return dict(manifest)
@@ -279,7 +283,7 @@ def verify_folder(folder: str | os.PathLike[str], *, shards: bool = True) -> dic
 
 def read_state(folder: str | os.PathLike[str], *, verify_shards: bool = True) -> dict[str, Any]:
     """The plain part of a verified sharded checkpoint, with ``"dcp"`` naming the folder whose
-    shards :func:`load_tensors` reads (``TrainState.load_state_dict`` does)."""
+    shards :func:`load_shards` reads (``TrainState.load_state_dict`` does)."""
     folder = Path(folder)
     verify_folder(folder, shards=verify_shards)
     try:
@@ -292,7 +296,7 @@ def read_state(folder: str | os.PathLike[str], *, verify_shards: bool = True) ->
     return state
 
 
-def load_tensors(
+def load_shards(
     model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
 ) -> None:
     """Read the shards of :func:`read_state`'s folder into ``model`` (and ``optimizer``) as
@@ -306,7 +310,7 @@ def load_tensors(
         set_optimizer_state_dict,
     )
 
-    info, view = state["dcp"], _dcp_view(model)
+    info, view = state["dcp"], dcp_view(model)
     with_optimizer = bool(info["optimizer"])
     target: dict[str, Any] = {"model": get_model_state_dict(view)}
     if optimizer is not None and with_optimizer:

@@ -4,7 +4,7 @@ A checkpoint ``X.pt`` is a plain ``torch.save`` file (``torch.load`` reads it) p
 manifest ``X.pt.sha256.json`` holding the file's size and checksum (computed while writing):
 XXH3-128 since manifest version 2 (about 8x faster than SHA-256 here: 0.03 s against 0.24 s
 for 300 MB, and as sure to catch a torn or flipped file, which is all it is for; manifests of
-version 1 hold a SHA-256 and still verify; the file name keeps its suffix for them). A
+version 1 hold a SHA-256 and still verify; both versions keep that one name). A
 checkpoint is *valid* only when its manifest exists and matches. Each file goes to a temporary
 name in the same folder, is flushed and fsynced, renamed over the final name with
 ``os.replace`` (atomic), and the folder is fsynced; the manifest follows the same way, after
@@ -41,8 +41,9 @@ import xxhash
 _MANIFEST_VERSION = 2
 # The manifest key of each checksum a manifest may hold, newest first, and its hasher.
 _CHECKSUMS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
+# The suffix of version 1 (SHA-256) kept for XXH3-128 manifests: one name for both versions.
 _MANIFEST_SUFFIX = ".sha256.json"
-_TMP_MARK = ".tmp-"
+TMP_MARK = ".tmp-"
 _CHUNK = 8 << 20
 _PARALLEL_HASH = 1 << 20  # bytes; below this a thread hand-off costs more than it saves
 
@@ -70,7 +71,8 @@ def set_fault_hook(hook: Callable[[str], None] | None) -> Callable[[str], None] 
     return previous
 
 
-def _fault_point(name: str) -> None:
+def fault_point(name: str) -> None:
+    """Call the fault hook (if any) at point ``name`` of a save."""
     if _fault_hook is not None:
         _fault_hook(name)
 
@@ -111,14 +113,15 @@ class _HashingWriter:
         if _fault_hook is not None and not self._faulted:
             self._faulted = True
             self._file.flush()  # so a kill here leaves a torn file on disk, not in a buffer
-            _fault_point("mid-write")
+            fault_point("mid-write")
         return int(written) if written is not None else len(view)
 
     def flush(self) -> None:
         self._file.flush()
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make the renames in ``directory`` durable (where the platform allows it)."""
     # Makes the rename itself durable; not possible on every platform (Windows).
     with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
@@ -128,14 +131,19 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+def tmp_name(path: Path) -> Path:
+    """A hidden name beside ``path`` for its write in progress, marked with this process's id
+    (so that a later save removes it only once this process is gone)."""
+    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def _write_atomic(
+def write_atomic(
     path: Path, write: Callable[[Any], Any], before_rename: Callable[[], None] | None = None
 ) -> Any:
-    tmp = _tmp_name(path)
+    """``write(f)`` into a temporary file beside ``path``, fsync it, rename it to ``path``
+    (``before_rename()`` first, if given) and fsync the folder; return what ``write``
+    returned. A failure leaves no temporary file and ``path`` as it was."""
+    tmp = tmp_name(path)
     try:
         with open(tmp, "wb") as f:
             result = write(f)
@@ -148,13 +156,14 @@ def _write_atomic(
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return result
 
 
-def _write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
+def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
+    """``obj`` as JSON at ``path``, written as :func:`write_atomic` does."""
     data = (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
-    _write_atomic(path, lambda f: f.write(data))
+    write_atomic(path, lambda f: f.write(data))
 
 
 def save_file(
@@ -170,7 +179,7 @@ def save_file(
     """
     if not isinstance(obj, dict):
         raise TypeError(f"save_file takes a dict, got {type(obj).__name__}.")
-    _check_plain(obj, "obj")
+    check_plain(obj, "obj")
     path = Path(path)
     if path.name.endswith(_MANIFEST_SUFFIX):
         raise ValueError(f"{path} ends with {_MANIFEST_SUFFIX!r}, the manifest suffix; rename it.")
@@ -183,14 +192,14 @@ def save_file(
         return writer
 
     def before_rename() -> None:
-        _fault_point("before-rename")
+        fault_point("before-rename")
         # Overwriting: the old manifest must not outlive the old bytes, or a kill before the
         # new manifest is written would report the file as corrupt rather than unfinished.
         with contextlib.suppress(FileNotFoundError):
             manifest_path(path).unlink()
 
-    writer = _write_atomic(path, write, before_rename=before_rename)
-    _fault_point("before-manifest")
+    writer = write_atomic(path, write, before_rename=before_rename)
+    fault_point("before-manifest")
     manifest = {
         "version": _MANIFEST_VERSION,
         "file": path.name,
@@ -200,14 +209,16 @@ def save_file(
         "torch": torch.__version__,
         "meta": meta or {},
     }
-    _write_json_atomic(manifest_path(path), manifest)
+    write_json_atomic(manifest_path(path), manifest)
     return path
 
 
 _PLAIN = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size)
 
 
-def _check_plain(value: Any, where: str) -> None:
+def check_plain(value: Any, where: str) -> None:
+    """Raise ``TypeError`` naming ``where`` a value sits when ``value`` holds anything that
+    ``torch.load(weights_only=True)`` would not read back."""
     if isinstance(value, torch.Tensor):
         if type(value) not in (torch.Tensor, torch.nn.Parameter):
             raise TypeError(
@@ -216,11 +227,11 @@ def _check_plain(value: Any, where: str) -> None:
             )
     elif type(value) in (dict, collections.OrderedDict):
         for key, item in value.items():
-            _check_plain(key, f"a key of {where}")
-            _check_plain(item, f"{where}[{key!r}]")
+            check_plain(key, f"a key of {where}")
+            check_plain(item, f"{where}[{key!r}]")
     elif type(value) in (list, tuple):
         for i, item in enumerate(value):
-            _check_plain(item, f"{where}[{i}]")
+            check_plain(item, f"{where}[{i}]")
     elif type(value) not in _PLAIN:  # exact: numpy.float64 is a float but does not unpickle
         raise TypeError(
             f"{where} is a {type(value).__module__}.{type(value).__qualname__}; checkpoints "
@@ -231,7 +242,7 @@ def _check_plain(value: Any, where: str) -> None:
 
 
 # The fix every verification failure names: the previous good file is what a resume needs.
-_USE_ANOTHER = (
+USE_ANOTHER = (
     "load an earlier checkpoint, or resume='auto' to take the newest valid one in checkpoint_dir"
 )
 
@@ -257,17 +268,17 @@ def verify_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(
             f"checkpoint {path} has no manifest ({mpath.name}): its save did not finish, or "
             "it was copied without it; it cannot be verified, so it is not used. Copy it "
-            f"together with {mpath.name}, or {_USE_ANOTHER}."
+            f"together with {mpath.name}, or {USE_ANOTHER}."
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(
             f"checkpoint {path}: its manifest {mpath.name} is unreadable ({e})."
         ) from e
-    _check_bytes(path, size, digest, algorithm, f"checkpoint {path}")
+    check_bytes(path, size, digest, algorithm, f"checkpoint {path}")
     return dict(manifest)
 
 
-def _digest(path: Path, algorithm: str = "xxh3_128") -> str:
+def checksum_of(path: Path, algorithm: str = "xxh3_128") -> str:
     """The checksum of ``path``'s bytes under ``algorithm`` (a key of the manifests)."""
     checksum = _CHECKSUMS[algorithm]()
     with open(path, "rb") as f:
@@ -276,21 +287,21 @@ def _digest(path: Path, algorithm: str = "xxh3_128") -> str:
     return str(checksum.hexdigest())
 
 
-def _check_bytes(path: Path, size: int, digest: str, algorithm: str, what: str) -> None:
+def check_bytes(path: Path, size: int, digest: str, algorithm: str, what: str) -> None:
     """Raise :class:`CheckpointError` (naming ``what``) when ``path`` is not ``size`` bytes
     whose ``algorithm`` checksum is ``digest``."""
     actual = path.stat().st_size
     if actual != size:
         kind = "truncated (torn write)" if actual < size else "longer than written"
         raise CheckpointError(
-            f"{what} is {kind}: {actual} bytes, expected {size}; it is not used: {_USE_ANOTHER}."
+            f"{what} is {kind}: {actual} bytes, expected {size}; it is not used: {USE_ANOTHER}."
         )
-    found = _digest(path, algorithm)
+    found = checksum_of(path, algorithm)
     if found != digest:
         raise CheckpointError(
             f"{what} is corrupt: {algorithm} {found[:16]}... does not match the manifest's "
             f"{digest[:16]}... (bytes changed after it was written); it is not used: "
-            f"{_USE_ANOTHER}."
+            f"{USE_ANOTHER}."
         )
 
 

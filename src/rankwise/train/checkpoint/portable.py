@@ -49,7 +49,8 @@ def _is_sharded(model: nn.Module) -> bool:
     return any(as_dtensor(p) is not None for p in model.parameters())
 
 
-def _in_group() -> bool:
+def in_group() -> bool:
+    """Whether this process is in a process group of more than one rank."""
     return rd.has_group() and dist.get_world_size() > 1
 
 
@@ -63,7 +64,7 @@ def _to_cpu(state: Any) -> Any:
     return state
 
 
-def _dcp_view(model: nn.Module) -> nn.Module:
+def dcp_view(model: nn.Module) -> nn.Module:
     """What DCP's state-dict functions are given: DataParallel (one process; DCP would keep
     its ``module.`` prefix) is looked through, DDP and FSDP2 are not (DCP handles them)."""
     while isinstance(model, DataParallel):
@@ -84,7 +85,7 @@ def _read_options(model: nn.Module, all_ranks: bool) -> StateDictOptions:
 def _write_options(model: nn.Module, from_rank0: bool) -> StateDictOptions:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    broadcast = _in_group() and (from_rank0 or _is_sharded(model))
+    broadcast = in_group() and (from_rank0 or _is_sharded(model))
     return StateDictOptions(
         full_state_dict=broadcast or _is_sharded(model), broadcast_from_rank0=broadcast
     )
@@ -105,7 +106,7 @@ def model_state_dict(model: nn.Module, *, all_ranks: bool = False) -> dict[str, 
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     state: dict[str, Any] = get_model_state_dict(
-        _dcp_view(model), options=_read_options(model, all_ranks)
+        dcp_view(model), options=_read_options(model, all_ranks)
     )
     return _to_cpu(state) if all_ranks else state
 
@@ -125,7 +126,7 @@ def load_model_state_dict(
 
     options = _write_options(model, from_rank0)
     named: dict[str, Any] = _strip_module_prefix(model, state) if state else state
-    set_model_state_dict(_dcp_view(model), named, options=options)
+    set_model_state_dict(dcp_view(model), named, options=options)
 
 
 def _strip_module_prefix(model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
@@ -153,7 +154,7 @@ def optimizer_state_dict(
     if not optimizer.state:
         return {"state": {}, "param_groups": _named_param_groups(model, optimizer)}
     state = get_optimizer_state_dict(
-        _dcp_view(model), optimizer, options=_read_options(model, all_ranks)
+        dcp_view(model), optimizer, options=_read_options(model, all_ranks)
     )
     return _to_cpu(state) if all_ranks else state
 
@@ -183,7 +184,7 @@ def load_optimizer_state_dict(
     if groups is not None:
         _load_hyperparameters(model, optimizer, groups)
         return
-    set_optimizer_state_dict(_dcp_view(model), optimizer, state, options=options)
+    set_optimizer_state_dict(dcp_view(model), optimizer, state, options=options)
 
 
 def _named_param_groups(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict]:

@@ -19,7 +19,7 @@ import rankwise.distributed as rd
 from rankwise.testing import run_distributed
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train import checkpoint as ck
-from rankwise.train.sharded import MANIFEST, REST
+from rankwise.train.checkpoint.sharded import MANIFEST, REST
 from rankwise.train.state import TrainState
 from trainer_stops import Stop, fit_starts, stop_in_step
 
@@ -52,7 +52,7 @@ def _run(folder: Path, batch_size: int, stop_at: int | None = None, resume: Any 
     with contextlib.suppress(Stop):
         trainer.fit(*_data(), cfg)
     full = ck.model_state_dict(trainer.model, all_ranks=True)  # gathered from the shards
-    return {"params": full, "started_at": started[0], "stats": trainer._writer.stats}
+    return {"params": full, "started_at": started[0], "stats": trainer.checkpoint_stats}
 
 
 def _two_ranks(tmp: str) -> dict[str, Any]:

@@ -1,0 +1,119 @@
+"""When ``fit`` saves: every N optimizer steps, every N epochs, and once at the end.
+
+The trainer's loop tells a :class:`Checkpointer` where training is; it decides whether that is
+a save, and saves through the background writer (``writer.py``)::
+
+    checkpointer = Checkpointer(manager, cfg, on_saved=report)
+    with checkpointer.draining():                 # SIGTERM, an exception: the write lands
+        for epoch in ...:
+            for step in ...:
+                ...
+                checkpointer.after_step(state, ends_epoch)
+            ...                                   # close the epoch: validation, history
+            checkpointer.after_epoch(state, epoch)
+        checkpointer.at_end(state)                # the last save, durable when it returns
+
+With ``checkpoint_every_n_steps=2``, ``checkpoint_every_n_epochs=0`` and two epochs of 3
+steps: step 2 and step 4 are saved at once; step 6 is epoch 1's last, so its save waits until
+epoch 1 is closed (and holds epoch 2's start); the end then has nothing left to save.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import rankwise.distributed as rd
+from rankwise.train.checkpoint.manager import CheckpointManager
+from rankwise.train.checkpoint.writer import Savable, SaveStats, drained_on_sigterm, writer_for
+from rankwise.train.config import DistributedTrainingConfig
+
+__all__ = ["Checkpointer"]
+
+
+class Checkpointer:
+    """Owns when one ``fit`` saves its training state (a :class:`Savable`), and saves it.
+
+    ``manager``: the checkpoint folder, or None (no ``checkpoint_dir``: every call does
+    nothing). ``cfg``: the fit's config (``checkpoint_every_n_steps``,
+    ``checkpoint_every_n_epochs``, ``async_checkpoints``, ``save_on_master_only``).
+    ``on_saved(path)`` runs on every rank once a checkpoint is durable. ``progress`` names the
+    save a late rank is stuck in. ``saved_at``: the step the run's newest checkpoint holds
+    already (a resume's), which the end of ``fit`` then does not save again.
+
+    Every save is a collective: the loop calls these methods on every rank at the same
+    points.
+    """
+
+    def __init__(
+        self,
+        manager: CheckpointManager | None,
+        cfg: DistributedTrainingConfig,
+        *,
+        on_saved: Callable[[Path], None],
+        progress: rd.Progress | None = None,
+        saved_at: int | None = None,
+    ) -> None:
+        self.writer = writer_for(manager, cfg, on_saved)
+        self.every_n_steps: int = cfg.checkpoint_every_n_steps
+        self.every_n_epochs: int = cfg.checkpoint_every_n_epochs
+        self.progress = progress
+        self.saved_at = saved_at
+        self._step_save_due = False  # a step save that fell on an epoch's last step
+
+    @property
+    def stats(self) -> SaveStats | None:
+        """What the saves cost the loop so far (None without a checkpoint folder)."""
+        return None if self.writer is None else self.writer.stats
+
+    def after_step(self, state: Savable, ends_epoch: bool) -> None:
+        """After each optimizer step: a save every ``checkpoint_every_n_steps`` steps."""
+        every = self.every_n_steps
+        if not every or state.step % every:
+            return
+        if ends_epoch:
+            # Saved once the epoch is closed (history, epoch scheduler, validation), as the
+            # start of the next epoch: saved here, the sampler would have nothing left and a
+            # resume would re-enter an epoch that is already over.
+            self._step_save_due = True
+        else:
+            self.save(state)
+
+    def after_epoch(self, state: Savable, epoch: int) -> None:
+        """Once ``epoch`` is closed (``state`` is at the next one's start): a save every
+        ``checkpoint_every_n_epochs`` epochs, or the step save deferred by :meth:`after_step`."""
+        every = self.every_n_epochs
+        if (every and (epoch + 1) % every == 0) or self._step_save_due:
+            self.save(state)
+        self._step_save_due = False
+
+    def at_end(self, state: Savable) -> None:
+        """After the last epoch: a save unless the last step is saved already, then return once
+        the last checkpoint is durable (every rank waits for the writing rank). Safe to call
+        again after a lost peer under ``--on-failure continue``: nothing is saved twice."""
+        if self.saved_at != state.step:
+            self.save(state)
+        if self.writer is not None:
+            self.writer.finish(state)
+
+    def save(self, state: Savable) -> None:
+        """Save the training state where it is (mid-epoch: with the cursor and the sums)."""
+        if self.writer is None:
+            return
+        if self.progress is not None:
+            self.progress.mark(f"the checkpoint save at step {state.step}")
+        self.writer.save(state)
+        self.saved_at = state.step
+
+    @contextmanager
+    def draining(self) -> Iterator[None]:
+        """While the block runs, SIGTERM first waits for the write in flight (then ends the
+        process as before); when the block ends, by an exception too, the write in flight
+        still lands (its own error is a warning, not raised over the block's)."""
+        try:
+            with drained_on_sigterm(self.writer):
+                yield
+        finally:
+            if self.writer is not None:
+                self.writer.drain()

@@ -1,0 +1,102 @@
+"""Picking a run up again from its checkpoints (possibly on R' ranks).
+
+What a checkpoint holds is the training state's ``state_dict()``
+(:class:`~rankwise.train.TrainState`). :func:`manager_for` is the folder ``fit`` saves to and
+resumes from; :func:`load_resume` finds the checkpoint to resume from (rank 0's choice,
+verified, agreed by every rank). Moving the data to where the run stopped is the training
+state's own step (``TrainState.resume_data``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+import rankwise.distributed as rd
+from rankwise.train.checkpoint.files import CheckpointError
+from rankwise.train.checkpoint.manager import CheckpointManager, read_checkpoint
+from rankwise.train.config import DistributedTrainingConfig
+
+
+def manager_for(cfg: DistributedTrainingConfig) -> CheckpointManager | None:
+    """The checkpoint folder's manager (one folder per rank unless rank 0 alone saves);
+    under ``strategy="fsdp"`` it writes sharded DCP folders, every rank its shards."""
+    if cfg.checkpoint_dir is None:
+        return None
+    base = Path(cfg.checkpoint_dir)
+    folder = base if cfg.save_on_master_only else base / f"rank-{rd.get_rank()}"
+    sharded = cfg.strategy == "fsdp"
+    return CheckpointManager(folder, keep_last=cfg.keep_last_checkpoints, sharded=sharded)
+
+
+def load_resume(
+    resume: str | None, manager: CheckpointManager | None, per_rank: bool
+) -> tuple[Path, dict[str, Any]] | None:
+    """``(path, state)`` to resume from, or None for a fresh start; collective.
+
+    ``per_rank`` (``save_on_master_only=False``): each rank takes the newest valid copy in its
+    own folder. Otherwise rank 0 picks the newest valid checkpoint (verified once) and the
+    others read the file it names. Every rank's failure becomes an error on every rank, and
+    ranks that found different ``(epoch, step)`` are refused: no rank goes on into the
+    collectives of a resume the others cannot do.
+    """
+    member = rd.membership()
+    if resume is None or (member is not None and member.pending):
+        return None  # a restarted process under --on-failure continue: a peer's state
+    found: tuple[Path, dict[str, Any]] | None = None
+    error: str | None = None
+    try:
+        if resume != "auto":  # a sharded folder's shards: checked in full by rank 0 alone
+            found = Path(resume), read_checkpoint(resume, verify_shards=rd.is_master())
+        elif per_rank or rd.is_master():
+            found = manager.load_latest() if manager is not None else None
+    except Exception as e:  # any failure must reach every rank, below
+        error = f"{type(e).__name__}: {e}"
+    if resume == "auto" and not per_rank:
+        path = broadcast_path(found[0] if found is not None else None)
+        if path is not None and not rd.is_master():
+            try:  # rank 0 verified it in full
+                found = path, read_checkpoint(path, verify_shards=False)
+            except Exception as e:
+                error = f"{type(e).__name__}: {e}"
+    _agree(found, error)
+    return found
+
+
+def _agree(found: tuple[Path, dict[str, Any]] | None, error: str | None) -> None:
+    mine = (error, None if found is None else (int(found[1]["epoch"]), int(found[1]["step"])))
+    everyone: list[Any] = [mine]
+    if rd.get_world_size() > 1 and rd.has_group():
+        everyone = [None] * rd.get_world_size()
+        dist.all_gather_object(everyone, mine)
+    # rstrip: each error ends in a full stop, and the list is followed by one.
+    failed = [f"rank {r}: {e.rstrip('.')}" for r, (e, _) in enumerate(everyone) if e is not None]
+    if failed:
+        raise CheckpointError(
+            "cannot resume: " + "; ".join(failed) + ". Every rank needs a readable checkpoint "
+            "(a shared checkpoint_dir, or each rank's own copy with save_on_master_only=False); "
+            "fix or remove the named files, or start fresh with resume=None."
+        )
+    positions = [p for _, p in everyone]
+    if len(set(positions)) > 1:
+        listed = ", ".join(
+            f"rank {r}: " + ("none" if p is None else f"epoch {p[0]} step {p[1]}")
+            for r, p in enumerate(positions)
+        )
+        raise CheckpointError(
+            f"cannot resume: the ranks' newest valid checkpoints differ ({listed}); every "
+            "rank must resume from the same step. Remove the newer copies so every rank's "
+            "checkpoint_dir/rank-<r> holds the same newest step, or start fresh with resume=None."
+        )
+
+
+def broadcast_path(path: Path | None) -> Path | None:
+    """Rank 0's ``path`` on every rank (the writing rank names the file; the others need it
+    too); a collective in a world of more than one."""
+    if rd.get_world_size() == 1 or not rd.has_group():
+        return path
+    box: list[Any] = [None if path is None else str(path)]
+    dist.broadcast_object_list(box, src=0)
+    return None if box[0] is None else Path(box[0])
