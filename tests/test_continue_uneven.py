@@ -13,9 +13,8 @@ from rankwise.data import DistributedSampler
 from rankwise.data.partition import global_batch_end
 from rankwise.data.shares import GlobalBatchShares
 from rankwise.distributed.membership import RegroupError
-from rankwise.train.data import TensorPairs
 from rankwise.train.continuing import check_split, fits, shares_text
-from rankwise.train.data import TrainBatches
+from rankwise.train.data import TensorPairs, TrainBatches
 
 
 def world_batches(n: int, batch: int, world: int, cursor: int = 0, shuffle: bool = True):

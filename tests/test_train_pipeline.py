@@ -11,8 +11,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from rankwise.train import DistributedTrainingConfig
-from rankwise.train.data import TensorPairs
-from rankwise.train.data import TrainBatches, loader_options, train_source
+from rankwise.train.data import TensorPairs, TrainBatches, loader_options, train_source
 
 CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
 

@@ -45,7 +45,8 @@ class FitRun:
     logger: TrainingLogger
     checkpointer: Checkpointer
     continuing: Continuing | None = None  # under ``--on-failure continue`` only
-    on_regroup: Callable[[], None] = lambda: None  # the world changed (continue mode)
+    # The world changed (continue mode): the logger follows rank 0, the callbacks hear of it.
+    on_regroup: Callable[[], None] = lambda: None
 
 
 def run_epoch(state: TrainState, run: FitRun, source: Any) -> EpochResult:
@@ -70,8 +71,7 @@ def run_epoch(state: TrainState, run: FitRun, source: Any) -> EpochResult:
             continuing.recover(reason)
         else:
             continuing.grow()
-        run.logger.follow(rd.is_master(), state.step)  # rank 0 may be another process now
-        run.on_regroup()
+        run.on_regroup()  # the logger follows rank 0 (maybe another process now); callbacks
 
 
 def between_epochs(run: FitRun, what: Callable[[], None]) -> None:
@@ -87,7 +87,6 @@ def between_epochs(run: FitRun, what: Callable[[], None]) -> None:
                 raise
             reason = continuing.lost_peer(exc)
         continuing.recover(reason)  # outside the except block, as in run_epoch
-        run.logger.follow(rd.is_master())
         run.on_regroup()
 
 

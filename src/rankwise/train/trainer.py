@@ -28,8 +28,7 @@ from torch import nn
 
 import rankwise.distributed as rd
 from rankwise.parallel import Precision, unwrap_model
-from rankwise.train import checks, elastic
-from rankwise.train import setup as st
+from rankwise.train import checks
 from rankwise.train.checkpoint import (
     Checkpointer,
     CheckpointManager,
@@ -40,6 +39,7 @@ from rankwise.train.checkpoint import (
     save_file,
 )
 from rankwise.train.config import DistributedTrainingConfig
+from rankwise.train.continuing import Continuing
 from rankwise.train.data import (
     as_dataset,
     eval_data,
@@ -51,9 +51,18 @@ from rankwise.train.data import (
 from rankwise.train.evaluation import EvalBatches, eval_batches, evaluate_exact, predict_all
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
-from rankwise.train.loop import StepEnv, epoch_scheduler_step
+from rankwise.train.loop import FitRun, between_epochs, run_epoch
+from rankwise.train.setup import (
+    Prepared,
+    is_factory,
+    prepare,
+    resolve_device,
+    scale_lr,
+    seed_everything,
+)
 from rankwise.train.state import TrainState
-from rankwise.train.sums import EpochSums
+from rankwise.train.step import StepEnv, epoch_scheduler_step
+from rankwise.train.sums import EpochResult, EpochSums
 
 OptimizerSpec = torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -106,15 +115,15 @@ class DistributedTrainer:
         self.state = TrainState(
             model,
             optimizer if isinstance(optimizer, torch.optim.Optimizer) else None,
-            None if st.is_factory(scheduler) else scheduler,
+            None if is_factory(scheduler) else scheduler,
         )
         self.callbacks = list(callbacks)
         self.on_batch: Callable[[DistributedTrainer, int, int, Any], None] | None = None
         self.config: DistributedTrainingConfig | None = None
-        self.prepared: st.Prepared | None = None
+        self.prepared: Prepared | None = None
         self.train_source: Any = None
         self.logger: Any = None
-        self.device_choice = None if device is None else st.resolve_device(device)
+        self.device_choice = None if device is None else resolve_device(device)
         self.device = self.device_choice or rd.device()
         self._checkpointer: Checkpointer | None = None  # the last fit's: when it saves
         self.last_evaluation: dict[str, int] = {}  # samples and correct ones of evaluate()
@@ -229,25 +238,26 @@ class DistributedTrainer:
         the samples trained (all ranks) and the seconds spent training them."""
         state = self.state
         hooks, early = ([functools.partial(h, self) for h in self.batch_hooks(e)] for e in (0, 1))
-        env = StepEnv(cfg, self.loss_fn, self.device, self.progress, self.logger, hooks,
-                      self._after_step, early)  # fmt: skip
+        step = StepEnv(cfg, self.loss_fn, self.device, self.progress, hooks, early)
+        continuing = Continuing.for_this_job(state, cfg, self.device_choice)
+        run = FitRun(step, self.logger, checkpointer, continuing, self._regrouped)
+        if continuing is not None and continuing.join_if_waiting():  # a restarted process
+            self._regrouped()
         samples, train_seconds = 0, 0.0
-        run = elastic.epoch_runner(state, cfg, self.device_choice, self._regrouped)
         for epoch in range(state.epoch, cfg.epochs):
             t0 = time.perf_counter()
-            sums = state.sums if state.sums is not None else EpochSums()  # or resumed
-            state.epoch, state.sums = epoch, sums
-            loss, acc, count = run(state, env, self.train_source)
-            samples += count  # every rank's, reduced (a lost rank's and uneven shares too)
+            state.epoch = epoch
+            state.sums = state.sums if state.sums is not None else EpochSums()  # or resumed
+            result = run_epoch(state, run, self.train_source)
+            samples += result.samples  # every rank's, reduced (lost ranks, uneven shares too)
             state.epoch, state.sums = epoch + 1, None  # closed: a save now starts the next
             train_seconds += time.perf_counter() - t0
-            metrics = self._end_epoch(epoch, loss, acc, val_set, t0)
+            metrics = self._end_epoch(epoch, result, val_set, t0)
             self._call("on_epoch_end", self, epoch, metrics)
-            # every N epochs, or a step save deferred to the epoch's end; a lost peer in it is
-            # recovered from and the save made again
-            elastic.closing(run, functools.partial(checkpointer.after_epoch, state, epoch))
+            # every N epochs, or a step save deferred to the epoch's end
+            between_epochs(run, functools.partial(checkpointer.after_epoch, state, epoch))
         # a last save unless the last step is saved; fit returns once it is durable
-        elastic.closing(run, functools.partial(checkpointer.at_end, state))
+        between_epochs(run, functools.partial(checkpointer.at_end, state))
         return samples, train_seconds
 
     def _setup(self, cfg: DistributedTrainingConfig) -> None:
@@ -255,7 +265,7 @@ class DistributedTrainer:
         state = self.state
         state.config = cfg
         if self.prepared is None:
-            self.prepared = prepared = st.prepare(
+            self.prepared = prepared = prepare(
                 state.model,  # as the user passed it: prepare wraps it
                 self._optimizer_spec,
                 self._scheduler_spec,
@@ -269,7 +279,7 @@ class DistributedTrainer:
         if not state.lr_scaled:
             scale = cfg.lr_scale(rd.get_world_size())
             if scale != 1.0:
-                st.scale_lr(state.optimizer, state.scheduler, scale)  # type: ignore[arg-type]
+                scale_lr(state.optimizer, state.scheduler, scale)  # type: ignore[arg-type]
             state.lr_scaled = True  # once per trainer, and recorded in checkpoints
 
     def _start(self, cfg: DistributedTrainingConfig, manager: CheckpointManager | None) -> bool:
@@ -281,7 +291,7 @@ class DistributedTrainer:
         if loaded is not None:
             state.load_state_dict(loaded[1], loaded[0])
         elif state.restored is None:  # nothing loaded: a fresh, seeded start
-            st.seed_everything(cfg.seed, rd.get_rank())
+            seed_everything(cfg.seed, rd.get_rank())
             state.start_over()
             return False
         state.resume_data(cfg)
@@ -289,8 +299,9 @@ class DistributedTrainer:
         return True
 
     def _end_epoch(
-        self, epoch: int, loss: float, acc: float | None, val_set: Any, t0: float
+        self, epoch: int, result: EpochResult, val_set: Any, t0: float
     ) -> dict[str, float | None]:
+        loss, acc = result.loss, result.accuracy
         val_loss = val_acc = None
         if val_set is not None:
             self.progress.mark(f"the evaluation on the validation data after epoch {epoch}")
@@ -310,18 +321,10 @@ class DistributedTrainer:
         return metrics
 
     def _regrouped(self) -> None:
-        """The world changed under ``--on-failure continue`` (elastic.py): rank 0 logs, and the
-        callbacks hear of it (``on_regroup``)."""
+        """The world changed under ``--on-failure continue`` (continuing.py): rank 0 logs, and
+        the callbacks hear of it (``on_regroup``)."""
         self.logger.follow(rd.is_master(), self.state.step)
         self._call("on_regroup", self)
-
-    # -- after each optimizer step (called by loop.train_epoch) ------------------------------
-
-    def _after_step(self, ends_epoch: bool) -> None:
-        cfg, step, checkpointer = self.config, self.state.step, self._checkpointer
-        assert cfg is not None and checkpointer is not None, "set by fit()"
-        checks.check_sync(self.model, cfg, step, self.progress)  # every N steps, if set
-        checkpointer.after_step(self.state, ends_epoch)  # every N steps, if set
 
     def batch_hooks(self, early: bool | int = False) -> list[Callable[..., None]]:
         """``on_batch`` hooks; ``early``: the callbacks' ``before_backward`` (same arguments)."""
@@ -389,7 +392,7 @@ class DistributedTrainer:
             if method is not None:
                 method(*args)
 
-    def _require_prepared(self) -> st.Prepared:
+    def _require_prepared(self) -> Prepared:
         if self.prepared is None:
             raise ValueError("the trainer is not set up yet: call fit() first.")
         return self.prepared
