@@ -35,6 +35,9 @@ from pathlib import Path
 _COMPONENTS = ("master", "volume", "filer", "s3", "admin")
 _GRPC_OFFSET = 10000
 START_TIMEOUT = 30.0
+# The one identity conftest's shared server accepts; a test wanting a refusal uses another.
+S3_KEY = "rankwise-test-key"
+S3_SECRET = "rankwise-test-secret-0123456789"
 
 
 def weed_binary() -> str:

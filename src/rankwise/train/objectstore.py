@@ -57,7 +57,7 @@ _BACKENDS = {
 # S3 defaults, under the user's own config_kwargs: a dead endpoint fails in seconds (botocore's
 # defaults retry a refused connection for ~10 s, a silent one for minutes); rankwise retries
 # transient faults itself, with backoff and a warning naming the URL.
-_S3_CONFIG = {"connect_timeout": 5, "retries": {"max_attempts": 1, "mode": "standard"}}
+_S3_CONFIG = {"connect_timeout": 5, "retries": {"total_max_attempts": 1, "mode": "standard"}}
 # Upload parts: SeaweedFS on one host took 4-5 s for 300 MB with 32 MiB x 8 parallel parts
 # against 6-7 s with s3fs's default 50 MiB x 10 in waves.
 PART_SIZE = 32 << 20
@@ -81,7 +81,16 @@ class Storage:
         *,
         retry: RetryPolicy | None = None,
         secrets: Iterable[str] = (),
+        part_size: int = PART_SIZE,
+        parallel_parts: int = PARALLEL_PARTS,
     ) -> None:
+        if part_size < 5 << 20 or parallel_parts < 1:
+            raise ValueError(
+                f"part_size ({part_size}) must be >= 5 MiB (S3's smallest part) and "
+                f"parallel_parts ({parallel_parts}) >= 1."
+            )
+        self.part_size = part_size
+        self.parallel_parts = parallel_parts
         self.url = url
         self.protocol = protocol
         self.path = path
@@ -96,14 +105,18 @@ class Storage:
         storage_options: dict[str, Any] | None = None,
         *,
         retry: RetryPolicy | None = None,
+        part_size: int = PART_SIZE,
+        parallel_parts: int = PARALLEL_PARTS,
     ) -> Storage:
         """The storage ``url`` names; ``storage_options`` go to the fsspec filesystem
         (for S3: ``endpoint_url``, ``key``, ``secret``, ``client_kwargs``, ``config_kwargs``
-        ...). Nothing is contacted yet: :meth:`check_writable` does that."""
+        ...); ``retry`` governs transient failures; ``part_size`` and ``parallel_parts`` shape
+        multipart uploads. Nothing is contacted yet: :meth:`check_writable` does that."""
         url = os.fspath(url)
         protocol, path = split_url(url)
         if protocol == "file":
             return cls(url, "file", path, retry=retry)
+        sizes = {"part_size": part_size, "parallel_parts": parallel_parts}
         options = dict(storage_options or {})
         secrets = secret_values(options)
         module, fix = _BACKENDS.get(protocol, ("fsspec", 'pip install "rankwise[s3]"'))
@@ -128,7 +141,8 @@ class Storage:
         if module == "s3fs":
             config = {**_S3_CONFIG, **options.get("config_kwargs", {})}
             options = {"skip_instance_cache": True, **options, "config_kwargs": config}
-        return cls(url, protocol, path, fs_class(**options), retry=retry, secrets=secrets)
+        fs = fs_class(**options)
+        return cls(url, protocol, path, fs, retry=retry, secrets=secrets, **sizes)
 
     @property
     def is_remote(self) -> bool:
@@ -191,10 +205,10 @@ class Storage:
     ) -> int:
         """Upload ``source`` (bytes, or a local file's path) to ``key``; return its size.
 
-        Large objects go up as a multipart upload of :data:`PART_SIZE` parts,
-        :data:`PARALLEL_PARTS` at a time (S3); a failed try is retried whole."""
+        Objects of two parts or more go up as a multipart upload of ``part_size`` parts,
+        ``parallel_parts`` at a time (S3); a failed try is retried whole."""
         fs = self._remote()
-        extra = {"chunksize": PART_SIZE, "max_concurrency": PARALLEL_PARTS}
+        extra = {"chunksize": self.part_size, "max_concurrency": self.parallel_parts}
         if not self.protocol.startswith("s3"):
             extra = {}
         if isinstance(source, (bytes, bytearray, memoryview)):
