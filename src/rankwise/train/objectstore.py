@@ -58,8 +58,10 @@ _BACKENDS = {
 # defaults retry a refused connection for ~10 s, a silent one for minutes); rankwise retries
 # transient faults itself, with backoff and a warning naming the URL.
 _S3_CONFIG = {"connect_timeout": 5, "retries": {"total_max_attempts": 1, "mode": "standard"}}
-# Upload parts: SeaweedFS on one host took 4-5 s for 300 MB with 32 MiB x 8 parallel parts
-# against 6-7 s with s3fs's default 50 MiB x 10 in waves.
+# Upload parts: s3fs holds max_concurrency parts in memory at once; 8 x 32 MiB (256 MiB) beside
+# training instead of its default 10 x 50 MiB (500 MiB). Not slower: 300 MB to a local SeaweedFS
+# took a median 3.65 s against 3.97 s for s3fs's defaults (4 runs each, on a loaded 2-core host,
+# within noise of each other).
 PART_SIZE = 32 << 20
 PARALLEL_PARTS = 8
 
