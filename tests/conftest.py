@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from fault_runs import WORKER, exactly_once
+from helpers.s3server import S3_KEY, S3_SECRET, S3Server, start_server
 from rankwise.testing import hygiene, run_script
 
 
@@ -30,6 +31,34 @@ def fault_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert result.returncode == 0, result.stderr[-4000:]
     assert exactly_once(out, attempts=1) == [0]
     return dict(torch.load(out / "final.pt"))
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3 server (SeaweedFS ``weed mini``) on free ports for this test process, with one
+    identity (:data:`S3_KEY`, :data:`S3_SECRET`); stopped by its process group at the end."""
+    server = start_server(tmp_path_factory.mktemp("s3server"), credentials=(S3_KEY, S3_SECRET))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``s3://BUCKET`` of a fresh bucket on :func:`s3_server`, with the ``AWS_*`` variables
+    set to reach it, as a user's environment would."""
+    import uuid
+
+    import s3fs
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    bucket = f"rankwise-{uuid.uuid4().hex[:16]}"
+    s3fs.S3FileSystem(skip_instance_cache=True).mkdir(bucket)
+    return f"s3://{bucket}"
 
 
 # Helper scripts run under `rankwise launch`; they are not test modules (and parse argv on import).

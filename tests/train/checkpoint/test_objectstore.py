@@ -1,0 +1,268 @@
+"""Checkpoints in object storage, against a real S3 server (SeaweedFS, from conftest's
+``s3_server``): publish and verify, torn uploads never trusted, pruning after the pointer,
+stale multipart uploads aborted, each failure named with its URL and fix but never the secret,
+and retries with backoff across a server lost and back."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import s3fs
+
+from helpers.s3server import S3_KEY, S3_SECRET, start_server
+from rankwise.testing import free_port
+from rankwise.train import files
+from rankwise.train import remote_checkpoints as rc
+from rankwise.train.files import CheckpointWarning
+from rankwise.train.objectstore import RetryPolicy, Storage, StorageError, StorageWarning
+
+pytestmark = pytest.mark.timeout(60)
+
+MiB = 1 << 20
+FAST = RetryPolicy(attempts=1)
+
+
+def _fs() -> s3fs.S3FileSystem:
+    """A plain s3fs client on the test's AWS_* variables (for what rankwise does not do)."""
+    return s3fs.S3FileSystem(skip_instance_cache=True)
+
+
+def test_a_published_checkpoint_is_the_latest_and_verifies(s3_bucket: str, tmp_path: Path):
+    store = Storage.for_url(f"{s3_bucket}/run", part_size=5 * MiB)
+    store.check_writable()
+    assert store.is_remote and rc.latest(store) is None
+    big = tmp_path / "state.pt"
+    big.write_bytes(bytes(range(256)) * (12 * MiB // 256))  # 3 parts of 5 MiB: a multipart upload
+    rc.publish(store, b"first", "ckpt-s001.pt", pointer={"step": 1})
+    manifest = rc.publish(store, big, "ckpt-s002.pt", pointer={"step": 2}, meta={"epoch": 0})
+
+    assert rc.latest(store) == "ckpt-s002.pt"
+    assert rc.verify(store, "ckpt-s002.pt") == manifest
+    assert manifest["size"] == 12 * MiB and manifest["meta"] == {"epoch": 0}
+    assert json.loads(store.read("ckpt-latest.json")) == {"file": "ckpt-s002.pt", "step": 2}
+    got = rc.fetch(store, "ckpt-s002.pt", tmp_path / "got.pt")
+    assert got.read_bytes() == big.read_bytes()
+    # The manifest is a local one: the local verifier accepts the object and its manifest.
+    local = files.save_file({"x": 1}, tmp_path / "local" / "ckpt.pt")
+    local_manifest = json.loads(files.manifest_path(local).read_text())
+    assert sorted(manifest) == sorted(local_manifest)
+    (tmp_path / "got.pt.sha256.json").write_bytes(store.read("ckpt-s002.pt.sha256.json"))
+    assert files.verify_file(got)["xxh3_128"] == manifest["xxh3_128"]
+
+
+def test_a_local_path_keeps_the_local_code_path(tmp_path: Path):
+    for url in (str(tmp_path / "run"), f"file://{tmp_path}/run"):
+        store = Storage.for_url(url)
+        assert not store.is_remote and store.local_path == tmp_path / "run"
+        with pytest.raises(TypeError, match="local folder"):
+            store.names()
+        store.check_writable()
+        assert (tmp_path / "run").is_dir()
+
+
+def test_a_torn_upload_is_never_the_latest(s3_bucket: str):
+    store = Storage.for_url(f"{s3_bucket}/run")
+    rc.publish(store, b"good one", "ckpt-s001.pt")
+    fs, root = _fs(), f"{s3_bucket[5:]}/run"
+    # Killed after the data, before the manifest (the pointer still names s001).
+    fs.pipe(f"{root}/ckpt-s002.pt", b"torn")
+    # A manifest whose digest does not match its data, named by the pointer.
+    rc.publish(store, b"will be corrupted", "ckpt-s003.pt")
+    fs.pipe(f"{root}/ckpt-s003.pt", b"WILL BE CORRUPTED")
+    store.put(json.dumps({"file": "ckpt-s003.pt"}).encode(), "ckpt-latest.json")
+
+    with pytest.warns(CheckpointWarning) as caught:
+        assert rc.latest(store) == "ckpt-s001.pt"
+    said = "\n".join(str(w.message) for w in caught)
+    assert "ckpt-s003.pt is corrupt" in said
+    assert "ckpt-s002.pt has no manifest" in said
+    assert f"{s3_bucket}/run/ckpt-s003.pt" in said  # the message names the object's URL
+    with pytest.raises(files.CheckpointError, match="corrupt"):
+        rc.verify(store, "ckpt-s003.pt")
+    rc.publish(store, b"will be cut", "ckpt-s004.pt")
+    fs.pipe(f"{root}/ckpt-s004.pt", b"will")
+    with pytest.raises(files.CheckpointError, match="truncated: 4 bytes, expected 11"):
+        rc.verify(store, "ckpt-s004.pt")
+
+
+def test_pruning_happens_after_the_pointer_and_keeps_the_newest(s3_bucket: str):
+    order: list[str] = []
+
+    class Recording(Storage):  # the real store, with its writes and deletes recorded
+        def put(self, source: Any, key: str, **kw: Any) -> int:
+            order.append(f"put {key}")
+            return super().put(source, key, **kw)
+
+        def delete(self, *keys: str) -> None:
+            order.extend(f"delete {k}" for k in keys)
+            super().delete(*keys)
+
+    plain = Storage.for_url(f"{s3_bucket}/run")
+    store = Recording(plain.url, plain.protocol, plain.path, plain.fs)
+    for step in (1, 2, 3):
+        rc.publish(store, f"state {step}".encode(), f"ckpt-s{step:03d}.pt")
+    _fs().pipe(f"{s3_bucket[5:]}/run/ckpt-s000.pt", b"torn, older")  # no manifest
+    order.clear()
+    rc.publish(store, b"state 4", "ckpt-s004.pt", keep_last=2)
+
+    assert order[:3] == [
+        "put ckpt-s004.pt",
+        "put ckpt-s004.pt.sha256.json",
+        "put ckpt-latest.json",
+    ]
+    deleted = order[3:]
+    assert deleted == [
+        "delete ckpt-s000.pt.sha256.json",
+        "delete ckpt-s000.pt",
+        "delete ckpt-s001.pt.sha256.json",
+        "delete ckpt-s001.pt",
+        "delete ckpt-s002.pt.sha256.json",
+        "delete ckpt-s002.pt",
+    ]
+    assert rc.checkpoints(store) == ["ckpt-s003.pt", "ckpt-s004.pt"]
+    assert rc.latest(store) == "ckpt-s004.pt"
+    with pytest.raises(ValueError, match="keep_last"):
+        rc.prune(store, 0)
+
+
+def test_stale_multipart_uploads_are_aborted(s3_bucket: str):
+    fs, bucket = _fs(), s3_bucket[5:]
+    left = fs.call_s3("create_multipart_upload", Bucket=bucket, Key="run/ckpt-s009.pt")
+    part = {"Bucket": bucket, "Key": "run/ckpt-s009.pt", "UploadId": left["UploadId"]}
+    fs.call_s3("upload_part", PartNumber=1, Body=b"x" * (5 * MiB), **part)
+    elsewhere = fs.call_s3("create_multipart_upload", Bucket=bucket, Key="other/ckpt-s001.pt")
+    store = Storage.for_url(f"{s3_bucket}/run")
+    assert rc.checkpoints(store) == []  # an unfinished upload is never an object
+
+    assert rc.clean_partial_uploads(store, older_than=3600) == []  # too young: may be in flight
+    assert rc.clean_partial_uploads(store) == ["ckpt-s009.pt"]
+    remaining = fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])
+    assert [(u["Key"], u["UploadId"]) for u in remaining] == [
+        ("other/ckpt-s001.pt", elsewhere["UploadId"])
+    ]
+    assert rc.clean_partial_uploads(Storage.for_url("memory://rankwise-test/run")) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("s3:/bucket/run", "write s3://bucket/run"),
+        ("s3://", "names no bucket: write s3://BUCKET/PATH"),
+        ("s3:///run", "write s3://run"),
+    ],
+)
+def test_a_malformed_url_is_named_with_the_fix(url: str, said: str):
+    with pytest.raises(StorageError, match=r"malformed|names no bucket") as e:
+        Storage.for_url(url)
+    assert e.value.reason == "bad-url" and repr(url) in str(e.value) and said in str(e.value)
+
+
+def test_missing_s3fs_names_the_extra(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # import s3fs now raises ImportError
+    with pytest.raises(StorageError) as e:
+        Storage.for_url("s3://bucket/run", {"secret": "x-" + S3_SECRET})
+    assert e.value.reason == "missing-backend"
+    assert 'pip install "rankwise[s3]"' in str(e.value) and "s3://bucket/run" in str(e.value)
+
+
+def _failures(bucket: str, wrong_secret: str) -> dict[str, StorageError]:
+    """Each failure a user can meet at start, from check_writable."""
+    out = {}
+    cases = {
+        "missing-bucket": (f"{bucket}-missing/run", {}),
+        "refused": (f"{bucket}/run", {"key": S3_KEY, "secret": wrong_secret}),
+        "unreachable": (f"{bucket}/run", {"endpoint_url": f"http://127.0.0.1:{free_port()}"}),
+    }
+    for reason, (url, options) in cases.items():
+        store = Storage.for_url(url, options)
+        started = time.monotonic()
+        with pytest.raises(StorageError) as e:
+            store.check_writable()
+        assert time.monotonic() - started < 4, f"{reason} took too long to fail"
+        assert e.value.reason == reason, str(e.value)
+        assert url in str(e.value)
+        out[reason] = e.value
+    return out
+
+
+def test_each_failure_at_start_names_the_url_and_the_fix(s3_bucket: str):
+    failures = _failures(s3_bucket, "wrong-" + S3_SECRET)
+    assert "the bucket does not exist: create it" in str(failures["missing-bucket"])
+    assert "AWS_SECRET_ACCESS_KEY" in str(failures["refused"])
+    assert "signature" in str(failures["refused"])
+    assert "check the endpoint (AWS_ENDPOINT_URL" in str(failures["unreachable"])
+
+
+def test_a_secret_never_appears_in_errors_warnings_or_logs(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    secret = "Sup3rSecretValue-rankwise-canary"
+    caplog.set_level(logging.DEBUG)  # botocore, s3fs and aiobotocore log at DEBUG
+    messages: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        messages += [str(e) + repr(e) for e in _failures(s3_bucket, secret).values()]
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)  # refused, from the environment
+        store = Storage.for_url(f"{s3_bucket}/run")
+        with pytest.raises(StorageError, match="refused") as e:
+            store.check_writable()
+        messages.append(str(e.value) + repr(store))
+        dead = Storage.for_url(
+            f"{s3_bucket}/run",
+            {"key": S3_KEY, "secret": secret, "endpoint_url": f"http://127.0.0.1:{free_port()}"},
+            retry=RetryPolicy(attempts=2, first_delay=0.01),
+        )
+        with pytest.raises(StorageError) as e:
+            dead.put(b"x", "ckpt-s001.pt")
+        messages.append(str(e.value) + repr(dead))
+        monkeypatch.setitem(sys.modules, "s3fs", None)
+        with pytest.raises(StorageError) as e:
+            Storage.for_url(f"s3://k:{secret}@bucket/run", {"secret": secret})
+        messages.append(str(e.value))
+    messages += [str(w.message) for w in caught]
+    assert any("retrying" in m for m in messages)  # the retry warning was seen
+    assert all(secret not in m for m in messages), [m for m in messages if secret in m]
+    assert secret not in caplog.text
+
+
+def test_a_server_lost_mid_run_is_retried_with_backoff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    server = start_server(tmp_path / "s3")  # its own server: this test kills it
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)  # no identities: any key
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+        _fs().mkdir("lost-and-back")
+        patient = RetryPolicy(attempts=10, first_delay=0.2, max_delay=1.0)
+        store = Storage.for_url("s3://lost-and-back/run", retry=patient)
+        rc.publish(store, b"before", "ckpt-s001.pt")
+
+        server.kill()
+        back = threading.Timer(0.5, server.start)
+        back.start()
+        started = time.monotonic()
+        with pytest.warns(StorageWarning, match=r"s3://lost-and-back/run/ckpt-s002\.pt failed"):
+            rc.publish(store, b"during", "ckpt-s002.pt")
+        back.join()
+        assert time.monotonic() - started >= 0.5  # it waited for the server, then went on
+        assert rc.latest(store) == "ckpt-s002.pt"
+
+        server.kill()  # and gone for good: the upload gives up, naming the URL
+        store.retry = RetryPolicy(attempts=3, first_delay=0.05)
+        with pytest.warns(StorageWarning), pytest.raises(StorageError) as e:
+            rc.publish(store, b"never", "ckpt-s003.pt")
+        assert e.value.reason == "unreachable"
+        said = str(e.value)
+        assert "upload to s3://lost-and-back/run/ckpt-s003.pt failed after 3 attempts" in said
+        assert "check the endpoint (AWS_ENDPOINT_URL" in said
+    finally:
+        server.stop()
