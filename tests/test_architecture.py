@@ -11,7 +11,7 @@ import rankwise
 
 ROOT = Path(rankwise.__file__).parent
 # DESIGN.md's layers, top first: a module may import from its own layer and the ones above.
-LAYERS = ["distributed", "data", "augment", "parallel", "train", "models", "compat"]
+LAYERS = ["distributed", "data", "augment", "parallel", "train", "launch", "models", "compat"]
 MAX_LINES = 400
 
 

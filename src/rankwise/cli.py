@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from rankwise.launch import add_launch_parser, launch, run_launch
+from rankwise.launch import add_launch_parser, launch, run_launch, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,8 +111,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         return run_demo(args)
     if args.command == "store":
-        from rankwise.jobstore import serve
-
         return serve(args)
     parser.print_help()
     return 0

@@ -87,7 +87,7 @@ def add_launch_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         default="restart",
         help="restart: a lost rank restarts every rank (torchrun's --max-restarts; the "
         "default). continue: the survivors keep training and only the lost rank restarts "
-        "(rankwise.supervise). Across nodes, continue needs a fixed --nnodes N, --node-rank "
+        "(rankwise.launch.supervisor). Across nodes, continue needs a fixed --nnodes N, --node-rank "
         "on each node and --master-port: node 0's launcher hosts the membership store at "
         "--master-addr:--master-port (or see --store-endpoint).",
     )
@@ -243,7 +243,7 @@ def run_launch(args: argparse.Namespace) -> int:
         print(f"rankwise launch: error: {exc}", file=sys.stderr)
         return 2
     if getattr(args, "on_failure", "restart") == "continue":
-        from rankwise.supervise import check_continue_args, run_continue
+        from rankwise.launch.supervisor import check_continue_args, run_continue
 
         try:
             check_continue_args(args)

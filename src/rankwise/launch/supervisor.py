@@ -17,7 +17,7 @@ given a moment and ended.
 Across nodes (``--nnodes N --node-rank R``, static: no nodes come or go) every node runs one
 launcher; slot ``R * nproc + i`` is the ``i``-th process of node ``R``. Node 0's launcher hosts
 the store at ``--master-addr``:``--master-port`` (or every launcher connects to a ``rankwise
-store`` at ``--store-endpoint``; see :mod:`rankwise.jobstore`), each launcher supervises and
+store`` at ``--store-endpoint``; see :mod:`rankwise.launch.jobstore`), each launcher supervises and
 restarts only its own slots, and they share the job's end through the store: training
 finished on one node is finished on all, and the store host waits for the others to be done.
 """
@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 
 from rankwise.distributed.membership import mark_dead
-from rankwise.jobstore import CONNECT_S, JobStore, parse_endpoint
+from rankwise.launch.jobstore import CONNECT_S, JobStore, parse_endpoint
 
 __all__ = ["check_continue_args", "run_continue"]
 
