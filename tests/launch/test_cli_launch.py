@@ -129,6 +129,17 @@ def test_help_documents_every_command(
         assert fragment in text, f"{fragment!r} missing from `rankwise {' '.join(argv)} --help`"
 
 
+def test_launch_help_examples_keep_their_line_breaks(capsys: pytest.CaptureFixture[str]) -> None:
+    """A continued example line ends in a shell ``\\`` and the next starts indented: a broken
+    continuation joins them with a run of spaces in the middle of a command."""
+    with pytest.raises(SystemExit):
+        main(["launch", "--help"])
+    examples = capsys.readouterr().out.split("examples:", 1)[1].split("positional arguments", 1)[0]
+    commands = [line.strip() for line in examples.splitlines() if "--" in line]
+    assert commands and not [c for c in commands if re.search(r"\S {2,}--", c)]
+    assert any(c.endswith("\\") for c in commands)
+
+
 def test_env_reports_configuration(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
