@@ -123,10 +123,12 @@ def run_continue(args: argparse.Namespace) -> int:
         "MASTER_PORT": str(jobs.port),
         "RANKWISE_ON_FAILURE": "continue",
         "RANKWISE_MIN_NPROC": str(int(getattr(args, "min_nproc", 1) or 1)),
-        # Nobody can come back without restarts: the members then never check for joiners.
-        "RANKWISE_JOIN_CHECK_EVERY": os.environ.get("RANKWISE_JOIN_CHECK_EVERY")
-        or ("1" if restarts else "0"),
     }
+    # Nobody can come back without restarts: the members then never check for joiners. A value
+    # the user gave passes through, unread, in the copied environment (rankwise.distributed's
+    # MemberConfig reads and checks it in each process).
+    if not base.get("RANKWISE_JOIN_CHECK_EVERY"):
+        base["RANKWISE_JOIN_CHECK_EVERY"] = "1" if restarts else "0"
 
     def spawn(index: int, incarnation: int) -> subprocess.Popen[bytes]:
         env = {

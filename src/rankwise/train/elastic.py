@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -189,7 +188,7 @@ class Continuing:
         self.source: Any = None
         self.mark: _Mark | None = None
         self.regroups = 0
-        self.join_every = int(os.environ.get("RANKWISE_JOIN_CHECK_EVERY", "1") or 0)
+        self.join_every = membership.cfg.join_check_every
         self.join_cursor: dict[str, Any] | None = None  # a joiner's, until it has the data
         if membership.pending:  # a restarted process: in at the members' next step boundary
             state.sums = EpochSums()  # its own sums of the epoch start empty
