@@ -20,6 +20,11 @@ LAYERS = [
     "testing", "compat", "demo", "cli",
 ]  # fmt: skip
 LONG_FILE = 600  # lines: past this a file is pointed out, never failed
+# DESIGN.md: "environment.py ... the only place besides config.py that reads the environment".
+ENV_READERS = {"distributed/environment.py", "distributed/config.py"}
+# Reads allowed elsewhere, each with its reason. Keep it empty: a setting is a field of a config
+# object in distributed/ (e.g. MemberConfig.join_check_every), which other layers are given.
+ENV_READS_ALLOWED: dict[str, str] = {}
 
 
 def _modules() -> dict[str, Path]:
@@ -186,3 +191,87 @@ def test_long_files_are_pointed_out_not_failed() -> None:
     long = {k: v for k, v in sizes.items() if v > LONG_FILE}
     if long:  # a note for the reader of the test report: is each still one concept?
         warnings.warn(f"files over {LONG_FILE} lines (one concept each?): {long}", stacklevel=1)
+
+
+def _env_uses(source: str) -> list[tuple[int, str]]:
+    """``(line, kind)`` for every use of the environment in ``source``: kind ``read`` (one
+    variable's value, or an alias that hides what is read), ``write`` (set, change, delete) or
+    ``copy`` (the whole environment handed on, e.g. to a child process's ``env``).
+
+    Reads: ``os.getenv(...)``, ``os.environ.get(...)``, ``os.environ[...]`` loaded, ``"X" in
+    os.environ``, ``setdefault`` / ``pop`` whose result is used, and any other use of
+    ``os.environ`` (``env = os.environ`` reads through the alias later).
+    """
+    tree = ast.parse(source)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    os_names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names if a.name == "os"}  # fmt: skip
+    from_os = {a.asname or a.name: a.name for n in ast.walk(tree)
+               if isinstance(n, ast.ImportFrom) and n.module == "os" for a in n.names}  # fmt: skip
+
+    def names(node: ast.AST, what: str) -> bool:  # os.<what>, or <what> imported from os
+        if isinstance(node, ast.Attribute) and node.attr == what:
+            return isinstance(node.value, ast.Name) and node.value.id in os_names
+        return isinstance(node, ast.Name) and from_os.get(node.id) == what
+
+    def kind(node: ast.AST) -> str:
+        parent = parents[node]
+        if isinstance(parent, ast.Subscript) and parent.value is node:
+            return "read" if isinstance(parent.ctx, ast.Load) else "write"
+        if isinstance(parent, ast.Attribute) and isinstance(parents[parent], ast.Call):
+            call = parents[parent]
+            if parent.attr in ("update", "clear"):
+                return "write"
+            if parent.attr in ("setdefault", "pop"):  # a write unless its answer is used
+                return "write" if isinstance(parents[call], ast.Expr) else "read"
+            if parent.attr in ("copy", "items"):
+                return "copy"
+            return "read"  # get, and anything else
+        if isinstance(parent, ast.Compare) and node in parent.comparators:
+            return "read"  # "X" in os.environ
+        if isinstance(parent, ast.Dict) and None in parent.keys:
+            return "copy"  # {**os.environ, ...}
+        if isinstance(parent, ast.keyword) and parent.arg is None:
+            return "copy"  # f(**os.environ)
+        is_dict = isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name)
+        if is_dict and parent.func.id == "dict" and node in parent.args:
+            return "copy"  # dict(os.environ)
+        return "read"
+
+    found = []
+    for node in ast.walk(tree):
+        if names(node, "getenv") and isinstance(parents.get(node), ast.Call):
+            found.append((node.lineno, "read"))
+        elif names(node, "environ"):
+            found.append((node.lineno, kind(node)))
+    return sorted(found)
+
+
+def test_the_environment_scan_tells_reads_from_writes() -> None:
+    source = """
+import os
+from os import environ as env_alias
+a = os.environ.get("A"); b = os.getenv("B"); c = os.environ["C"]; d = "D" in os.environ
+e = os.environ; f = env_alias["F"]; g = os.environ.setdefault("G", "1")
+os.environ["H"] = "1"; del os.environ["H"]; os.environ.setdefault("I", "1"); os.environ.update({})
+child = {**os.environ, "RANK": "0"}; saved = dict(os.environ); os.environ.pop("J", None)
+"""
+    uses = _env_uses(source)
+    assert [line for line, kind in uses if kind == "read"] == [4, 4, 4, 4, 5, 5, 5]
+    assert [kind for line, kind in uses if line == 6] == ["write"] * 4
+    assert [kind for line, kind in uses if line == 7] == ["copy", "copy", "write"]
+
+
+def test_only_distributed_config_and_environment_read_the_environment() -> None:
+    reads: dict[str, list[int]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        lines = [n for n, kind in _env_uses(path.read_text(encoding="utf-8")) if kind == "read"]
+        if lines:
+            reads[name] = lines
+    assert set(ENV_READERS) <= set(reads)  # the scan sees the reads where they belong
+    elsewhere = {name: lines for name, lines in reads.items() if name not in ENV_READERS}
+    assert elsewhere.keys() == ENV_READS_ALLOWED.keys(), (
+        f"environment variables read outside {sorted(ENV_READERS)}: {elsewhere}; make the "
+        "setting a field of a config object in rankwise/distributed/config.py and pass it on"
+    )

@@ -19,7 +19,8 @@ import pytest
 import torch.distributed as dist
 
 from rankwise.distributed import DistributedConfigError
-from rankwise.distributed.membership import MemberConfig, Membership, mark_dead, on_failure_mode
+from rankwise.distributed.config import MemberConfig, on_failure_mode
+from rankwise.distributed.membership import Membership, mark_dead
 from rankwise.testing import child_env, free_port
 
 WORKER = Path(__file__).resolve().parent / "scripts" / "member_worker.py"
@@ -32,6 +33,47 @@ def test_mode_defaults_to_restart_and_refuses_continue_without_the_store():
         on_failure_mode({"RANKWISE_ON_FAILURE": "continue", "TORCHELASTIC_RUN_ID": "x"})
     with pytest.raises(DistributedConfigError, match="'restart' or 'continue'"):
         on_failure_mode({"RANKWISE_ON_FAILURE": "carry-on"})
+
+
+LAUNCHED = {
+    "RANKWISE_ON_FAILURE": "continue", "RANKWISE_SLOT": "2", "WORLD_SIZE": "3",
+    "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+}  # fmt: skip
+
+
+def test_member_config_reads_the_launchers_variables():
+    cfg = MemberConfig.from_environment({
+        **LAUNCHED, "RANKWISE_INCARNATION": "1", "RANKWISE_MIN_NPROC": "2",
+        "RANKWISE_STALE_S": "0.5", "RANKWISE_JOIN_CHECK_EVERY": "0",
+        "DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "60000",
+    })  # fmt: skip
+    assert cfg == MemberConfig(
+        slot=2, world_size=3, host="10.0.0.1", port=29500, incarnation=1, min_nproc=2,
+        collective_timeout_s=60.0, stale_s=0.5, join_check_every=0,
+    )  # fmt: skip
+    defaults = MemberConfig.from_environment(LAUNCHED)
+    assert defaults is not None and (defaults.stale_s, defaults.join_check_every) == (2.0, 1)
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"RANKWISE_STALE_S": "0"}, "RANKWISE_STALE_S=0.0 is refused: the stale time must be > 0"),
+        ({"RANKWISE_STALE_S": "soon"}, "RANKWISE_STALE_S='soon' is not a number"),
+        ({"RANKWISE_JOIN_CHECK_EVERY": "-1"}, "RANKWISE_JOIN_CHECK_EVERY=-1 is refused"),
+        ({"RANKWISE_JOIN_CHECK_EVERY": "often"}, "RANKWISE_JOIN_CHECK_EVERY='often' is not an"),
+        ({"RANKWISE_SLOT": "3"}, "RANKWISE_SLOT=3 is refused: a slot is a rank of the launched "
+         "world, 0..2"),
+        ({"RANKWISE_MIN_NPROC": "4"}, "RANKWISE_MIN_NPROC=4 is refused: --min-nproc must be in"),
+        ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is refused: a port is in 1..65535"),
+        ({"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "0"}, "DISTRIBUTED_COLLECTIVE_TIMEOUT_MS=0 is "),
+        ({"WORLD_SIZE": ""}, "WORLD_SIZE is not set, and RANKWISE_ON_FAILURE=continue needs it"),
+    ],
+)  # fmt: skip
+def test_member_config_refuses_bad_variables(variables: dict[str, str], message: str):
+    with pytest.raises(DistributedConfigError) as refused:
+        MemberConfig.from_environment({**LAUNCHED, **variables})
+    assert str(refused.value).startswith(message)
 
 
 def read(out: Path, slot: int) -> list[dict]:

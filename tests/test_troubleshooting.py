@@ -32,12 +32,8 @@ import rankwise.data as rdata
 import rankwise.distributed as rd
 import rankwise.parallel as rp
 from rankwise.distributed import DistributedConfig
-from rankwise.distributed.membership import (
-    MemberConfig,
-    Membership,
-    check_min_nproc,
-    on_failure_mode,
-)
+from rankwise.distributed.config import MemberConfig, on_failure_mode
+from rankwise.distributed.membership import Membership, check_min_nproc
 from rankwise.launch import check_args
 from rankwise.testing import child_env, free_port, run_distributed, run_isolated
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig, load_file, save_file
@@ -277,6 +273,11 @@ def _train_stall() -> tuple[str, str]:
     return "NoError", "no error"
 
 
+def _member_from_environment(**variables: str) -> BaseException:
+    launched = {"RANKWISE_ON_FAILURE": "continue", "RANKWISE_SLOT": "0", "WORLD_SIZE": "2"}
+    return raised(MemberConfig.from_environment, {**launched, "MASTER_PORT": "29500", **variables})
+
+
 def _membership_store_gone() -> BaseException:
     cfg = MemberConfig(slot=1, world_size=2, host="127.0.0.1", port=free_port())
     return raised(Membership, cfg, timeout_s=1)
@@ -305,6 +306,9 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
         on_failure_mode, {"RANKWISE_ON_FAILURE": "continue", "TORCHELASTIC_RUN_ID": "x"}
     ),
     "continue-mode-value": lambda: raised(on_failure_mode, {"RANKWISE_ON_FAILURE": "sometimes"}),
+    "continue-variable": lambda: _member_from_environment(RANKWISE_STALE_S="0"),
+    "continue-variable-not-number": lambda: _member_from_environment(RANKWISE_STALE_S="soon"),
+    "continue-variable-missing": lambda: _member_from_environment(WORLD_SIZE=""),
     "continue-min-nproc": lambda: raised(check_min_nproc, [0, 1], 3),
     "continue-uneven-split": lambda: raised(check_split, 8, 5, 2, "left"),
     "continue-fsdp": lambda: raised(

@@ -1,5 +1,5 @@
 """docs/troubleshooting.md's rows for what ``rankwise launch --on-failure continue`` refuses
-before starting anything (rankwise.supervise.check_continue_args), each provoked in this
+before starting anything (rankwise.launch.supervisor.check_continue_args), each provoked in this
 process. tests/test_troubleshooting.py checks that these rows and triggers pair up."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from rankwise.supervise import check_continue_args
+from rankwise.launch import check_continue_args
 from troubleshooting_table import check_row, raised
 
 

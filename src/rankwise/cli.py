@@ -1,9 +1,11 @@
 """The ``rankwise`` command: ``launch``, ``env``, ``store`` and ``demo``.
 
-``rankwise launch`` runs a script on N processes through torchrun; ``rankwise env`` says what
-this machine and environment would give a launch; ``rankwise store`` hosts the membership store
-of an ``--on-failure continue`` job apart from its nodes; ``rankwise demo`` trains a small model
-on 2 CPU processes to show that everything works.
+``rankwise launch`` runs a script on N processes (through torchrun, or under ``--on-failure
+continue`` rankwise's own supervisor); ``rankwise env`` says what this machine and environment
+would give a launch; ``rankwise store`` hosts the membership store of an ``--on-failure
+continue`` job apart from its nodes; ``rankwise demo`` trains a small model on 2 CPU processes
+to show that everything works. The commands' logic lives in :mod:`rankwise.launch` (launch,
+store) and :mod:`rankwise.demo`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from rankwise.launch import add_launch_parser, launch, run_launch
+from rankwise.launch import add_launch_parser, add_store_parser, launch, run_launch, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
             "commands:\n"
-            "  launch  run a script on N processes per node (torchrun underneath)\n"
+            "  launch  run a script on N processes per node (torchrun, or rankwise's supervisor)\n"
             "  env     show rank variables, backends, CUDA devices and whether the port is free\n"
             "  store   host one --on-failure continue job's membership store apart from its nodes\n"
             "  demo    train an MLP on the digits data set on 2 CPU processes\n\n"
@@ -56,24 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env.add_argument("--json", action="store_true", help="print one JSON object instead")
 
-    store = sub.add_parser(
-        "store",
-        help="host the membership store of one `--on-failure continue` job on its own",
-        description=(
-            "Serve the TCPStore that the launchers of one `rankwise launch --on-failure "
-            "continue` job share (generations, joins, the job's end), on a machine of its own: "
-            "pass --store-endpoint HOST:PORT to every node's launcher, node 0's included. A "
-            "lost node (node 0 too) then takes only its own processes with it. Exits 0 once "
-            "the --nnodes launchers are done; one store per job (start a fresh one for the "
-            "next job)."
-        ),
-        epilog="example: rankwise store --port 29600 --nnodes 2",
-    )
-    store.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
-    store.add_argument("--port", type=int, required=True, help="port to listen on")
-    store.add_argument(
-        "--nnodes", type=int, required=True, help="the job's nodes (launchers) to wait for"
-    )
+    add_store_parser(sub)
 
     demo = sub.add_parser(
         "demo",
@@ -111,8 +96,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         return run_demo(args)
     if args.command == "store":
-        from rankwise.jobstore import serve
-
         return serve(args)
     parser.print_help()
     return 0

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rankwise.distributed.membership import MemberConfig, Membership, RegroupError
+from rankwise.distributed.config import MemberConfig
+from rankwise.distributed.membership import Membership, RegroupError
 
 out = Path(sys.argv[1])
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 1

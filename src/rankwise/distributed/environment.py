@@ -367,6 +367,20 @@ def parse_int(var: str, raw: str) -> int:
         ) from None
 
 
+def parse_float(var: str, raw: str) -> float:
+    """Read environment variable ``var``'s value ``raw`` as a number, or say how to fix it.
+
+    >>> parse_float("RANKWISE_STALE_S", "0.5")
+    0.5
+    """
+    try:
+        return float(raw.strip())
+    except ValueError:
+        raise DistributedConfigError(
+            f"{var}={raw!r} is not a number; set {var} to a number such as {var}=2."
+        ) from None
+
+
 def _int(env: Mapping[str, str], var: str) -> int:
     return parse_int(var, env[var])
 

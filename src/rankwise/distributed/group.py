@@ -23,12 +23,13 @@ import torch.distributed as dist
 
 from rankwise.distributed.config import (
     DistributedConfig,
+    MemberConfig,
     choose_gloo_interface,
     restore_gloo_interface,
 )
 from rankwise.distributed.drain import drain, gloo_threads_alive
 from rankwise.distributed.errors import DistributedConfigError, DistributedStateError
-from rankwise.distributed.membership import MemberConfig, Membership
+from rankwise.distributed.membership import Membership
 from rankwise.distributed.rendezvous import lost_store, rendezvous, wait_until_all_joined
 
 # With CUDA, "auto" gives torch's per-device backends: NCCL for CUDA tensors, gloo for CPU ones

@@ -36,29 +36,23 @@ Teardown never waits for the broken group: see :func:`rankwise.distributed.retir
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import threading
 import time
-from collections.abc import Mapping
 from datetime import timedelta
 
 import torch.distributed as dist
 
-from rankwise.distributed.errors import DistributedConfigError, DistributedConnectionError
+from rankwise.distributed.config import MemberConfig
+from rankwise.distributed.errors import DistributedConnectionError
 from rankwise.distributed.retire import retire_groups
 
 __all__ = [
-    "MemberConfig",
     "Membership",
     "RegroupError",
     "RemovedError",
     "check_min_nproc",
     "mark_dead",
-    "on_failure_mode",
 ]
-
-ON_FAILURE = "RANKWISE_ON_FAILURE"
 
 
 class RegroupError(RuntimeError):
@@ -67,33 +61,6 @@ class RegroupError(RuntimeError):
 
 class RemovedError(RegroupError):
     """This process was left out of the new generation (it was frozen or too late)."""
-
-
-def on_failure_mode(environ: Mapping[str, str] | None = None) -> str:
-    """``"restart"`` (torchrun's stop-the-world restarts, the default) or ``"continue"``.
-
-    ``continue`` needs the store ``rankwise launch --on-failure continue`` hosts; set by hand or
-    under plain torchrun it is refused, naming the fix.
-
-    >>> on_failure_mode({})
-    'restart'
-    """
-    env = os.environ if environ is None else environ
-    mode = env.get(ON_FAILURE, "restart").strip() or "restart"
-    if mode not in ("restart", "continue"):
-        raise DistributedConfigError(
-            f"{ON_FAILURE} ({mode!r}) must be 'restart' or 'continue'; it is set by "
-            "`rankwise launch --on-failure ...`."
-        )
-    if mode == "continue" and "RANKWISE_SLOT" not in env:
-        launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "this launcher"
-        raise DistributedConfigError(
-            f"{ON_FAILURE}=continue needs the membership store that `rankwise launch "
-            f"--on-failure continue` hosts, and {launcher} did not start one. Start the job "
-            "with `rankwise launch --nproc-per-node N --on-failure continue train.py`, or "
-            f"unset {ON_FAILURE} to restart the whole world on a failure."
-        )
-    return mode
 
 
 def check_min_nproc(members: list[int], min_nproc: int) -> None:
@@ -110,38 +77,6 @@ def mark_dead(store: dist.Store, slot: int, incarnation: int) -> None:
     """The launcher saw ``incarnation`` of ``slot`` exit: a regroup's leader counts it gone at
     once instead of waiting ``stale_s`` for its heartbeat to stand still."""
     store.set(f"dead/{slot}", str(incarnation))
-
-
-@dataclasses.dataclass(frozen=True)
-class MemberConfig:
-    """What ``rankwise launch --on-failure continue`` tells each process."""
-
-    slot: int  # the rank this process had in generation 0 (stable across its restarts)
-    world_size: int  # generation 0's size
-    host: str
-    port: int
-    incarnation: int = 0  # 0 for the first start of this slot, n for its n-th restart
-    min_nproc: int = 1
-    collective_timeout_s: float = 1800.0
-    stale_s: float = 2.0  # a heartbeat still for this long means the process is gone
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str] | None = None) -> MemberConfig | None:
-        """The launcher's variables, or None when the mode is ``restart``."""
-        env = os.environ if environ is None else environ
-        if on_failure_mode(env) != "continue":
-            return None
-        timeout_ms = env.get("DISTRIBUTED_COLLECTIVE_TIMEOUT_MS") or "1800000"
-        return cls(
-            slot=int(env["RANKWISE_SLOT"]),
-            world_size=int(env["WORLD_SIZE"]),
-            host=env.get("MASTER_ADDR", "127.0.0.1"),
-            port=int(env["MASTER_PORT"]),
-            incarnation=int(env.get("RANKWISE_INCARNATION", "0")),
-            min_nproc=int(env.get("RANKWISE_MIN_NPROC", "1")),
-            collective_timeout_s=int(timeout_ms) / 1000,
-            stale_s=float(env.get("RANKWISE_STALE_S", "2.0")),
-        )
 
 
 class Membership:

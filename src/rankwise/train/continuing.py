@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import os
 from typing import Any
 
 import torch
@@ -125,7 +124,7 @@ class Continuing:
         self.global_batch = cfg.effective_batch_size(rd.get_world_size())
         self.source: Any = None
         self.last_mark: _Mark | None = None
-        self.join_every = int(os.environ.get("RANKWISE_JOIN_CHECK_EVERY", "1") or 0)
+        self.join_every = membership.cfg.join_check_every
         self.join_cursor: dict[str, Any] | None = None  # a joiner's, until it has the data
 
     @classmethod

@@ -1,5 +1,5 @@
 """``rankwise launch --on-failure continue``: what it refuses before starting anything, and the
-job store its launchers share (one node here; two hosts: tests/test_multihost.py)."""
+job store its launchers share (one node here; two hosts: tests/launch/test_multihost.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from rankwise.jobstore import JobStore, parse_endpoint
-from rankwise.launch import launch
+from rankwise.launch import JobStore, launch, parse_endpoint
 from rankwise.testing import child_env
 
 

@@ -1,7 +1,9 @@
-"""``rankwise launch``: a thin front over ``torch.distributed.run`` (torchrun).
+"""``rankwise launch --on-failure restart`` (the default): a front over ``torch.distributed.run``.
 
-torchrun does the work (spawning, rendezvous, restarts, multi-node). rankwise only picks
-settings that make it reliable by default:
+In this mode torchrun does the work (spawning, rendezvous, restarts, multi-node), and rankwise
+only picks settings that make it reliable by default. (``--on-failure continue`` is another
+matter: there rankwise replaces torchrun's agent and supervises its own processes; see
+:mod:`rankwise.launch.supervisor`.) The settings:
 
 - **Rendezvous.** torchrun's default static rendezvous (what ``--master-port`` alone gives)
   shares one TCP store between restart attempts, so a restarted attempt's gloo
@@ -28,7 +30,6 @@ import os
 import sys
 import tempfile
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
@@ -38,75 +39,13 @@ from torch.distributed.elastic.rendezvous.utils import (
     _parse_rendezvous_config,
     parse_rendezvous_endpoint,
 )
-from torch.distributed.run import get_args_parser, parse_min_max_nnodes
+from torch.distributed.run import parse_min_max_nnodes
 from torch.distributed.run import run as torchrun_run
 
 from rankwise.distributed.interfaces import is_local_address, is_loopback, route_source
 from rankwise.distributed.rendezvous import port_is_free
 
-DESCRIPTION = """\
-Run a training script on N processes per node through torchrun, with rankwise's defaults:
-c10d rendezvous with a fresh store per restart attempt (so --max-restarts works reliably) and,
-on a single node without --master-port, a free port chosen by the OS. Any torchrun option may
-be given. Each process gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, which
-rankwise.distributed.init() reads.
-
-examples:
-  rankwise launch --nproc-per-node 2 train.py --epochs 5
-  rankwise launch --nproc-per-node 4 --max-restarts 3 train.py
-  # a lost rank: the others keep training, only it restarts and rejoins
-  rankwise launch --nproc-per-node 3 --max-restarts 2 --on-failure continue train.py
-  # two machines, run on each (node 0 at 10.0.0.1):
-  rankwise launch --nnodes 2 --nproc-per-node 4 --master-addr 10.0.0.1 --master-port 29500 train.py
-  # the same with continue: node R of 2 (R = 0 on 10.0.0.1, which hosts the store)
-  rankwise launch --nnodes 2 --node-rank R --nproc-per-node 4 --master-addr 10.0.0.1 \
-      --master-port 29500 --on-failure continue train.py
-  # ... with the store on a third machine (10.0.0.5), so losing node 0 stops nobody else:
-  rankwise store --port 29600 --nnodes 2     # on 10.0.0.5
-  rankwise launch --nnodes 2 --node-rank R --nproc-per-node 4 \
-      --store-endpoint 10.0.0.5:29600 --on-failure continue train.py
-"""
-
-
-def add_launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``launch`` with every torchrun option, under rankwise's own help text."""
-    parser = subparsers.add_parser(
-        "launch",
-        parents=[get_args_parser()],
-        conflict_handler="resolve",  # our -h/--help replaces torchrun's
-        help="run a script on N processes (a thin front over torchrun)",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    # None = "not given", so an explicit --rdzv-backend static or --node-rank 0 can be told
-    # apart from torchrun's defaults (filled in by apply_defaults).
-    parser.set_defaults(rdzv_backend=None, node_rank=None)
-    parser.add_argument(
-        "--on-failure",
-        choices=("restart", "continue"),
-        default="restart",
-        help="restart: a lost rank restarts every rank (torchrun's --max-restarts; the "
-        "default). continue: the survivors keep training and only the lost rank restarts "
-        "(rankwise.supervise). Across nodes, continue needs a fixed --nnodes N, --node-rank "
-        "on each node and --master-port: node 0's launcher hosts the membership store at "
-        "--master-addr:--master-port (or see --store-endpoint).",
-    )
-    parser.add_argument(
-        "--min-nproc",
-        type=int,
-        default=1,
-        help="--on-failure continue: stop once fewer ranks than this are left, counted over "
-        "all nodes (default 1)",
-    )
-    parser.add_argument(
-        "--store-endpoint",
-        default=None,
-        metavar="HOST:PORT",
-        help="--on-failure continue: connect to the membership store a `rankwise store` "
-        "serves at HOST:PORT instead of node 0's launcher hosting it, so that losing any "
-        "node (node 0 included) leaves the others their store. Give it to every node.",
-    )
-    return parser
+__all__ = ["apply_defaults", "run_torchrun"]
 
 
 def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
@@ -140,43 +79,6 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
     if max_nodes > 1 and args.rdzv_backend == "c10d" and args.rdzv_endpoint:
         _address_this_node(args)
     return args
-
-
-# The words torchrun's --nproc-per-node takes besides a number (one process per CPU / device).
-_NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
-
-
-def check_args(args: argparse.Namespace) -> None:
-    """Refuse options torchrun would only reject after starting (with a traceback, a bare
-    ``AssertionError``, or N ranks failing to open the script); ``ValueError`` names the fix.
-
-    >>> check_args(argparse.Namespace(nproc_per_node="two", nnodes="1"))
-    Traceback (most recent call last):
-    ...
-    ValueError: --nproc-per-node ('two') must be a whole number >= 1 or one of ...
-    """
-    nproc = str(args.nproc_per_node).strip()
-    if nproc not in _NPROC_WORDS and not (nproc.isdigit() and int(nproc) >= 1):
-        raise ValueError(
-            f"--nproc-per-node ({nproc!r}) must be a whole number >= 1 or one of "
-            f"{', '.join(map(repr, _NPROC_WORDS))}; e.g. --nproc-per-node 2."
-        )
-    try:
-        low, high = parse_min_max_nnodes(str(args.nnodes))
-    except (ValueError, RuntimeError):
-        low = high = 0
-    if not 1 <= low <= high:
-        raise ValueError(
-            f"--nnodes ({args.nnodes!r}) must be N or MIN:MAX with 1 <= MIN <= MAX; e.g. "
-            "--nnodes 2, or --nnodes 1:4 for a job that runs on 1 to 4 machines."
-        )
-    script = getattr(args, "training_script", None)
-    direct = not (getattr(args, "module", False) or getattr(args, "no_python", False))
-    if script is not None and direct and not os.path.isfile(script):
-        raise ValueError(
-            f"training script {script!r} does not exist; pass the path of a Python file "
-            "(relative to the current directory), or -m for a module."
-        )
 
 
 def _address_this_node(args: argparse.Namespace) -> None:
@@ -235,22 +137,9 @@ def _claim_store_host(args: argparse.Namespace, host: str, port: int) -> bool:
     return True
 
 
-def run_launch(args: argparse.Namespace) -> int:
-    """Launch with torchrun; return the exit code of the job (0 when every rank succeeded)."""
-    try:
-        check_args(args)
-    except ValueError as exc:  # argparse's way: a usage error exits 2, no traceback
-        print(f"rankwise launch: error: {exc}", file=sys.stderr)
-        return 2
-    if getattr(args, "on_failure", "restart") == "continue":
-        from rankwise.supervise import check_continue_args, run_continue
-
-        try:
-            check_continue_args(args)
-        except ValueError as exc:
-            print(f"rankwise launch: error: {exc}", file=sys.stderr)
-            return 2
-        return run_continue(args)
+def run_torchrun(args: argparse.Namespace) -> int:
+    """Run the job with torchrun under rankwise's defaults; return its exit code (0 when every
+    rank succeeded)."""
     apply_defaults(args)
     # Read by the c10d rendezvous in this (agent) process: a fresh store per attempt.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
@@ -267,10 +156,3 @@ def run_launch(args: argparse.Namespace) -> int:
         )
         return first
     return 0
-
-
-def launch(argv: Sequence[str]) -> int:
-    """Programmatic ``rankwise launch ARGV...``; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="rankwise")
-    add_launch_parser(parser.add_subparsers(dest="command"))
-    return run_launch(parser.parse_args(["launch", *argv]))

@@ -19,7 +19,7 @@ from rankwise.distributed.interfaces import is_loopback, resolve, route_source
 from rankwise.launch import apply_defaults
 from rankwise.testing import child_env, free_port, run_isolated, run_script
 
-WORKER = Path(__file__).parent / "scripts" / "launch_worker.py"
+WORKER = Path(__file__).parent.parent / "scripts" / "launch_worker.py"
 ELSEWHERE = "203.0.113.7"  # RFC 5737 TEST-NET-3: never an address of this machine
 
 
@@ -127,6 +127,17 @@ def test_help_documents_every_command(
     text = capsys.readouterr().out
     for fragment in fragments:
         assert fragment in text, f"{fragment!r} missing from `rankwise {' '.join(argv)} --help`"
+
+
+def test_launch_help_examples_keep_their_line_breaks(capsys: pytest.CaptureFixture[str]) -> None:
+    """A continued example line ends in a shell ``\\`` and the next starts indented: a broken
+    continuation joins them with a run of spaces in the middle of a command."""
+    with pytest.raises(SystemExit):
+        main(["launch", "--help"])
+    examples = capsys.readouterr().out.split("examples:", 1)[1].split("positional arguments", 1)[0]
+    commands = [line.strip() for line in examples.splitlines() if "--" in line]
+    assert commands and not [c for c in commands if re.search(r"\S {2,}--", c)]
+    assert any(c.endswith("\\") for c in commands)
 
 
 def test_env_reports_configuration(
@@ -265,7 +276,7 @@ def test_a_group_built_with_torch_is_adopted_and_torn_down_at_exit() -> None:
 
 
 def test_quickstart_example_runs_on_one_process_and_on_two() -> None:
-    script = Path(__file__).parent.parent / "examples" / "quickstart.py"
+    script = Path(__file__).parents[2] / "examples" / "quickstart.py"
     single = run_isolated([sys.executable, str(script)], env=child_env(), timeout=60)
     assert single.returncode == 0, single.stderr
     assert "world 1: mean loss 0.250" in single.stdout

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["JobStore", "parse_endpoint", "serve"]
+__all__ = ["JobStore", "add_store_parser", "parse_endpoint", "serve"]
 
 CONNECT_S = 120.0  # a launcher started before the store host waits this long for it
 
@@ -125,6 +125,29 @@ class JobStore:
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def add_store_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``store``: host one continue job's store apart from its nodes (:func:`serve`)."""
+    parser = subparsers.add_parser(
+        "store",
+        help="host the membership store of one `--on-failure continue` job on its own",
+        description=(
+            "Serve the TCPStore that the launchers of one `rankwise launch --on-failure "
+            "continue` job share (generations, joins, the job's end), on a machine of its own: "
+            "pass --store-endpoint HOST:PORT to every node's launcher, node 0's included. A "
+            "lost node (node 0 too) then takes only its own processes with it. Exits 0 once "
+            "the --nnodes launchers are done; one store per job (start a fresh one for the "
+            "next job)."
+        ),
+        epilog="example: rankwise store --port 29600 --nnodes 2",
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    parser.add_argument("--port", type=int, required=True, help="port to listen on")
+    parser.add_argument(
+        "--nnodes", type=int, required=True, help="the job's nodes (launchers) to wait for"
+    )
+    return parser
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ given a moment and ended.
 Across nodes (``--nnodes N --node-rank R``, static: no nodes come or go) every node runs one
 launcher; slot ``R * nproc + i`` is the ``i``-th process of node ``R``. Node 0's launcher hosts
 the store at ``--master-addr``:``--master-port`` (or every launcher connects to a ``rankwise
-store`` at ``--store-endpoint``; see :mod:`rankwise.jobstore`), each launcher supervises and
+store`` at ``--store-endpoint``; see :mod:`rankwise.launch.jobstore`), each launcher supervises and
 restarts only its own slots, and they share the job's end through the store: training
 finished on one node is finished on all, and the store host waits for the others to be done.
 """
@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 
 from rankwise.distributed.membership import mark_dead
-from rankwise.jobstore import CONNECT_S, JobStore, parse_endpoint
+from rankwise.launch.jobstore import CONNECT_S, JobStore, parse_endpoint
 
 __all__ = ["check_continue_args", "run_continue"]
 
@@ -123,10 +123,12 @@ def run_continue(args: argparse.Namespace) -> int:
         "MASTER_PORT": str(jobs.port),
         "RANKWISE_ON_FAILURE": "continue",
         "RANKWISE_MIN_NPROC": str(int(getattr(args, "min_nproc", 1) or 1)),
-        # Nobody can come back without restarts: the members then never check for joiners.
-        "RANKWISE_JOIN_CHECK_EVERY": os.environ.get("RANKWISE_JOIN_CHECK_EVERY")
-        or ("1" if restarts else "0"),
     }
+    # Nobody can come back without restarts: the members then never check for joiners. A value
+    # the user gave passes through, unread, in the copied environment (rankwise.distributed's
+    # MemberConfig reads and checks it in each process).
+    if not base.get("RANKWISE_JOIN_CHECK_EVERY"):
+        base["RANKWISE_JOIN_CHECK_EVERY"] = "1" if restarts else "0"
 
     def spawn(index: int, incarnation: int) -> subprocess.Popen[bytes]:
         env = {
