@@ -37,11 +37,11 @@ def test_lines_every_n_steps_and_epoch_summaries(capsys: pytest.CaptureFixture[s
     run_epochs(logger)  # under capsys stderr is no terminal: lines, not a bar
     out, err = capsys.readouterr()
     assert out.splitlines() == [
-        "epoch 1/2 step 5/12 loss 0.2000 1,234 samples/s",
-        "epoch 1/2 step 10/12 loss 0.1000 1,234 samples/s",
+        "epoch 1/2 batch 5/12 loss 0.2000 1,234 samples/s",
+        "epoch 1/2 batch 10/12 loss 0.1000 1,234 samples/s",
         "epoch 1/2 done: train_loss 0.5000 train_accuracy 80.00% epoch_seconds 1.5s grad_norm 2.0000",
-        "epoch 2/2 step 5/12 loss 0.2000 1,234 samples/s",
-        "epoch 2/2 step 10/12 loss 0.1000 1,234 samples/s",
+        "epoch 2/2 batch 5/12 loss 0.2000 1,234 samples/s",
+        "epoch 2/2 batch 10/12 loss 0.1000 1,234 samples/s",
         "epoch 2/2 done: train_loss 0.4000 train_accuracy 80.00% epoch_seconds 1.5s grad_norm 2.0000",
     ]
     assert err == ""
@@ -55,7 +55,7 @@ def test_forced_progress_bar_shows_loss_and_samples_per_second(
     out, err = capsys.readouterr()
     assert "epoch 1/2" in err and "epoch 2/2" in err
     assert "12/12" in err and "loss 0.0833, 1,234 samples/s" in err  # the last step's postfix
-    assert "step 5/12" not in out  # the bar replaces the step lines
+    assert "batch 5/12" not in out  # the bar replaces the step lines
     assert "epoch 2/2 done: train_loss 0.4000" in out
 
 
@@ -183,8 +183,8 @@ def test_a_loss_not_yet_on_the_host_is_shown_pending(tmp_path: Path) -> None:
         logger.start_epoch(0, 2)
         logger.step(1, 1, None, 10.0)  # the GPU has not copied a loss back yet
         logger.step(2, 2, 0.25, 10.0)
-    assert "step 1/2 loss pending 10 samples/s" in out.getvalue()
-    assert "step 2/2 loss 0.2500" in out.getvalue()
+    assert "batch 1/2 loss pending 10 samples/s" in out.getvalue()
+    assert "batch 2/2 loss 0.2500" in out.getvalue()
     rows = read_csv(tmp_path / "metrics.csv")
     assert [r["loss"] for r in rows] == ["", "0.25"]
 

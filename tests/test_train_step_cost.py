@@ -134,7 +134,7 @@ def test_a_trainer_step_is_the_loops_torch_work_plus_the_documented_metrics(
         assert per_step[step] - trainer_ops == PER_LOG_POINT, per_step[step]
         assert not trainer_ops - per_step[step]
     if verbose:
-        assert "epoch 1/1 step 20/40 loss " in capsys.readouterr().out
+        assert "epoch 1/1 batch 20/40 loss " in capsys.readouterr().out
 
 
 @pytest.mark.timeout(60)

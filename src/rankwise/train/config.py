@@ -71,7 +71,7 @@ def check_path(name: str, value: Any, hint: str) -> str | None:
     return str(value)
 
 
-def check_split(value: Any) -> float:
+def check_validation_split(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
         fail(
             "validation_split",
@@ -278,7 +278,7 @@ class DistributedTrainingConfig:
                 fail(name, getattr(self, name), "must be True or False")
         for name, hint in _OPTIONAL_PATHS.items():
             setattr(self, name, check_path(name, getattr(self, name), hint))
-        self.validation_split = check_split(self.validation_split)
+        self.validation_split = check_validation_split(self.validation_split)
         self.grad_clip_norm = check_clip(self.grad_clip_norm)
         for name, choices in CHOICES.items():
             setattr(self, name, check_choice(name, getattr(self, name), choices))

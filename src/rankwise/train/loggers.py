@@ -105,6 +105,7 @@ class TrainingLogger:
         self._stream = stream
         self._bar: Any = None  # tqdm.tqdm while an epoch runs with a bar
         self._epoch, self._total = 0, 0
+        self._rows_at = 0  # micro-batches done at the last row
         self._csv_file: IO[str] | None = None
         self._csv: Any = None  # csv.writer
         self._tb: Any = None  # torch.utils.tensorboard.SummaryWriter
@@ -115,29 +116,32 @@ class TrainingLogger:
     # -- the trainer's calls ----------------------------------------------------------------
 
     def start_epoch(self, epoch: int, total_steps: int) -> None:
-        """An epoch of ``total_steps`` steps (0: unknown) begins; opens its progress bar."""
+        """An epoch of ``total_steps`` micro-batches (0: unknown) begins; opens its bar."""
         if not self.enabled:
             return
         self._close_bar()
         self._epoch, self._total = epoch, total_steps
+        self._rows_at = 0  # micro-batches done at the last row
         if self.verbose and self._bar_wanted():
             from tqdm import tqdm
 
             self._bar = tqdm(
                 total=total_steps or None,
                 desc=self._epoch_label(),
-                unit="step",
+                unit="batch",
                 file=sys.stderr,
                 dynamic_ncols=True,
                 leave=True,
             )
 
     def step(
-        self, step_in_epoch: int, global_step: int, loss: float | None, samples_per_second: float
+        self, micro_batches: int, global_step: int, loss: float | None, samples_per_second: float
     ) -> None:
-        """``step_in_epoch`` steps of this epoch are done (counted from 1).
+        """``micro_batches`` micro-batches of this epoch are done (counted from 1) and
+        ``global_step`` optimizer steps in all (with gradient accumulation the two differ:
+        the bar and ``log_every_n_batches`` count micro-batches, the rows carry both).
 
-        Moves the bar; every ``log_every_n_batches`` steps writes a CSV row and TensorBoard
+        Moves the bar; every ``log_every_n_batches`` micro-batches writes a CSV row and TensorBoard
         scalars, and prints a line when there is no bar. ``loss`` is None while no loss has
         reached the host yet (the trainer never waits for the GPU to show one): the line
         says ``loss pending`` and the CSV cell stays empty.
@@ -149,17 +153,20 @@ class TrainingLogger:
             self._bar.set_postfix_str(
                 f"loss {_loss(loss)}, {samples_per_second:,.0f} samples/s", refresh=False
             )
-            self._bar.update(step_in_epoch - self._bar.n)
-        if not self.every or step_in_epoch % self.every:
+            self._bar.update(micro_batches - self._bar.n)
+        # A row at each multiple of `every` micro-batches, or at the first call past one (with
+        # gradient accumulation the loop calls once per optimizer step).
+        if not self.every or micro_batches // self.every <= self._rows_at // self.every:
             return
+        self._rows_at = micro_batches
         if self.verbose and self._bar is None:
             of = f"/{self._total}" if self._total else ""
             self._print(
-                f"{self._epoch_label()} step {step_in_epoch}{of} loss {_loss(loss)} "
+                f"{self._epoch_label()} batch {micro_batches}{of} loss {_loss(loss)} "
                 f"{samples_per_second:,.0f} samples/s"
             )
         self._write_row(
-            "step", step_in_epoch, global_step, loss=loss, samples_per_second=samples_per_second
+            "step", micro_batches, global_step, loss=loss, samples_per_second=samples_per_second
         )
         if self._tb is not None:
             if loss is not None:

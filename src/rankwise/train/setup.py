@@ -48,7 +48,7 @@ class Prepared:
         then on (``--on-failure continue`` replaces it at each regroup). Only the bare module
         stays here: a kept wrapper would hold a broken group's sockets open, and a survivor
         blocked on them (one not next to the lost rank in gloo's ring) would never wake."""
-        state.adopt(self.model, self.optimizer, self.scheduler, self.precision)
+        state.hold_prepared(self.model, self.optimizer, self.scheduler, self.precision)
         self.model = unwrap_model(self.model)
 
 
@@ -68,7 +68,11 @@ def prepare(
     names = {id(p): n for n, p in module.named_parameters()}
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(module)
-    model = _adopt(given, cfg, device) if is_wrapped(given) else _wrap(module, cfg, device_choice)
+    model = (
+        _train_as_wrapped(given, cfg, device)
+        if is_wrapped(given)
+        else _wrap(module, cfg, device_choice)
+    )
     if cfg.compile:  # after wrapping: DDP's buckets and FSDP2's hooks are in place
         compile_model(model, cfg.compile_options)
     spec = optimizer
@@ -88,7 +92,8 @@ def prepare(
         scheduler = scheduler(optimizer)
     elif scheduler is not None and optimizer is not spec:
         raise ValueError(
-            "the optimizer was rebuilt over the sharded parameters (strategy='fsdp'), so the "
+            "the optimizer was rebuilt over the wrapped model's parameters (strategy="
+            f"{cfg.strategy!r} gave new parameter objects: FSDP2 shards them), so the "
             "scheduler instance points at the old one; pass the scheduler as a callable, e.g. "
             "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)."
         )
@@ -121,7 +126,9 @@ def is_wrapped(model: nn.Module) -> bool:
     return isinstance(model, DistributedDataParallel | DataParallel) or is_fsdp_module(model)
 
 
-def _adopt(model: nn.Module, cfg: DistributedTrainingConfig, device: torch.device) -> nn.Module:
+def _train_as_wrapped(
+    model: nn.Module, cfg: DistributedTrainingConfig, device: torch.device
+) -> nn.Module:
     """Use a model the user wrapped as it is, after checking it fits the config and world."""
     kind = type(model).__name__
     fsdp = is_fsdp_module(model)
@@ -143,13 +150,13 @@ def _adopt(model: nn.Module, cfg: DistributedTrainingConfig, device: torch.devic
             f"strategy={'fsdp' if fsdp else 'ddp'!r} or pass the plain module."
         )
     if isinstance(model, DataParallel):
-        _adopt_data_parallel(model, device)
+        _place_data_parallel(model, device)
     _warn_unsaved_hook_state(model)
     _check_device(model, kind, device)
     return model
 
 
-def _adopt_data_parallel(model: DataParallel, device: torch.device) -> None:
+def _place_data_parallel(model: DataParallel, device: torch.device) -> None:
     if rd.get_world_size() > 1:
         raise ValueError(
             f"the model is a DataParallel in a world of {rd.get_world_size()} ranks: nothing "
@@ -222,7 +229,7 @@ def _rebuild(
     if any(old.state.values()):
         raise ValueError(
             "the optimizer already holds state (it has stepped) and the model's parameters "
-            "were replaced by sharding; pass the optimizer as a callable, e.g. "
+            "were replaced by the wrapping (FSDP2 shards them into new objects); pass the optimizer as a callable, e.g. "
             "optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)."
         )
     groups = []

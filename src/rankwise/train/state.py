@@ -91,7 +91,7 @@ class TrainState:
     lr_scaled: bool = False
     restored: Restored | None = None
 
-    def adopt(
+    def hold_prepared(
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,

@@ -127,7 +127,7 @@ class DistributedTrainer:
         self.device = self.device_choice or rd.device()
         self._checkpointer: Checkpointer | None = None  # the last fit's: when it saves
         self.last_evaluation: dict[str, int] = {}  # samples and correct ones of evaluate()
-        self.fits = 0  # names each fit's Progress (checks.begin_fit)
+        self.fit_count = 0  # names each fit's Progress (checks.begin_fit)
         self.progress = rd.Progress("trainer/unfitted")  # marks collectives: names who is behind
 
     # -- info --------------------------------------------------------------------------------
@@ -187,9 +187,9 @@ class DistributedTrainer:
         cfg, train, val_data = parse_fit_args(args, config, val)
         self.config = cfg.validate()
         train_set, val_set = fit_datasets(train, val_data, cfg)
-        self.fits += 1
+        self.fit_count += 1
         self.progress = checks.begin_fit(
-            cfg, self.model, self.optimizer, (train_set, val_set), self.fits
+            cfg, self.model, self.optimizer, (train_set, val_set), self.fit_count
         )
         self._setup(cfg)
         hooked = bool(self.batch_hooks(early=True) or self.batch_hooks())
