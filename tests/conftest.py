@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from fault_runs import WORKER, exactly_once
+from helpers.fault_runs import WORKER, exactly_once
 from helpers.s3server import S3_KEY, S3_SECRET, S3Server, start_server
 from rankwise.testing import hygiene, run_script
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.paths import REPO
 from rankwise.testing import child_env, run_isolated, run_script
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 for _module in ("mkdocs", "material", "mkdocstrings_handlers.python"):
     pytest.importorskip(_module, reason=f"{_module} is not installed: pip install -e '.[dev]'")

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.paths import EXAMPLES
 from rankwise.testing import run_script
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+EXAMPLES = EXAMPLES
 
 
 def test_train_loop_example_trains_and_stays_in_sync() -> None:

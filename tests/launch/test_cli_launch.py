@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
 
+from helpers.paths import EXAMPLES, SCRIPTS
 from rankwise.cli import build_parser, main
 from rankwise.distributed.interfaces import is_loopback, resolve, route_source
 from rankwise.launch import apply_defaults
 from rankwise.testing import child_env, free_port, run_isolated, run_script
 
-WORKER = Path(__file__).parent.parent / "scripts" / "launch_worker.py"
+WORKER = SCRIPTS / "launch_worker.py"
 ELSEWHERE = "203.0.113.7"  # RFC 5737 TEST-NET-3: never an address of this machine
 
 
@@ -276,7 +277,7 @@ def test_a_group_built_with_torch_is_adopted_and_torn_down_at_exit() -> None:
 
 
 def test_quickstart_example_runs_on_one_process_and_on_two() -> None:
-    script = Path(__file__).parents[2] / "examples" / "quickstart.py"
+    script = EXAMPLES / "quickstart.py"
     single = run_isolated([sys.executable, str(script)], env=child_env(), timeout=60)
     assert single.returncode == 0, single.stderr
     assert "world 1: mean loss 0.250" in single.stdout

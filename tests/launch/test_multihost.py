@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fault_runs import EPOCHS, NUM_SAMPLES, WORKER, exactly_once
+from helpers.fault_runs import EPOCHS, NUM_SAMPLES, WORKER, exactly_once
 from rankwise.testing import assert_exactly_once, child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

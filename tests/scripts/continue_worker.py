@@ -1,4 +1,4 @@
-"""A tiny deterministic run for ``rankwise launch --on-failure continue`` (tests/test_continue.py).
+"""A tiny deterministic run for ``rankwise launch --on-failure continue`` (tests/train/test_continue.py).
 
 Trains an MLP on fixed data through ``DistributedTrainer`` (checkpoints only with
 ``--checkpoint-every``, and never read back from disk) with an :class:`AuditLog` in ``OUT/audit``; whoever is rank 0 at the end writes

@@ -1,4 +1,4 @@
-"""One process of tests/test_distributed_membership.py: joins the job's membership, all-reduces
+"""One process of tests/distributed/test_distributed_membership.py: joins the job's membership, all-reduces
 until a peer is lost, regroups with the survivors and all-reduces once more in the new group.
 
     python member_worker.py OUT   (RANKWISE_SLOT, WORLD_SIZE, MASTER_ADDR/PORT set by the test)

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import xxhash
 
-from rankwise.train.files import CheckpointError, CheckpointWarning, manifest_path
+from rankwise.train.checkpoint import CheckpointError, CheckpointWarning, manifest_path
 from rankwise.train.objectstore import Storage
 
 _MANIFEST_VERSION = 2  # the local manifests' version: same fields

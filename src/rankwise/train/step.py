@@ -15,7 +15,7 @@ Nothing here synchronises the CPU with the device or the ranks: losses stay tens
 epoch's sums, summed once at the epoch's end (one all-reduce). Beyond a hand-written loop's
 work a micro-batch makes four torch calls (the detached loss, ``argmax`` and ``==`` for the
 accuracy, the batch's ``shape``) and one store ``set`` (the stall mark);
-``tests/test_train_step_cost.py`` holds it to that.
+``tests/train/test_train_step_cost.py`` holds it to that.
 
 The forward's pieces (:func:`split_batch`, :func:`model_loss`, :func:`is_class_target`) are
 the evaluation's too.

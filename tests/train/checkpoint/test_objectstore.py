@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 import s3fs
-from rankwise.train.files import CheckpointWarning
+from rankwise.train.checkpoint import CheckpointWarning
 
 from helpers.s3server import S3_KEY, S3_SECRET, start_server
 from rankwise.testing import free_port
-from rankwise.train import files
+from rankwise.train import checkpoint as files
 from rankwise.train import remote_checkpoints as rc
 from rankwise.train.objectstore import RetryPolicy, Storage, StorageError, StorageWarning
 

@@ -13,10 +13,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import rankwise.distributed as rd
+from helpers.trainer_stops import Stop, stop_in_step
 from rankwise.data import DistributedSampler
 from rankwise.testing import run_distributed
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
-from trainer_stops import Stop, stop_in_step
 
 
 def _trainer(stop_at: int | None = None) -> DistributedTrainer:

@@ -16,12 +16,12 @@ import torch
 from torch import nn
 
 import rankwise.distributed as rd
+from helpers.trainer_stops import Stop, fit_starts, stop_in_step
 from rankwise.testing import run_distributed
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train import checkpoint as ck
 from rankwise.train.checkpoint.sharded import MANIFEST, REST
 from rankwise.train.state import TrainState
-from trainer_stops import Stop, fit_starts, stop_in_step
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,6 @@
 """docs/troubleshooting.md's rows for rankwise.parallel (DDPConfig, FSDPConfig, wrap_model,
 ExplicitDDP, Precision, recipes, consistency and sync checks, gradient checkpointing), each
-provoked in this process. tests/test_troubleshooting.py checks that these rows and triggers
+provoked in this process. tests/troubleshooting/test_troubleshooting.py checks that these rows and triggers
 pair up."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import rankwise.parallel as rp
-from troubleshooting_table import check_row, raised, warned
+from helpers.troubleshooting_table import check_row, raised, warned
 
 
 class _Named(nn.Module):

@@ -18,6 +18,8 @@ import re
 import tokenize
 from pathlib import Path
 
+from helpers.paths import REPO
+
 # The guides live in ../shared/seeds beside the checkout (a worktree may sit one level deeper).
 SEEDS = next(
     (
@@ -25,7 +27,7 @@ SEEDS = next(
         for folder in Path(__file__).resolve().parents
         if (folder / "shared" / "seeds").is_dir()
     ),
-    Path(__file__).resolve().parent.parent.parent / "shared" / "seeds",
+    REPO.parent / "shared" / "seeds",
 )
 # A number as the ports print it (``{x:.3g}``, ``repr(float)``, ``{x:.4f}``). The ranks of a run
 # share one stdout and, unbuffered (PYTHONUNBUFFERED=1), print writes a line and its newline

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.paths import SCRIPTS
 from rankwise.testing import child_env, free_port
 
-WORKER = Path(__file__).parent / "scripts" / "launch_worker.py"
+WORKER = SCRIPTS / "launch_worker.py"
 
 
 def _agent(launcher: str, port: int, marker: Path) -> list[str]:

@@ -1,7 +1,7 @@
 """docs/troubleshooting.md's rows for rankwise.distributed (DistributedConfig fields, cluster
 variables, rendezvous, collectives, Progress, groups built with torch), each provoked in this
 process or, where the error needs peers, on 2 gloo ranks (two spawned runs for all).
-tests/test_troubleshooting.py checks that these rows and triggers pair up."""
+tests/troubleshooting/test_troubleshooting.py checks that these rows and triggers pair up."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from torch import nn
 
 import rankwise.distributed as rd
 import rankwise.parallel as rp
+from helpers.troubleshooting_table import check_row, raised, run_cases
 from rankwise.distributed import DistributedConfig
 from rankwise.testing import free_port, run_distributed
-from troubleshooting_table import check_row, raised, run_cases
 
 # srun started this task (SLURM_STEP_ID), MASTER_ADDR is set, the port is not.
 _SLURM = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_LOCALID": "0"}

@@ -1,6 +1,6 @@
 """docs/troubleshooting.md's rows for the lower layers (rankwise.distributed, data, parallel)
-added after tests/test_troubleshooting.py's first set, each provoked in this process.
-tests/test_troubleshooting.py checks that these rows and triggers pair up."""
+added after tests/troubleshooting/test_troubleshooting.py's first set, each provoked in this process.
+tests/troubleshooting/test_troubleshooting.py checks that these rows and triggers pair up."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader
 
 import rankwise.data as rdata
 import rankwise.parallel as rp
+from helpers.troubleshooting_table import check_row, raised, warned
 from rankwise.distributed import DistributedConfig
-from troubleshooting_table import check_row, raised, warned
 
 
 def _sampler_repeats_an_epoch() -> BaseException:

@@ -22,14 +22,15 @@ import numpy as np
 import pytest
 import torch
 
+import helpers.seed_ports as seed_ports
 import rankwise.data as rd
-import seed_ports
+from helpers.paths import EXAMPLES
+from helpers.seed_ports import NUM
 from rankwise.compat import scdataset as sc
 from rankwise.compat.scdataset.transforms import fetch_transform_adata
 from rankwise.testing import RankFailedError, child_env, free_port, run_distributed, run_isolated
-from seed_ports import NUM
 
-SC = Path(__file__).parent.parent / "examples" / "seeds" / "scdataset"
+SC = EXAMPLES / "seeds" / "scdataset"
 
 
 def run_plain(name: str) -> str:

@@ -1,6 +1,6 @@
 """docs/troubleshooting.md's rows for the training layer (rankwise.train: checkpoint files and
 folders, the background writer, resume, the trainer's inputs and config files), each provoked
-in this process. tests/test_troubleshooting.py checks that these rows and triggers pair up."""
+in this process. tests/troubleshooting/test_troubleshooting.py checks that these rows and triggers pair up."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
+from helpers.troubleshooting_table import check_row, raised, run_cases, warned
 from rankwise.testing import run_distributed
 from rankwise.train import (
     AuditLog,
@@ -32,7 +33,6 @@ from rankwise.train import (
     set_rng_state,
 )
 from rankwise.train.checkpoint.writer import CheckpointWriter
-from troubleshooting_table import check_row, raised, run_cases, warned
 
 _X, _Y = np.zeros((8, 2), np.float32), np.zeros((8, 2), np.float32)
 

@@ -16,14 +16,14 @@ import random
 import re
 import runpy
 import sys
-from pathlib import Path
 
 import pytest
 
+from helpers.paths import EXAMPLES
 from rankwise.augment import get_preset
 from rankwise.testing import child_env, run_isolated, run_script
 
-DPA = Path(__file__).parent.parent / "examples" / "seeds" / "dpa"
+DPA = EXAMPLES / "seeds" / "dpa"
 
 
 def run_plain(name: str) -> str:

@@ -1,6 +1,6 @@
 """docs/troubleshooting.md's rows for what ``rankwise launch --on-failure continue`` refuses
 before starting anything (rankwise.launch.supervisor.check_continue_args), each provoked in this
-process. tests/test_troubleshooting.py checks that these rows and triggers pair up."""
+process. tests/troubleshooting/test_troubleshooting.py checks that these rows and triggers pair up."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
+from helpers.troubleshooting_table import check_row, raised
 from rankwise.launch import check_continue_args
-from troubleshooting_table import check_row, raised
 
 
 def _refused(**given: object) -> BaseException:

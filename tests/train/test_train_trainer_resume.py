@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch import nn
 
+from helpers.trainer_stops import Stop, fit_starts, stop_in_step
 from rankwise.testing import run_distributed
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
-from trainer_stops import Stop, fit_starts, stop_in_step
 
 
 def _data(n: int) -> tuple[torch.Tensor, torch.Tensor]:

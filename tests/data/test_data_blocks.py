@@ -15,11 +15,12 @@ import torch
 from torch.utils.data import DataLoader
 
 import rankwise.data.blocks as blocks
+from helpers.paths import REPO
 from rankwise.data import BlockShuffling, FetchDataset, Permutation, Streaming, rank_fetches
 from rankwise.data.blocks import fetch_permutation
 from rankwise.testing import child_env, run_distributed, run_isolated
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 def rows_of(batches: list[Any]) -> list[int]:

@@ -18,16 +18,17 @@ import pytest
 import torch
 from torch import nn
 
+import helpers.seed_ports as seed_ports
 import rankwise.compat.cyxwiz as cx
 import rankwise.distributed as rd
 import rankwise.parallel as rp
 import rankwise.train as rt
-import seed_ports
+from helpers.paths import REPO
+from helpers.seed_ports import NUM
 from rankwise.data import DistributedBatchIterator
 from rankwise.testing import child_env, free_port, run_by_hand, run_distributed, run_isolated
-from seed_ports import NUM
 
-ROOT = Path(__file__).parent.parent
+ROOT = REPO
 CX = ROOT / "examples" / "seeds" / "cyxwiz"
 LAUNCHER = ROOT / "scripts" / "launch_distributed.sh"
 GUIDE = "cyxwiz-distributed-guide.md"

@@ -6,7 +6,7 @@ trigger without a row, fails the test, so the table and the code cannot drift ap
 documented message ``<NAME>`` stands for a part that changes from run to run (a port).
 Later rows' triggers live by layer in tests/test_troubleshooting_{train,data,distributed,
 parallel,augment,models,compat}.py; the pairing check here covers all of them, and
-tests/test_troubleshooting_coverage.py checks that no message rankwise raises is missing.
+tests/troubleshooting/test_troubleshooting_coverage.py checks that no message rankwise raises is missing.
 """
 
 from __future__ import annotations
@@ -24,20 +24,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
-import rankwise.augment as ra
-import rankwise.data as rdata
-import rankwise.distributed as rd
-import rankwise.parallel as rp
-from rankwise.distributed import DistributedConfig
-from rankwise.distributed.config import MemberConfig, on_failure_mode
-from rankwise.distributed.membership import Membership, check_min_nproc
-from rankwise.launch import check_args
-from rankwise.testing import child_env, free_port, run_distributed, run_isolated
-from rankwise.train import DistributedTrainer, DistributedTrainingConfig, load_file, save_file
-from rankwise.train.continuing import check_split
 from test_troubleshooting_augment import TRIGGERS as AUGMENT_TRIGGERS
 from test_troubleshooting_compat import TRIGGERS as COMPAT_TRIGGERS
 from test_troubleshooting_continue import TRIGGERS as CONTINUE_TRIGGERS
@@ -46,7 +32,21 @@ from test_troubleshooting_distributed import TRIGGERS as DISTRIBUTED_TRIGGERS
 from test_troubleshooting_models import TRIGGERS as MODELS_TRIGGERS
 from test_troubleshooting_parallel import TRIGGERS as PARALLEL_TRIGGERS
 from test_troubleshooting_train import TRIGGERS as TRAIN_TRIGGERS
-from troubleshooting_table import check_row, raised, rows, run_cases
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import rankwise.augment as ra
+import rankwise.data as rdata
+import rankwise.distributed as rd
+import rankwise.parallel as rp
+from helpers.troubleshooting_table import check_row, raised, rows, run_cases
+from rankwise.distributed import DistributedConfig
+from rankwise.distributed.config import MemberConfig, on_failure_mode
+from rankwise.distributed.membership import Membership, check_min_nproc
+from rankwise.launch import check_args
+from rankwise.testing import child_env, free_port, run_distributed, run_isolated
+from rankwise.train import DistributedTrainer, DistributedTrainingConfig, load_file, save_file
+from rankwise.train.continuing import check_split
 
 # -- triggers: each returns the exception its row documents -------------------------------------
 

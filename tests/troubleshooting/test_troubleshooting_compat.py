@@ -1,5 +1,5 @@
 """docs/troubleshooting.md's rows for the seed guides' compatibility APIs (rankwise.compat),
-each provoked in this process. tests/test_troubleshooting.py checks that these rows and
+each provoked in this process. tests/troubleshooting/test_troubleshooting.py checks that these rows and
 triggers pair up."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 
 import rankwise.compat.cyxwiz as cx
+from helpers.troubleshooting_table import check_row, raised
 from rankwise.compat import frameworm
-from troubleshooting_table import check_row, raised
 
 TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "cyxwiz-add-module": lambda: raised(cx.SequentialModel().add, cx.LinearModule),

@@ -12,18 +12,18 @@ import io
 import re
 import runpy
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import rankwise.compat.tensorbrain as tb
+from helpers.paths import EXAMPLES
+from helpers.seed_ports import NUM
 from rankwise.data import DistributedSampler
 from rankwise.models import ResNet, resnet50
 from rankwise.testing import child_env, free_port, run_isolated
-from seed_ports import NUM
 
-TB = Path(__file__).parent.parent / "examples" / "seeds" / "tensorbrain"
+TB = EXAMPLES / "seeds" / "tensorbrain"
 
 
 def launch(launcher: str, nproc: int, script: str, *args: str) -> str:

@@ -23,13 +23,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.paths import SCRIPTS
 from rankwise.testing import assert_exactly_once, child_env, run_isolated, run_script
 from rankwise.train import read_audit
 from rankwise.train.checkpoint import CheckpointManager, read_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-WORKER = Path(__file__).resolve().parent / "scripts" / "continue_worker.py"
+WORKER = SCRIPTS / "continue_worker.py"
 NUM_SAMPLES, EPOCHS = 192, 2
 
 

@@ -19,19 +19,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import IO
 
 import pytest
 import torch
 
+from helpers.paths import EXAMPLES
+from helpers.seed_ports import NUM
 from rankwise.compat import frameworm as fw
 from rankwise.models import MLP, VAE
 from rankwise.testing import child_env, free_port, run_script
 from rankwise.train import ConfigKeyError, ConfigTree, DistributedTrainer
-from seed_ports import NUM
 
-FW = Path(__file__).parent.parent / "examples" / "seeds" / "frameworm"
+FW = EXAMPLES / "seeds" / "frameworm"
 TRAINED = re.compile(
     r"rank (\d)/(\d) local (\d) trained (\w+); loss ([\d.]+) -> ([\d.]+), val ([\d.]+), "
     rf"checksum ({NUM})"

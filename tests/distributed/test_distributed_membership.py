@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from helpers.paths import SCRIPTS
 from rankwise.distributed import DistributedConfigError
 from rankwise.distributed.config import MemberConfig, on_failure_mode
 from rankwise.distributed.membership import Membership, mark_dead
 from rankwise.testing import child_env, free_port
 
-WORKER = Path(__file__).resolve().parent / "scripts" / "member_worker.py"
+WORKER = SCRIPTS / "member_worker.py"
 
 
 def test_mode_defaults_to_restart_and_refuses_continue_without_the_store():

@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from fault_runs import WORKER, exactly_once
+from helpers.fault_runs import WORKER, exactly_once
+from helpers.paths import REPO
 from rankwise.testing import child_env, run_isolated, run_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 def launch(

@@ -1,5 +1,5 @@
 """docs/troubleshooting.md's rows for the reference models (rankwise.models), each provoked in
-this process. tests/test_troubleshooting.py checks that these rows and triggers pair up."""
+this process. tests/troubleshooting/test_troubleshooting.py checks that these rows and triggers pair up."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from helpers.troubleshooting_table import check_row, raised
 from rankwise.models import GPT, VAE, CifarResNet, GPTConfig, ResNet
-from troubleshooting_table import check_row, raised
 
 
 def _tiny_gpt() -> GPT:

@@ -1,6 +1,6 @@
 """docs/troubleshooting.md's rows for rankwise.augment (AugmentationConfig, apply_augmentation's
 images and parameters, AugmentedDataset, sample ids and seeds), each provoked in this process.
-tests/test_troubleshooting.py checks that these rows and triggers pair up."""
+tests/troubleshooting/test_troubleshooting.py checks that these rows and triggers pair up."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import rankwise.augment as ra
-from troubleshooting_table import check_row, raised
+from helpers.troubleshooting_table import check_row, raised
 
 _IMAGES = torch.zeros(2, 1, 4, 4)
 

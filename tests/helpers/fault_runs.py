@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from helpers.paths import SCRIPTS
 from rankwise.testing import assert_exactly_once
 
-WORKER = Path(__file__).resolve().parent / "scripts" / "fault_worker.py"
+WORKER = SCRIPTS / "fault_worker.py"
 NUM_SAMPLES, EPOCHS = 192, 2  # the worker's data set and epochs
 
 

@@ -1,15 +1,16 @@
 """docs/troubleshooting.md's table as data, and the helpers its trigger tests share
-(tests/test_troubleshooting*.py; tests/test_troubleshooting_coverage.py reads the table too)."""
+(tests/test_troubleshooting*.py; tests/troubleshooting/test_troubleshooting_coverage.py reads the table too)."""
 
 from __future__ import annotations
 
 import re
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-TABLE = Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md"
+from helpers.paths import DOCS
+
+TABLE = DOCS / "troubleshooting.md"
 
 
 def rows() -> dict[str, tuple[str, str]]:

@@ -1,7 +1,7 @@
 """docs/troubleshooting.md misses nothing silently: every message rankwise raises or warns is in
 its table, or listed here with the reason it is not.
 
-tests/test_troubleshooting.py checks that each row's error is raised as written; this is the
+tests/troubleshooting/test_troubleshooting.py checks that each row's error is raised as written; this is the
 reverse check. Every ``SomeError("...")`` / ``SomeError(f"...")`` call (raised, or returned by a
 helper that builds the error) and every ``warnings.warn("...")`` in src/rankwise is read with
 ``ast`` into a template: its literal text, with ``{}`` for each formatted part. A template is
@@ -20,9 +20,10 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers.paths import REPO
+
+ROOT = REPO
 SRC = ROOT / "src" / "rankwise"
 TABLE = ROOT / "docs" / "troubleshooting.md"
 
@@ -188,7 +189,7 @@ def sites() -> list[Site]:
 
 
 def row_messages() -> dict[str, str]:
-    """``id -> message`` of the table's rows (as tests/test_troubleshooting.py reads them)."""
+    """``id -> message`` of the table's rows (as tests/troubleshooting/test_troubleshooting.py reads them)."""
     rows = {}
     for line in TABLE.read_text().splitlines():
         cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
