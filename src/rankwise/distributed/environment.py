@@ -81,8 +81,14 @@ def detect(
     if all(_has(env, var) for var in _SLURM_TASK_VARS):
         return _slurm(env)
     if _has(env, "OMPI_COMM_WORLD_RANK"):
-        return _mpi(env, "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")  # fmt: skip
+        return _mpi(
+            env,
+            "openmpi",
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+        )
     if _has(env, "PMI_RANK"):
         return _mpi(env, "mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
     # Still read the master, so a bad MASTER_PORT is reported even before a launcher is used.

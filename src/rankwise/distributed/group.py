@@ -111,9 +111,13 @@ def _build_group(cfg: DistributedConfig, backend: str, device: torch.device | No
         return
     if cfg.world_size == 1:  # nobody to meet: an in-process store, no port
         dist.init_process_group(
-            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
+            backend,
+            store=dist.HashStore(),
+            rank=0,
+            world_size=1,
+            timeout=timeout,
             device_id=device,
-        )  # fmt: skip
+        )
         return
     # One deadline for the whole rendezvous: connecting, then waiting for the others.
     store = rendezvous(cfg, time.monotonic() + cfg.timeout_ms / 1000)

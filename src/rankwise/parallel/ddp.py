@@ -293,8 +293,11 @@ def user_hook_states(model: nn.Module) -> list[object]:
     DDP keeps ``(hook, state)`` of each ``register_comm_hook`` call in ``_comm_hooks`` (torch
     has no public getter); a plain module or FSDP gives ``[]``.
     """
-    return [state for _, state in getattr(model, "_comm_hooks", []) if state is not None
-            and not isinstance(state, hooks.HookState)]  # fmt: skip
+    return [
+        state
+        for _, state in getattr(model, "_comm_hooks", [])
+        if state is not None and not isinstance(state, hooks.HookState)
+    ]
 
 
 def _powersgd_state(model: nn.Module) -> _powersgd.PowerSGDState | None:
