@@ -71,8 +71,8 @@ class TrainingLogger:
     >>> log.end_epoch(0, {"train_loss": 0.52, "train_accuracy": 0.75})
     >>> log.close()
     >>> print(out.getvalue(), end="")
-    epoch 1 step 2/4 loss 0.5000 1,234 samples/s
-    epoch 1 step 4/4 loss 0.2500 1,234 samples/s
+    epoch 1 batch 2/4 loss 0.5000 1,234 samples/s
+    epoch 1 batch 4/4 loss 0.2500 1,234 samples/s
     epoch 1 done: train_loss 0.5200 train_accuracy 75.00%
     """
 
