@@ -61,6 +61,7 @@ from rankwise.train.checkpoint.portable import (
 from rankwise.train.checkpoint.resume import load_resume, manager_for
 from rankwise.train.checkpoint.sharded import load_shards, sharded_state_dicts
 from rankwise.train.checkpoint.staging import snapshot
+from rankwise.train.checkpoint.storage import RetryPolicy, Storage, StorageError, StorageWarning
 from rankwise.train.checkpoint.writer import SaveStats
 
 __all__ = [
@@ -70,7 +71,11 @@ __all__ = [
     "CheckpointManager",
     "CheckpointWarning",
     "Checkpointer",
+    "RetryPolicy",
     "SaveStats",
+    "Storage",
+    "StorageError",
+    "StorageWarning",
     "find_latest",
     "load_file",
     "load_model_state_dict",

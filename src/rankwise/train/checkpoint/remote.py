@@ -1,6 +1,6 @@
 """Crash-safe checkpoints in object storage, where there is no rename.
 
-A checkpoint ``NAME`` under a :class:`~rankwise.train.objectstore.Storage` is three objects,
+A checkpoint ``NAME`` under a :class:`~rankwise.train.checkpoint.storage.Storage` is three objects,
 written in this order by :func:`publish`:
 
 1. the data, ``NAME`` (a multipart upload for a large file: invisible until complete);
@@ -15,7 +15,7 @@ target verifies and otherwise scans the checkpoints newest first, so it never re
 one. Old checkpoints are pruned only after the new pointer is written; unfinished multipart
 uploads are aborted by :func:`clean_partial_uploads`.
 
->>> from rankwise.train.objectstore import Storage
+>>> from rankwise.train.checkpoint.storage import Storage
 >>> store = Storage.for_url("memory://rankwise-doc/ckpts")
 >>> for step in (1, 2, 3):
 ...     _ = publish(store, f"state {step}".encode(), f"ckpt-s{step:03d}.pt", keep_last=2)
@@ -35,8 +35,8 @@ from typing import Any
 import torch
 import xxhash
 
-from rankwise.train.checkpoint import CheckpointError, CheckpointWarning, manifest_path
-from rankwise.train.objectstore import Storage
+from rankwise.train.checkpoint.files import CheckpointError, CheckpointWarning, manifest_path
+from rankwise.train.checkpoint.storage import Storage
 
 _MANIFEST_VERSION = 2  # the local manifests' version: same fields
 _CHUNK = 8 << 20

@@ -21,8 +21,8 @@ from rankwise.train.checkpoint import CheckpointWarning
 from helpers.s3server import S3_KEY, S3_SECRET, start_server
 from rankwise.testing import free_port
 from rankwise.train import checkpoint as files
-from rankwise.train import remote_checkpoints as rc
-from rankwise.train.objectstore import RetryPolicy, Storage, StorageError, StorageWarning
+from rankwise.train.checkpoint import remote as rc
+from rankwise.train.checkpoint import RetryPolicy, Storage, StorageError, StorageWarning
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rankwise.train.objectstore_errors import (
+from rankwise.train.checkpoint.storage_errors import (
     RetryPolicy,
     StorageError,
     StorageWarning,
@@ -188,7 +188,7 @@ class Storage:
         self, what: str, key: str, op: Callable[[], T], *, retry: RetryPolicy | None = None
     ) -> T:
         """Run ``op`` (an operation on ``key``), retrying transient failures with backoff
-        (:func:`~rankwise.train.objectstore_errors.retrying`)."""
+        (:func:`~rankwise.train.checkpoint.storage_errors.retrying`)."""
         self._remote()
         return retrying(
             op,

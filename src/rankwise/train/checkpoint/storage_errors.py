@@ -4,7 +4,7 @@ fix (never a credential), and bounded retries with exponential backoff for trans
 >>> split_url("s3:/bucket/run")
 Traceback (most recent call last):
 ...
-rankwise.train.objectstore_errors.StorageError: checkpoint URL 's3:/bucket/run' is malformed: a URL starts with s3:// (two slashes); write s3://bucket/run.
+rankwise.train.checkpoint.storage_errors.StorageError: checkpoint URL 's3:/bucket/run' is malformed: a URL starts with s3:// (two slashes); write s3://bucket/run.
 """
 
 from __future__ import annotations
