@@ -89,7 +89,7 @@ def test_a_torn_upload_is_never_the_latest(s3_bucket: str):
         rc.verify(store, "ckpt-s003.pt")
     rc.publish(store, b"will be cut", "ckpt-s004.pt")
     fs.pipe(f"{root}/ckpt-s004.pt", b"will")
-    with pytest.raises(files.CheckpointError, match="truncated: 4 bytes, expected 11"):
+    with pytest.raises(files.CheckpointError, match="truncated \(torn write\): 4 bytes, expected 11"):
         rc.verify(store, "ckpt-s004.pt")
 
 
