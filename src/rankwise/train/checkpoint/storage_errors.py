@@ -222,6 +222,8 @@ def retrying(
             tries = f" after {policy.attempts} attempts" if policy.attempts > 1 else ""
             # from None: the chained backend exceptions are not scrubbed
             raise StorageError(
-                f"{what} failed{tries}: {cause}. Fix: {FIXES[kind]}.", url=url, reason=kind
+                f"{what} failed{tries}: {cause.rstrip('.')}. Fix: {FIXES[kind]}.",
+                url=url,
+                reason=kind,
             ) from None
     raise AssertionError("unreachable")  # the last attempt returns or raises
