@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from helpers.s3server import S3_KEY, S3_SECRET
 from helpers.troubleshooting_table import check_row, raised
 from rankwise.testing import free_port
+from rankwise.testing.s3server import S3_KEY, S3_SECRET
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import (
     RemoteCheckpointManager,

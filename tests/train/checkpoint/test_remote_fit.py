@@ -17,8 +17,8 @@ import s3fs
 import torch
 import yaml
 
-from helpers.s3server import S3_KEY, S3_SECRET, S3Server, start_server
 from rankwise.testing import free_port
+from rankwise.testing.s3server import S3_KEY, S3_SECRET, S3Server, start_server
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import (
     CheckpointError,

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import s3fs
 
-from helpers.s3server import S3_KEY, S3_SECRET, start_server
 from rankwise.testing import free_port
+from rankwise.testing.s3server import S3_KEY, S3_SECRET, start_server
 from rankwise.train import checkpoint as files
 from rankwise.train.checkpoint import (
     CheckpointWarning,
