@@ -90,6 +90,11 @@ _RACE = (
 )
 INTERNAL.update(
     {
+        ("testing/s3server.py", "no pair of free ports (p, p + 10000)"): _TESTING,
+        ("testing/s3server.py", "unreachable"): _TESTING,
+        ("testing/s3server.py", "binary was not found; the object-storage tests"): _TESTING,
+        ("testing/s3server.py", "did not answer within {} s; log"): _TESTING,
+        ("testing/s3server.py", "before its S3 endpoint {} answered; log"): _TESTING,
         ("train/checkpoint/storage_errors.py", "unreachable"): _INVARIANT,
         ("train/checkpoint/remote.py", "is a manifest's or the pointer's name"): _STORAGE_API,
         ("train/checkpoint/remote.py", "keep_last ({}) must be an integer >= 1."): _STORAGE_API,
