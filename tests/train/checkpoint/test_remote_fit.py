@@ -246,6 +246,7 @@ def test_fit_ends_with_a_clear_error_when_the_last_checkpoint_is_not_durable(
     assert found == "s3://lost/run/ckpt-e000001-s000000010.pt"  # the previous one holds
 
 
+@pytest.mark.slow  # a process of its own, killed
 def test_a_kill_mid_multipart_upload_leaves_the_previous_checkpoint_and_is_cleaned(
     s3_bucket: str,
 ):
