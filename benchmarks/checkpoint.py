@@ -24,11 +24,20 @@ with ``async_checkpoints=False``; per save, the time the loop was blocked
 plain ``torch.save`` of the same state in the same run, the time until durable, and the
 run's wall time against the run with no checkpoints (what the writer thread costs the steps).
 
+Object storage (``--object-storage``, or ``--object-storage-only``): the same model + Adam state
+against a local S3 server (SeaweedFS ``weed mini``, started here by
+``rankwise.testing.s3server`` on loopback), each round: a local ``torch.save`` of the state
+(the baseline for the loop's hold), ``RemoteCheckpointManager.save_async`` (blocked: the
+snapshot; durable: until data, manifest and pointer are in the bucket), a plain s3fs
+``put_file`` of the same bytes (the baseline for durable), and a resume
+(``RemoteCheckpointManager.load_latest``: download, verify, ``torch.load``).
+
 Prints the tables and writes ``benchmarks/out/checkpoint.json``::
 
     python benchmarks/checkpoint.py                 # 5 rounds; fit: 48 steps, every 12
     python benchmarks/checkpoint.py --rounds 3 --dir /some/disk
     python benchmarks/checkpoint.py --quick         # small model, for a smoke run
+    python benchmarks/checkpoint.py --object-storage-only --rounds 4
 """
 
 from __future__ import annotations
@@ -284,6 +293,69 @@ def _fit_runs(width: int, steps: int, every: int, root: Path) -> list[dict[str, 
     return rows
 
 
+def _object_storage(width: int, rounds: int, root: Path) -> dict[str, Any]:
+    """The object-storage rows (see the module): medians over the rounds after the first."""
+    import s3fs
+
+    from rankwise.testing.s3server import start_server
+
+    server = start_server(root / "s3")
+    try:
+        options = {"endpoint_url": server.endpoint, "key": "bench", "secret": "bench-secret"}
+        plain = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+        plain.mkdir("bench")
+        model, opt = _model(width)
+        manager = ck.RemoteCheckpointManager(
+            ck.Storage.for_url("s3://bench/rankwise", options), keep_last=1
+        )
+        manager.start()
+        local = root / "local"
+        local.mkdir(parents=True, exist_ok=True)
+        rows: dict[str, list[float]] = {}
+
+        def add(name: str, seconds: float) -> None:
+            rows.setdefault(name, []).append(seconds)
+
+        for step in range(1, rounds + 1):
+            path = local / f"torch-{step}.pt"
+            t0 = time.perf_counter()
+            torch.save(_torch_state(model, opt, True), path)
+            add("torch.save (local disk)", time.perf_counter() - t0)
+            size = path.stat().st_size
+            os.sync()
+            t0 = time.perf_counter()
+            plain.put_file(str(path), f"bench/plain/state-{step}.pt")
+            add("s3fs put_file (same bytes)", time.perf_counter() - t0)
+            path.unlink()
+            t0 = time.perf_counter()
+            pending = manager.save_async(_rankwise_state(model, opt, True), epoch=0, step=step)
+            add("save_async: loop held", time.perf_counter() - t0)
+            pending.result()
+            add("save_async: durable in the bucket", time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            found = manager.load_latest()
+            add("resume from the bucket (load_latest)", time.perf_counter() - t0)
+            assert found is not None and found[0].endswith(f"s{step:09d}.pt")
+        medians = {name: statistics.median(v[1:] or v) for name, v in rows.items()}
+        return {"bytes": size, "rounds": rows, "median_s": medians}
+    finally:
+        server.stop()
+
+
+def _print_object_storage(result: dict[str, Any]) -> None:
+    m = result["median_s"]
+    print(f"\nobject storage (local SeaweedFS), model + Adam, {result['bytes'] / MB:.0f} MB")
+    print(f"{'':<40}{'median s':>10}{'ratio':>9}")
+    held = m["save_async: loop held"] / m["torch.save (local disk)"]
+    durable = m["save_async: durable in the bucket"] / m["s3fs put_file (same bytes)"]
+    ratios = {
+        "save_async: loop held": f"{held:.2f}x torch.save",
+        "save_async: durable in the bucket": f"{durable:.2f}x s3fs put",
+    }
+    for name, seconds in m.items():
+        print(f"{name:<40}{seconds:>10.3f}  {ratios.get(name, '')}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -293,18 +365,26 @@ def main() -> None:
     parser.add_argument("--fit-steps", type=int, default=48, help="optimizer steps in the fit runs")
     parser.add_argument("--every", type=int, default=12, help="a checkpoint every N fit steps")
     parser.add_argument("--quick", action="store_true", help="width 1024, 2 rounds, 12 steps")
+    parser.add_argument("--object-storage", action="store_true", help="add the S3 rows")
+    parser.add_argument("--object-storage-only", action="store_true", help="only the S3 rows")
     args = parser.parse_args()
     if args.quick:
         args.width, args.rounds, args.fit_steps, args.every = 1024, 2, 12, 4
     torch.set_num_threads(1)
     root = Path(args.dir)
     results = []
+    fit_rows: list[dict[str, Any]] = []
+    remote: dict[str, Any] | None = None
     try:
-        for payload, full in (("model", False), ("model + Adam", True)):
-            result = _run(payload, full, args.width, args.rounds, root)
-            _print(result)
-            results.append(result)
-        fit_rows = _fit_runs(args.width, args.fit_steps, args.every, root)
+        if not args.object_storage_only:
+            for payload, full in (("model", False), ("model + Adam", True)):
+                result = _run(payload, full, args.width, args.rounds, root)
+                _print(result)
+                results.append(result)
+            fit_rows = _fit_runs(args.width, args.fit_steps, args.every, root)
+        if args.object_storage or args.object_storage_only:
+            remote = _object_storage(args.width, args.rounds, root)
+            _print_object_storage(remote)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -316,7 +396,10 @@ def main() -> None:
         "dir": str(root),
     }
     Path(args.out).write_text(
-        json.dumps({"meta": meta, "results": results, "fit": fit_rows}, indent=2)
+        json.dumps(
+            {"meta": meta, "results": results, "fit": fit_rows, "object_storage": remote},
+            indent=2,
+        )
     )
     print(f"\nwrote {args.out}")
 

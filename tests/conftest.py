@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from helpers.fault_runs import WORKER, exactly_once
-from helpers.s3server import S3_KEY, S3_SECRET, S3Server, start_server
 from rankwise.testing import hygiene, run_script
+from rankwise.testing.s3server import S3_KEY, S3_SECRET, S3Server, start_server
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,8 @@ first attempt of a launch only (torchrun's restart count), so ``--max-restarts``
   POINT of its (N+1)-th checkpoint save (``rankwise.testing.kill_at_checkpoint``); the i-th
   point strikes on attempt i, so one launch can take several.
 - ``--stall-rank R --stall-step S``: rank R sleeps forever inside step S.
+
+``--checkpoint-url URL`` checkpoints in object storage instead (the ``AWS_*`` variables reach it).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ p.add_argument("--kill-in-save", default="", help="rankwise.train.FAULT_POINTS n
 p.add_argument("--kill-save-index", type=int, default=0)
 p.add_argument("--stall-rank", type=int, default=-1)
 p.add_argument("--stall-step", type=int, default=-1)
+p.add_argument("--checkpoint-url", default="", help="checkpoint_dir (default: OUT/ckpt)")
 args = p.parse_args()
 
 config = rd.init()
@@ -86,7 +89,7 @@ cfg = DistributedTrainingConfig(
     verbose=False,
     checkpoint_every_n_epochs=1,
     checkpoint_every_n_steps=args.every,
-    checkpoint_dir=str(args.out / "ckpt"),
+    checkpoint_dir=args.checkpoint_url or str(args.out / "ckpt"),
     keep_last_checkpoints=args.keep_last,
     resume="auto",
 )

@@ -144,3 +144,18 @@ def test_fault_sweep_ci_size(reference, tmp_path):
     assert "survived 2/2" in result.stdout, result.stdout
     assert "exactly-once violations 0" in result.stdout, result.stdout
     assert "corrupt resumes 0" in result.stdout, result.stdout
+
+
+def test_a_rank_killed_mid_upload_resumes_from_the_bucket_bit_identical(
+    reference, tmp_path, s3_bucket
+):
+    # Checkpoints in object storage (SeaweedFS): the writing rank is SIGKILLed in its writer
+    # thread while the 2nd save's data is going up (step 6); the restarted world aborts the
+    # unfinished upload, resumes from step 3 in the bucket, and ends as the uninterrupted run.
+    url = f"{s3_bucket}/run"
+    args = ["--checkpoint-url", url, "--kill-in-save", "mid-upload", "--kill-save-index", "1"]
+    params = finished(launch(tmp_path, *args, restarts=1), tmp_path)
+    # the upload runs on fsspec's IO thread for the writer thread, never on the training loop
+    assert (tmp_path / "save-thread-attempt0").read_text() == "fsspecIO"
+    assert exactly_once(tmp_path, attempts=2) == [0, 3]
+    assert_equal(params, reference)

@@ -31,6 +31,7 @@ from test_troubleshooting_data import TRIGGERS as DATA_TRIGGERS
 from test_troubleshooting_distributed import TRIGGERS as DISTRIBUTED_TRIGGERS
 from test_troubleshooting_models import TRIGGERS as MODELS_TRIGGERS
 from test_troubleshooting_parallel import TRIGGERS as PARALLEL_TRIGGERS
+from test_troubleshooting_storage import TRIGGERS as STORAGE_TRIGGERS
 from test_troubleshooting_train import TRIGGERS as TRAIN_TRIGGERS
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -393,6 +394,7 @@ def test_every_row_has_a_trigger_and_every_trigger_a_row() -> None:
         *MODELS_TRIGGERS,
         *COMPAT_TRIGGERS,
         *CONTINUE_TRIGGERS,
+        *STORAGE_TRIGGERS,
     ]
     assert len(everywhere) == len(set(everywhere)), "a row id with two triggers"
     assert sorted(documented) == sorted(everywhere)

@@ -42,7 +42,7 @@ INTERNAL: dict[tuple[str, str], str] = {
     ("train/state.py", "broadcast_state in a world of one needs the state"): _INVARIANT,
     ("parallel/hooks.py", "powersgd_hook needs HookState.powersgd"): _INVARIANT,
     ("train/config.py", "{} (config file {})"): _WRAPPER,
-    ("train/checkpoint/files.py", "checkpoint {} verifies but does not load: {}"): _WRAPPER,
+    ("train/checkpoint/files.py", "{} verifies but does not load: {}"): _WRAPPER,
     ("distributed/environment.py", "{}. Start the script with `srun python"): _WRAPPER,
     ("testing/__init__.py", "world_size ({}) must be >= 1."): _TESTING,
     ("testing/__init__.py", "rank {} of {} failed{}:"): _TESTING,
@@ -54,7 +54,7 @@ INTERNAL: dict[tuple[str, str], str] = {
     ("train/state.py", "the training state has no optimizer yet"): (
         "the trainer refuses first with 'the trainer is not set up yet' (row trainer-not-set-up)"
     ),
-    ("train/checkpoint/files.py", "checkpoint {} holds a {}, not a dict."): (
+    ("train/checkpoint/files.py", "{} holds a {}, not a dict."): (
         "save_file writes dicts only, and a file without its manifest fails verification first"
     ),
     ("distributed/rendezvous.py", "no live store at {}"): (
@@ -80,7 +80,56 @@ _FORGED = (
 )
 _NEEDS_GPU = "fires only on machines with(out) CUDA, so a trigger here cannot be portable"
 
+_STORAGE_API = (
+    "the object-storage layer's own API (Storage, RetryPolicy, remote.publish), which fit "
+    "calls with valid arguments; the message names the value and the rule"
+)
+_RACE = (
+    "fires only when an object changes or vanishes between two calls (another writer, a "
+    "lifecycle rule): no fast, deterministic trigger"
+)
+INTERNAL.update(
+    {
+        ("testing/s3server.py", "no pair of free ports (p, p + 10000)"): _TESTING,
+        ("testing/s3server.py", "unreachable"): _TESTING,
+        ("testing/s3server.py", "binary was not found; the object-storage tests"): _TESTING,
+        ("testing/s3server.py", "did not answer within {} s; log"): _TESTING,
+        ("testing/s3server.py", "before its S3 endpoint {} answered; log"): _TESTING,
+        ("train/checkpoint/storage_errors.py", "unreachable"): _INVARIANT,
+        ("train/checkpoint/remote.py", "is a manifest's or the pointer's name"): _STORAGE_API,
+        ("train/checkpoint/remote.py", "keep_last ({}) must be an integer >= 1."): _STORAGE_API,
+        ("train/checkpoint/remote_manager.py", "is a local folder: use CheckpointManager"): (
+            _STORAGE_API
+        ),
+        ("train/checkpoint/storage.py", "part_size ({}) must be >= 5 MiB"): _STORAGE_API,
+        ("train/checkpoint/storage.py", "is remote storage; it has no local path."): _STORAGE_API,
+        ("train/checkpoint/storage.py", "is a local folder: use the local checkpoint files"): (
+            _STORAGE_API
+        ),
+        ("train/checkpoint/storage_errors.py", "attempts ({}) must be an integer >= 1."): (
+            _STORAGE_API
+        ),
+        ("train/checkpoint/storage_errors.py", "attempts ({}) must be >= 1 (1: no retry)."): (
+            _STORAGE_API
+        ),
+        ("train/checkpoint/storage_errors.py", "first_delay ({}) and max_delay ({}) must"): (
+            _STORAGE_API
+        ),
+    }
+)
+
 NOT_YET_ROWS: dict[tuple[str, str], str] = {
+    ("train/checkpoint/remote.py", "changed while it was uploaded to"): _RACE,
+    ("train/checkpoint/remote.py", "is missing; its manifest remains."): _RACE,
+    ("train/checkpoint/storage.py", "read back other bytes than were written."): _RACE,
+    ("train/checkpoint/remote.py", "checkpoint pointer {} is unreadable ({}); scanning"): (
+        "the bucket's twin of the local pointer's warning; fires only for a pointer object "
+        "edited by hand"
+    ),
+    ("train/checkpoint/storage.py", "use a local path or an fsspec URL (s3://, gs://"): (
+        "fires for a URL scheme fsspec does not know; its text is fsspec's, which varies by "
+        "fsspec version"
+    ),
     (
         "distributed/group.py",
         "backend 'nccl' needs CUDA GPUs and NCCL, and this machin",

@@ -402,3 +402,17 @@ def _required_int(env: Mapping[str, str], var: str, because: str) -> int:
             "hand, or start the processes with the launcher that sets it)."
         )
     return _int(env, var)
+
+
+def aws_region(env: Mapping[str, str] | None = None) -> str | None:
+    """The region of ``AWS_REGION`` when ``AWS_DEFAULT_REGION`` is unset: botocore reads only
+    the latter, while the AWS CLI v2, the other SDKs and most users' shells set the former.
+    (Object-storage checkpoints; the one AWS variable rankwise reads itself.)
+
+    >>> aws_region({"AWS_REGION": "eu-west-1"}), aws_region({"AWS_DEFAULT_REGION": "x"})
+    ('eu-west-1', None)
+    """
+    env = os.environ if env is None else env
+    if env.get("AWS_DEFAULT_REGION"):
+        return None
+    return env.get("AWS_REGION") or None

@@ -42,6 +42,7 @@ RANK_LOCAL_FIELDS = frozenset(
         "pin_memory",
         "checkpoint_dir",
         "resume",
+        "checkpoint_storage_options",  # the same on every rank, but may hold credentials
     }
 )
 

@@ -25,6 +25,8 @@ from typing import Any, NoReturn
 
 import yaml
 
+from rankwise.train.secrets import REDACTED, redacted
+
 # -- the rules of single fields (the rules across fields are the config's own methods) ------
 
 # torch.compile's keyword arguments (besides the model) and what each takes. Kept as names and
@@ -114,6 +116,65 @@ def check_choice(name: str, value: Any, choices: tuple[str | None, ...]) -> str 
     close = difflib.get_close_matches(str(value).lower(), [str(c) for c in choices], n=1)
     guess = f" (did you mean {close[0]!r}?)" if close else ""
     fail(name, value, f"must be one of {names}{guess}")
+
+
+_PLAIN_OPTION = (str, int, float, bool, type(None))
+
+
+def check_storage_options(value: Any) -> dict[str, Any] | None:
+    """``checkpoint_storage_options`` as a plain dict (string keys; strings, numbers, booleans,
+    None, lists and nested dicts: what YAML holds), or None.
+
+    >>> check_storage_options({"endpoint_url": "http://127.0.0.1:8333"})
+    {'endpoint_url': 'http://127.0.0.1:8333'}
+    """
+    name = "checkpoint_storage_options"
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        fail(
+            name,
+            type(value).__name__,
+            "must be a dict of the object store's fsspec options, e.g. "
+            "{'endpoint_url': 'https://s3.example.com'}, or None (the AWS_* variables and the "
+            "provider's own files)",
+        )
+
+    def check(item: Any, where: str) -> None:
+        if isinstance(item, Mapping):
+            for key, inner in item.items():
+                if not isinstance(key, str):
+                    fail(name, where, f"has a key {key!r}; option names are strings")
+                check(inner, f"{where}[{key!r}]")
+        elif isinstance(item, list | tuple):
+            for i, inner in enumerate(item):
+                check(inner, f"{where}[{i}]")
+        elif not isinstance(item, _PLAIN_OPTION):
+            # the type only: the value may be a credential
+            fail(
+                name,
+                where,
+                f"holds a {type(item).__name__}; options are plain values (strings, numbers, "
+                "booleans, None, lists, dicts) so a config stays a YAML file",
+            )
+
+    check(value, "options")
+    options = dict(value)
+    if REDACTED in _values(options):
+        fail(
+            name,
+            "options",
+            f"holds {REDACTED!r}, a credential redacted from a saved config: give the real "
+            "value (or leave it out and use the AWS_* variables / the provider's files)",
+        )
+    return options
+
+
+def _values(options: Mapping[str, Any]) -> list[Any]:
+    found: list[Any] = []
+    for item in options.values():
+        found += _values(item) if isinstance(item, Mapping) else [item]
+    return found
 
 
 def check_compile_options(value: Any) -> dict[str, Any]:
@@ -234,7 +295,9 @@ class DistributedTrainingConfig:
     log_every_n_batches: int = 10  # 0 = off
     checkpoint_every_n_epochs: int = 1  # 0 = off
     checkpoint_every_n_steps: int = 0  # optimizer steps; 0 = off
-    checkpoint_dir: str | None = "./checkpoints"  # None = no checkpoints
+    checkpoint_dir: str | None = "./checkpoints"  # None = no checkpoints; or an fsspec URL
+    # object store options (fsspec: endpoint_url, key, secret, ...); None = AWS_* / files
+    checkpoint_storage_options: dict[str, Any] | None = None
     save_on_master_only: bool = True
     keep_last_checkpoints: int | None = 3  # None = keep all
     resume: str | None = None  # None | "auto" | a checkpoint path
@@ -283,6 +346,7 @@ class DistributedTrainingConfig:
         for name, choices in CHOICES.items():
             setattr(self, name, check_choice(name, getattr(self, name), choices))
         self.compile_options = check_compile_options(self.compile_options)
+        self.checkpoint_storage_options = check_storage_options(self.checkpoint_storage_options)
         self.check_combinations()
         return self
 
@@ -388,8 +452,18 @@ class DistributedTrainingConfig:
     # -- dicts and YAML ---------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values by field name (what ``to_yaml`` writes and checkpoints keep)."""
-        return dataclasses.asdict(self)
+        """Plain values by field name (what ``to_yaml`` writes and checkpoints keep), with the
+        credentials in ``checkpoint_storage_options`` shown as ``"***"``: they never reach a
+        file, a log or a checkpoint.
+
+        >>> DistributedTrainingConfig(checkpoint_storage_options={"secret": "abc123"}
+        ...                           ).to_dict()["checkpoint_storage_options"]
+        {'secret': '***'}
+        """
+        values = dataclasses.asdict(self)
+        if self.checkpoint_storage_options is not None:
+            values["checkpoint_storage_options"] = redacted(self.checkpoint_storage_options)
+        return values
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> DistributedTrainingConfig:
@@ -418,7 +492,8 @@ class DistributedTrainingConfig:
         >>> c.epochs, c.grad_clip_norm
         (5, 1.0)
         """
-        return self.from_dict({**self.to_dict(), **parse_overrides(overrides)})
+        # asdict, not to_dict: the copy keeps the credentials to_dict redacts
+        return self.from_dict({**dataclasses.asdict(self), **parse_overrides(overrides)})
 
     def to_yaml(self, path: str | os.PathLike[str]) -> Path:
         """Write every field to a YAML file (``from_yaml`` reads it back); returns the path."""

@@ -32,6 +32,7 @@ from rankwise.train import checks
 from rankwise.train.checkpoint import (
     Checkpointer,
     CheckpointManager,
+    RemoteCheckpointManager,
     SaveStats,
     load_resume,
     manager_for,
@@ -282,12 +283,18 @@ class DistributedTrainer:
                 scale_lr(state.optimizer, state.scheduler, scale)  # type: ignore[arg-type]
             state.lr_scaled = True  # once per trainer, and recorded in checkpoints
 
-    def _start(self, cfg: DistributedTrainingConfig, manager: CheckpointManager | None) -> bool:
+    def _start(
+        self,
+        cfg: DistributedTrainingConfig,
+        manager: CheckpointManager | RemoteCheckpointManager | None,
+    ) -> bool:
         """Resume from a checkpoint in ``manager``'s folder (or what load_checkpoint()
         loaded), or start fresh; return whether the fit goes on from a checkpoint."""
         state = self.state
         with self.progress.operation(f"the resume from the checkpoints (resume={cfg.resume!r})"):
-            loaded = load_resume(cfg.resume, manager, not cfg.save_on_master_only)
+            loaded = load_resume(
+                cfg.resume, manager, not cfg.save_on_master_only, cfg.checkpoint_storage_options
+            )
         if loaded is not None:
             state.load_state_dict(loaded[1], loaded[0])
         elif state.restored is None:  # nothing loaded: a fresh, seeded start

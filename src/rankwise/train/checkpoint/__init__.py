@@ -22,6 +22,12 @@ here, never from the modules below (their shared names are the package's interna
   buffers (:func:`snapshot`, ``staging.py``); :class:`SaveStats` is what that cost the loop.
   :func:`manager_for` and :func:`load_resume` (``resume.py``) are where ``fit`` saves and what
   it resumes from.
+- Object storage (``storage.py``, ``storage_errors.py``, ``remote.py``, ``remote_manager.py``):
+  :class:`Storage` reaches any fsspec URL (``s3://``, ``gs://``, ``az://``, ``memory://``)
+  with retries and errors that name the URL, never a credential; ``remote`` writes a
+  checkpoint as data, then manifest, then pointer (there is no rename) and trusts only what
+  verifies; :class:`RemoteCheckpointManager` is the bucket's :class:`CheckpointManager`, which
+  ``fit`` uses when ``checkpoint_dir`` is a URL.
 
 >>> import tempfile
 >>> manager = CheckpointManager(tempfile.mkdtemp(), keep_last=2)
@@ -58,9 +64,11 @@ from rankwise.train.checkpoint.portable import (
     rng_state,
     set_rng_state,
 )
+from rankwise.train.checkpoint.remote_manager import RemoteCheckpointManager
 from rankwise.train.checkpoint.resume import load_resume, manager_for
 from rankwise.train.checkpoint.sharded import load_shards, sharded_state_dicts
 from rankwise.train.checkpoint.staging import snapshot
+from rankwise.train.checkpoint.storage import RetryPolicy, Storage, StorageError, StorageWarning
 from rankwise.train.checkpoint.writer import SaveStats
 
 __all__ = [
@@ -70,7 +78,12 @@ __all__ = [
     "CheckpointManager",
     "CheckpointWarning",
     "Checkpointer",
+    "RemoteCheckpointManager",
+    "RetryPolicy",
     "SaveStats",
+    "Storage",
+    "StorageError",
+    "StorageWarning",
     "find_latest",
     "load_file",
     "load_model_state_dict",

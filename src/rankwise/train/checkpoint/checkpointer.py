@@ -22,10 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import rankwise.distributed as rd
-from rankwise.train.checkpoint.manager import CheckpointManager
+from rankwise.train.checkpoint.resume import Location, Manager
 from rankwise.train.checkpoint.writer import Savable, SaveStats, drained_on_sigterm, writer_for
 from rankwise.train.config import DistributedTrainingConfig
 
@@ -35,7 +34,7 @@ __all__ = ["Checkpointer"]
 class Checkpointer:
     """Owns when one ``fit`` saves its training state (a :class:`Savable`), and saves it.
 
-    ``manager``: the checkpoint folder, or None (no ``checkpoint_dir``: every call does
+    ``manager``: the checkpoint folder or bucket, or None (no ``checkpoint_dir``: every call does
     nothing). ``cfg``: the fit's config (``checkpoint_every_n_steps``,
     ``checkpoint_every_n_epochs``, ``async_checkpoints``, ``save_on_master_only``).
     ``on_saved(path)`` runs on every rank once a checkpoint is durable. ``progress`` names the
@@ -48,10 +47,10 @@ class Checkpointer:
 
     def __init__(
         self,
-        manager: CheckpointManager | None,
+        manager: Manager | None,
         cfg: DistributedTrainingConfig,
         *,
-        on_saved: Callable[[Path], None],
+        on_saved: Callable[[Location], None],
         progress: rd.Progress | None = None,
         saved_at: int | None = None,
     ) -> None:

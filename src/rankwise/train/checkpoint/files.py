@@ -51,7 +51,17 @@ _PARALLEL_HASH = 1 << 20  # bytes; below this a thread hand-off costs more than 
 # the temporary file; "before-rename": the temporary file is complete and fsynced;
 # "before-manifest": the data has its final name, the manifest is not written yet;
 # "before-pointer" / "before-prune": CheckpointManager.save's later steps.
-FAULT_POINTS = ("mid-write", "before-rename", "before-manifest", "before-pointer", "before-prune")
+# In object storage (remote.py): "mid-upload", after the first part (or the whole object, when
+# it is one part) of the data is uploaded; then "before-manifest", "before-pointer" and
+# "before-prune" as on disk.
+FAULT_POINTS = (
+    "mid-write",
+    "before-rename",
+    "before-manifest",
+    "before-pointer",
+    "before-prune",
+    "mid-upload",
+)
 _fault_hook: Callable[[str], None] | None = None
 
 
@@ -200,15 +210,7 @@ def save_file(
 
     writer = write_atomic(path, write, before_rename=before_rename)
     fault_point("before-manifest")
-    manifest = {
-        "version": _MANIFEST_VERSION,
-        "file": path.name,
-        "size": writer.size,
-        "xxh3_128": writer.checksum.hexdigest(),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "meta": meta or {},
-    }
+    manifest = new_manifest(path.name, writer.size, writer.checksum.hexdigest(), meta)
     write_json_atomic(manifest_path(path), manifest)
     return path
 
@@ -247,6 +249,43 @@ USE_ANOTHER = (
 )
 
 
+def new_manifest(name: str, size: int, digest: str, meta: dict[str, Any] | None) -> dict[str, Any]:
+    """The manifest of checkpoint ``name`` (``size`` bytes of XXH3-128 ``digest``): the one
+    format a local file and an object in a bucket both carry."""
+    return {
+        "version": _MANIFEST_VERSION,
+        "file": name,
+        "size": size,
+        "xxh3_128": digest,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "meta": meta or {},
+    }
+
+
+def parse_manifest(raw: bytes | str, what: str, manifest_name: str) -> tuple[dict[str, Any], str]:
+    """``(manifest, algorithm)`` of a manifest's bytes (``algorithm``: the checksum it holds);
+    :class:`CheckpointError` naming ``what`` when it is unreadable or from a newer rankwise."""
+    try:
+        manifest = json.loads(raw)
+        algorithm = next(name for name in _CHECKSUMS if name in manifest)
+        manifest["size"], manifest[algorithm] = int(manifest["size"]), str(manifest[algorithm])
+    except StopIteration:
+        raise CheckpointError(
+            f"{what}: its manifest {manifest_name} holds no checksum this rankwise "
+            f"knows ({sorted(_CHECKSUMS)}); it was written by a newer rankwise: load it "
+            "there."
+        ) from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{what}: its manifest {manifest_name} is unreadable ({e}).") from e
+    return dict(manifest), algorithm
+
+
+def new_checksum(algorithm: str = "xxh3_128") -> Any:
+    """A fresh hasher for ``algorithm`` (a checksum key of the manifests)."""
+    return _CHECKSUMS[algorithm]()
+
+
 def verify_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Check ``path`` against its manifest; return the manifest or raise
     :class:`CheckpointError` saying what is wrong (missing manifest, truncated, corrupt)."""
@@ -254,33 +293,25 @@ def verify_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist.")
     mpath = manifest_path(path)
+    what = f"checkpoint {path}"
     try:
-        manifest = json.loads(mpath.read_text())
-        algorithm = next(name for name in _CHECKSUMS if name in manifest)
-        size, digest = int(manifest["size"]), str(manifest[algorithm])
-    except StopIteration:
-        raise CheckpointError(
-            f"checkpoint {path}: its manifest {mpath.name} holds no checksum this rankwise "
-            f"knows ({sorted(_CHECKSUMS)}); it was written by a newer rankwise: load it "
-            "there."
-        ) from None
+        raw = mpath.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(
-            f"checkpoint {path} has no manifest ({mpath.name}): its save did not finish, or "
+            f"{what} has no manifest ({mpath.name}): its save did not finish, or "
             "it was copied without it; it cannot be verified, so it is not used. Copy it "
             f"together with {mpath.name}, or {USE_ANOTHER}."
         ) from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(
-            f"checkpoint {path}: its manifest {mpath.name} is unreadable ({e})."
-        ) from e
-    check_bytes(path, size, digest, algorithm, f"checkpoint {path}")
-    return dict(manifest)
+    except OSError as e:
+        raise CheckpointError(f"{what}: its manifest {mpath.name} is unreadable ({e}).") from e
+    manifest, algorithm = parse_manifest(raw, what, mpath.name)
+    check_bytes(path, manifest["size"], manifest[algorithm], algorithm, what)
+    return manifest
 
 
 def checksum_of(path: Path, algorithm: str = "xxh3_128") -> str:
     """The checksum of ``path``'s bytes under ``algorithm`` (a key of the manifests)."""
-    checksum = _CHECKSUMS[algorithm]()
+    checksum = new_checksum(algorithm)
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             checksum.update(chunk)
@@ -290,13 +321,29 @@ def checksum_of(path: Path, algorithm: str = "xxh3_128") -> str:
 def check_bytes(path: Path, size: int, digest: str, algorithm: str, what: str) -> None:
     """Raise :class:`CheckpointError` (naming ``what``) when ``path`` is not ``size`` bytes
     whose ``algorithm`` checksum is ``digest``."""
-    actual = path.stat().st_size
-    if actual != size:
-        kind = "truncated (torn write)" if actual < size else "longer than written"
+    check_content(
+        what, size, digest, algorithm, path.stat().st_size, lambda: checksum_of(path, algorithm)
+    )
+
+
+def check_content(
+    what: str,
+    size: int,
+    digest: str,
+    algorithm: str,
+    actual_size: int,
+    actual_digest: Callable[[], str],
+) -> None:
+    """The one check of bytes against a manifest, local or in a bucket: raise
+    :class:`CheckpointError` (naming ``what``) unless ``actual_size`` is ``size`` and then
+    ``actual_digest()`` (only computed when the sizes match) is ``digest``."""
+    if actual_size != size:
+        kind = "truncated (torn write)" if actual_size < size else "longer than written"
         raise CheckpointError(
-            f"{what} is {kind}: {actual} bytes, expected {size}; it is not used: {USE_ANOTHER}."
+            f"{what} is {kind}: {actual_size} bytes, expected {size}; it is not used: "
+            f"{USE_ANOTHER}."
         )
-    found = checksum_of(path, algorithm)
+    found = actual_digest()
     if found != digest:
         raise CheckpointError(
             f"{what} is corrupt: {algorithm} {found[:16]}... does not match the manifest's "
@@ -312,10 +359,16 @@ def load_file(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> dic
     has no manifest, and ``FileNotFoundError`` when it does not exist.
     """
     verify_file(path)
+    return load_torch(Path(path), f"checkpoint {path}", map_location=map_location)
+
+
+def load_torch(path: Path, what: str, *, map_location: Any = "cpu") -> dict[str, Any]:
+    """``torch.load`` a verified checkpoint file (``weights_only=True``); ``what`` names it
+    in errors (a local path, or the URL it was downloaded from)."""
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # verified bytes that do not unpickle: not a rankwise checkpoint
-        raise CheckpointError(f"checkpoint {path} verifies but does not load: {e}") from e
+        raise CheckpointError(f"{what} verifies but does not load: {e}") from e
     if not isinstance(obj, dict):
-        raise CheckpointError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict.")
+        raise CheckpointError(f"{what} holds a {type(obj).__name__}, not a dict.")
     return obj

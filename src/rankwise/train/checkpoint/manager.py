@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rankwise.train.checkpoint import sharded
+from rankwise.train.checkpoint import remote, sharded
 from rankwise.train.checkpoint.files import (
     TMP_MARK,
     CheckpointError,
@@ -34,7 +34,9 @@ from rankwise.train.checkpoint.files import (
     write_json_atomic,
 )
 from rankwise.train.checkpoint.sharded import ShardedWriter
-from rankwise.train.checkpoint.staging import snapshot as take_snapshot
+from rankwise.train.checkpoint.staging import BackgroundSaves
+from rankwise.train.checkpoint.storage import Storage
+from rankwise.train.checkpoint.storage_errors import is_remote_url, split_url
 
 __all__ = ["FORMAT_VERSION", "CheckpointManager", "find_latest", "read_checkpoint"]
 
@@ -64,28 +66,15 @@ class CheckpointManager:
         *,
         sharded: bool = False,
     ) -> None:
-        if keep_last is not None and (
-            isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
-        ):
-            raise ValueError(
-                f"keep_last ({keep_last!r}) must be an integer >= 1, or None to keep every "
-                "checkpoint."
-            )
-        if not isinstance(prefix, str) or not _PREFIX.match(prefix):
-            raise ValueError(
-                f"prefix ({prefix!r}) must be a plain file-name part (letters, digits, '_', "
-                "'.', '-'; not starting with '.' or '-'), e.g. 'ckpt' or 'rank1'."
-            )
+        check_naming(keep_last, prefix)
         self.directory = Path(directory)
         self.keep_last = keep_last
         self.prefix = prefix
         self.sharded = sharded
-        self._name = _name_pattern(prefix)
+        self._name = name_pattern(prefix)
         self._dcp: ShardedWriter | None = None
         self._warned_newer = False
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pending: concurrent.futures.Future[Path] | None = None
-        self._staged: Any = None  # the last async snapshot, refilled by the next one
+        self._background: BackgroundSaves[Path] = BackgroundSaves()
 
     def __repr__(self) -> str:
         return (
@@ -123,7 +112,7 @@ class CheckpointManager:
         state on every rank first); sharded: on every rank. The pointer moves after the file
         and its manifest are fsynced; pruning happens after the pointer moved.
         """
-        _check_position(epoch, step)
+        check_position(epoch, step)
         path = self.path_for(epoch, step)
         if self.sharded:
             return self._start_sharded(state, path, background=False)()
@@ -171,30 +160,24 @@ class CheckpointManager:
         the background is raised by :meth:`wait` and by the next ``save_async``. The
         interpreter waits for a pending save at exit; a kill leaves the previous checkpoint.
         """
-        self.wait()
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(1, "rankwise-checkpoint")
         if self.sharded:  # every rank; DCP stages the tensors (cached buffers)
-            _check_position(epoch, step)
+            self.wait()
+            check_position(epoch, step)
             finish = self._start_sharded(state, self.path_for(epoch, step), background=True)
-            self._pending = self._executor.submit(finish)
-            return self._pending
+            return self._background.submit(lambda _: finish(), None, copy=False)
         check_plain(state, "state")  # here, not as an error on the background thread
-        # The model and optimizer change in place from now on: write a copy. The previous
-        # snapshot's write is finished (wait() above), so its memory can be refilled.
-        snapshot = self._staged = take_snapshot(state, into=self._staged)
-        self._pending = self._executor.submit(self.save, snapshot, epoch=epoch, step=step)
-        return self._pending
+        return self._background.submit(
+            lambda snapshot: self.save(snapshot, epoch=epoch, step=step), state
+        )
 
     def pending(self) -> concurrent.futures.Future[Path] | None:
         """The :meth:`save_async` not yet waited for (running or done), or None."""
-        return self._pending
+        return self._background.pending()
 
     def wait(self) -> Path | None:
         """Block until the pending :meth:`save_async` (if any) is on disk; return its path.
         Re-raises its error."""
-        pending, self._pending = self._pending, None
-        return pending.result() if pending is not None else None
+        return self._background.wait()
 
     def latest(self) -> Path | None:
         """The newest valid checkpoint, or ``None``.
@@ -303,12 +286,27 @@ class CheckpointManager:
                     path.unlink()
 
 
-def _name_pattern(prefix: str) -> re.Pattern[str]:
+def check_naming(keep_last: int | None, prefix: str) -> None:
+    """Refuse a ``keep_last`` or ``prefix`` a checkpoint manager (folder or bucket) cannot use."""
+    if keep_last is not None and (
+        isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
+    ):
+        raise ValueError(
+            f"keep_last ({keep_last!r}) must be an integer >= 1, or None to keep every checkpoint."
+        )
+    if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+        raise ValueError(
+            f"prefix ({prefix!r}) must be a plain file-name part (letters, digits, '_', "
+            "'.', '-'; not starting with '.' or '-'), e.g. 'ckpt' or 'rank1'."
+        )
+
+
+def name_pattern(prefix: str) -> re.Pattern[str]:
     """``{prefix}-e{epoch}-s{step}`` with a file's or a folder's suffix."""
     return re.compile(rf"^{re.escape(prefix)}-e(\d+)-s(\d+)(\.pt|\{sharded.SUFFIX})$")
 
 
-def _check_position(epoch: int, step: int) -> None:
+def check_position(epoch: int, step: int) -> None:
     for name, value in (("epoch", epoch), ("step", step)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} ({value!r}) must be an integer >= 0.")
@@ -318,11 +316,28 @@ def _manifest_of(path: Path) -> Path:
     return path / sharded.MANIFEST if sharded.is_sharded_path(path) else manifest_path(path)
 
 
-def read_checkpoint(path: str | os.PathLike[str], *, verify_shards: bool = True) -> dict[str, Any]:
+def read_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    verify_shards: bool = True,
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """A verified checkpoint's state: a file's whole content (:func:`load_file`), or a sharded
     folder's plain part whose ``"dcp"`` entry names the folder; ``TrainState.load_state_dict``
     reads its shards into the model. ``verify_shards=False`` checks a folder's shards by size
-    only (a rank loading what rank 0 verified in full)."""
+    only (a rank loading what rank 0 verified in full). ``path`` may be an object's URL
+    (``s3://bucket/run/ckpt-e000001-s000000300.pt``), reached with ``storage_options``: it is
+    downloaded, verified against its manifest and loaded."""
+    if is_remote_url(path):
+        folder, _, name = split_url(os.fspath(path))[1].rpartition("/")
+        url = os.fspath(path)
+        if not folder or not name or sharded.is_sharded_path(name):
+            raise CheckpointError(
+                f"checkpoint URL {url} names no checkpoint file; pass the URL of one "
+                "(e.g. s3://BUCKET/RUN/ckpt-e000001-s000000300.pt), or resume='auto'."
+            )
+        storage = Storage.for_url(url.rpartition("/")[0], storage_options)
+        return remote.load(storage, name)
     if sharded.is_sharded_path(path):
         return sharded.read_state(path, verify_shards=verify_shards)
     return load_file(path)

@@ -17,23 +17,55 @@ import torch.distributed as dist
 import rankwise.distributed as rd
 from rankwise.train.checkpoint.files import CheckpointError
 from rankwise.train.checkpoint.manager import CheckpointManager, read_checkpoint
+from rankwise.train.checkpoint.remote_manager import RemoteCheckpointManager
+from rankwise.train.checkpoint.storage import Storage
+from rankwise.train.checkpoint.storage_errors import is_remote_url
 from rankwise.train.config import DistributedTrainingConfig
 
+# Where a checkpoint is: a local path, or an object's URL (a str: Path("s3://b") is "s3:/b").
+Location = Path | str
+Manager = CheckpointManager | RemoteCheckpointManager
 
-def manager_for(cfg: DistributedTrainingConfig) -> CheckpointManager | None:
+
+def manager_for(cfg: DistributedTrainingConfig) -> Manager | None:
     """The checkpoint folder's manager (one folder per rank unless rank 0 alone saves);
-    under ``strategy="fsdp"`` it writes sharded DCP folders, every rank its shards."""
+    under ``strategy="fsdp"`` it writes sharded DCP folders, every rank its shards.
+
+    An object-storage URL gives a :class:`RemoteCheckpointManager`, checked here on every rank
+    (reachable, writable: a :class:`~rankwise.train.checkpoint.StorageError` naming the URL
+    and the fix before the first step), and its writer's stale multipart uploads aborted."""
     if cfg.checkpoint_dir is None:
         return None
+    per_rank = "" if cfg.save_on_master_only else f"rank-{rd.get_rank()}"
+    keep = cfg.keep_last_checkpoints
+    if is_remote_url(cfg.checkpoint_dir):
+        if cfg.strategy == "fsdp":
+            raise ValueError(
+                f"checkpoint_dir={cfg.checkpoint_dir!r}: strategy='fsdp' writes sharded (DCP) "
+                "checkpoints, which rankwise does not write to object storage yet; use a "
+                "shared local folder (a network filesystem every rank mounts) for "
+                "checkpoint_dir, or strategy='ddp'."
+            )
+        url = cfg.checkpoint_dir.rstrip("/") + (f"/{per_rank}" if per_rank else "")
+        storage = Storage.for_url(url, cfg.checkpoint_storage_options)
+        manager = RemoteCheckpointManager(storage, keep_last=keep)
+        if per_rank or rd.is_master():  # the writer cleans its own URL
+            manager.start()
+        else:
+            storage.check_writable()
+        return manager
     base = Path(cfg.checkpoint_dir)
-    folder = base if cfg.save_on_master_only else base / f"rank-{rd.get_rank()}"
+    folder = base / per_rank if per_rank else base
     sharded = cfg.strategy == "fsdp"
-    return CheckpointManager(folder, keep_last=cfg.keep_last_checkpoints, sharded=sharded)
+    return CheckpointManager(folder, keep_last=keep, sharded=sharded)
 
 
 def load_resume(
-    resume: str | None, manager: CheckpointManager | None, per_rank: bool
-) -> tuple[Path, dict[str, Any]] | None:
+    resume: str | None,
+    manager: Manager | None,
+    per_rank: bool,
+    storage_options: dict[str, Any] | None = None,
+) -> tuple[Location, dict[str, Any]] | None:
     """``(path, state)`` to resume from, or None for a fresh start; collective.
 
     ``per_rank`` (``save_on_master_only=False``): each rank takes the newest valid copy in its
@@ -45,11 +77,14 @@ def load_resume(
     member = rd.membership()
     if resume is None or (member is not None and member.pending):
         return None  # a restarted process under --on-failure continue: a peer's state
-    found: tuple[Path, dict[str, Any]] | None = None
+    found: tuple[Location, dict[str, Any]] | None = None
     error: str | None = None
     try:
         if resume != "auto":  # a sharded folder's shards: checked in full by rank 0 alone
-            found = Path(resume), read_checkpoint(resume, verify_shards=rd.is_master())
+            state = read_checkpoint(
+                resume, verify_shards=rd.is_master(), storage_options=storage_options
+            )
+            found = location(resume), state
         elif per_rank or rd.is_master():
             found = manager.load_latest() if manager is not None else None
     except Exception as e:  # any failure must reach every rank, below
@@ -58,14 +93,17 @@ def load_resume(
         path = broadcast_path(found[0] if found is not None else None)
         if path is not None and not rd.is_master():
             try:  # rank 0 verified it in full
-                found = path, read_checkpoint(path, verify_shards=False)
+                if isinstance(manager, RemoteCheckpointManager):
+                    found = path, manager.read(str(path))
+                else:
+                    found = path, read_checkpoint(path, verify_shards=False)
             except Exception as e:
                 error = f"{type(e).__name__}: {e}"
     _agree(found, error)
     return found
 
 
-def _agree(found: tuple[Path, dict[str, Any]] | None, error: str | None) -> None:
+def _agree(found: tuple[Location, dict[str, Any]] | None, error: str | None) -> None:
     mine = (error, None if found is None else (int(found[1]["epoch"]), int(found[1]["step"])))
     everyone: list[Any] = [mine]
     if rd.get_world_size() > 1 and rd.has_group():
@@ -92,11 +130,21 @@ def _agree(found: tuple[Path, dict[str, Any]] | None, error: str | None) -> None
         )
 
 
-def broadcast_path(path: Path | None) -> Path | None:
+def location(path: str | Path) -> Location:
+    """``path`` as a checkpoint's location: an object-storage URL stays a ``str``.
+
+    >>> location("s3://bucket/run/ckpt.pt"), location("run/ckpt.pt")
+    ('s3://bucket/run/ckpt.pt', PosixPath('run/ckpt.pt'))
+    """
+    text = str(path)
+    return text if is_remote_url(text) else Path(text)
+
+
+def broadcast_path(path: Location | None) -> Location | None:
     """Rank 0's ``path`` on every rank (the writing rank names the file; the others need it
     too); a collective in a world of more than one."""
     if rd.get_world_size() == 1 or not rd.has_group():
         return path
     box: list[Any] = [None if path is None else str(path)]
     dist.broadcast_object_list(box, src=0)
-    return None if box[0] is None else Path(box[0])
+    return None if box[0] is None else location(box[0])

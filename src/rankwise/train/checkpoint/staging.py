@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import torch
 
-__all__ = ["snapshot"]
+__all__ = ["BackgroundSaves", "snapshot"]
 
+T = TypeVar("T")
 _PIECE = 1 << 22  # elements per piece of a parallel CPU refill (16 MB of fp32)
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -112,3 +114,42 @@ def _copy_tensor(tensor: torch.Tensor, into: Any, pending: list[Any]) -> torch.T
     else:
         buffer.copy_(tensor)
     return buffer
+
+
+class BackgroundSaves(Generic[T]):
+    """One background thread writing snapshots, one at a time, in order; the last snapshot's
+    buffers are refilled by the next (a folder's manager and a bucket's share it).
+
+    :meth:`submit` waits for the previous write (re-raising its error), snapshots the state
+    and hands ``write(snapshot)`` to the thread; :meth:`wait` returns its result.
+    """
+
+    def __init__(self) -> None:
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: concurrent.futures.Future[T] | None = None
+        self._staged: Any = None  # the last snapshot, refilled by the next one
+
+    def submit(
+        self, write: Callable[[Any], T], state: Any, *, copy: bool = True
+    ) -> concurrent.futures.Future[T]:
+        """``write(snapshot(state))`` on the thread (``copy=False``: ``write(state)``, for a
+        state that is staged already); blocks for the previous write and the copy only."""
+        self.wait()
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, "rankwise-checkpoint")
+        if copy:
+            # The model and optimizer change in place from now on: write a copy. The previous
+            # snapshot's write is finished (wait() above), so its memory can be refilled.
+            state = self._staged = snapshot(state, into=self._staged)
+        self._pending = self._executor.submit(write, state)
+        return self._pending
+
+    def pending(self) -> concurrent.futures.Future[T] | None:
+        """The write not yet waited for (running or done), or None."""
+        return self._pending
+
+    def wait(self) -> T | None:
+        """Block until the pending write (if any) is done; return its result. Re-raises its
+        error."""
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else None

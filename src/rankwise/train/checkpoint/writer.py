@@ -33,13 +33,12 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import rankwise.distributed as rd
-from rankwise.train.checkpoint.files import CheckpointWarning
-from rankwise.train.checkpoint.manager import CheckpointManager
-from rankwise.train.checkpoint.resume import broadcast_path
+from rankwise.train.checkpoint.files import CheckpointError, CheckpointWarning
+from rankwise.train.checkpoint.resume import Location, Manager, broadcast_path
+from rankwise.train.checkpoint.storage import StorageError
 
 __all__ = ["CheckpointWriter", "Savable", "SaveStats", "drained_on_sigterm", "writer_for"]
 
@@ -82,18 +81,18 @@ class CheckpointWriter:
 
     def __init__(
         self,
-        manager: CheckpointManager,
+        manager: Manager,
         *,
         writes: bool | Callable[[], bool],
         background: bool,
         shared: bool,
-        saved: Callable[[Path], None],
+        saved: Callable[[Location], None],
     ) -> None:
         self.manager, self.background, self.shared = manager, background, shared
         self._writes = writes
         self.stats = SaveStats()
         self._saved = saved
-        self._in_flight: Path | None = None  # a background save not yet known to be durable
+        self._in_flight: Location | None = None  # a background save not yet known to be durable
         self._written_in: tuple[int, int] | None = None  # its (generation, writer's slot)
 
     @property
@@ -107,7 +106,7 @@ class CheckpointWriter:
         move to it: no ``--on-failure continue``)."""
         return self._writes is False
 
-    def save(self, state: Savable) -> Path | None:
+    def save(self, state: Savable) -> Location | None:
         """Checkpoint ``state`` where it is; a collective. Returns the checkpoint's path (in
         the background: where it is being written)."""
         started = time.perf_counter()
@@ -116,7 +115,7 @@ class CheckpointWriter:
         # The writing rank enters it only once its last write ended.
         saved = state.state_dict(sharded=self.manager.sharded)
         self._report_in_flight()
-        path: Path | None = None
+        path: Location | None = None
         if self.background:
             path = self.manager.path_for(state.epoch, state.step)
             if self.writes:
@@ -146,7 +145,15 @@ class CheckpointWriter:
         if self._in_flight is None:
             return
         if self.writes:
-            self.manager.wait()  # re-raises the background write's error
+            try:
+                self.manager.wait()  # re-raises the background write's error
+            except StorageError as e:
+                raise CheckpointError(
+                    f"fit's last checkpoint ({self._in_flight}) could not be made durable: "
+                    f"{e} Training finished, but the checkpoint store holds only the previous "
+                    "checkpoint: fix the store and train again with resume='auto' (it goes on "
+                    "from there)."
+                ) from None
         rd.barrier()  # the other ranks learn that the writer is done
         self._report_in_flight()
 
@@ -171,7 +178,18 @@ class CheckpointWriter:
         pending = self.manager.pending()
         if pending is not None and not pending.done():
             self.stats.waits += 1
-        self.manager.wait()  # re-raises the background write's error
+        try:
+            self.manager.wait()  # re-raises the background write's error
+        except StorageError as e:
+            # The object store is down past the retries: this checkpoint is lost, training
+            # goes on, and the next save tries again (the end of fit insists: finish()).
+            warnings.warn(
+                f"the checkpoint {self._in_flight} was not saved: {e} Training goes on; "
+                "the next checkpoint save tries again.",
+                CheckpointWarning,
+                stacklevel=4,
+            )
+            self._in_flight = None
         if pending is not None:
             self.stats.waited_seconds += time.perf_counter() - started
 
@@ -204,7 +222,7 @@ def _writer_now() -> tuple[int, int] | None:
 
 
 def writer_for(
-    manager: CheckpointManager | None, cfg: Any, saved: Callable[[Path], None]
+    manager: Manager | None, cfg: Any, saved: Callable[[Location], None]
 ) -> CheckpointWriter | None:
     """The writer ``fit`` saves through under ``cfg`` (None without a checkpoint folder)."""
     if manager is None:

@@ -27,19 +27,21 @@ import functools
 import importlib
 import os
 import uuid
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rankwise.train.objectstore_errors import (
+from rankwise.distributed.environment import aws_region
+from rankwise.train.checkpoint.storage_errors import (
     RetryPolicy,
     StorageError,
     StorageWarning,
     retrying,
     scrub,
-    secret_values,
     split_url,
 )
+from rankwise.train.secrets import secret_values
 
 __all__ = ["RetryPolicy", "Storage", "StorageError", "StorageWarning", "split_url"]
 
@@ -99,6 +101,7 @@ class Storage:
         self.fs = fs
         self.retry = retry or RetryPolicy()
         self._secrets = list(secrets)
+        self._in_outage = False  # a retry was announced and no call has succeeded since
 
     @classmethod
     def for_url(
@@ -142,8 +145,21 @@ class Storage:
             ) from None
         if module == "s3fs":
             config = {**_S3_CONFIG, **options.get("config_kwargs", {})}
-            options = {"skip_instance_cache": True, **options, "config_kwargs": config}
+            client = dict(options.get("client_kwargs", {}))
+            region = aws_region()
+            if region is not None and "region_name" not in client:
+                client["region_name"] = region
+            options = {
+                "skip_instance_cache": True,
+                **options,
+                "config_kwargs": config,
+                "client_kwargs": client,
+            }
         fs = fs_class(**options)
+        if module == "s3fs":
+            # One layer of retries, rankwise's (backoff, a warning naming the URL): s3fs's own
+            # would retry each try 5 more times, silently.
+            fs.retries = 1
         return cls(url, protocol, path, fs, retry=retry, secrets=secrets, **sizes)
 
     @property
@@ -188,15 +204,30 @@ class Storage:
         self, what: str, key: str, op: Callable[[], T], *, retry: RetryPolicy | None = None
     ) -> T:
         """Run ``op`` (an operation on ``key``), retrying transient failures with backoff
-        (:func:`~rankwise.train.objectstore_errors.retrying`)."""
+        (:func:`~rankwise.train.checkpoint.storage_errors.retrying`)."""
         self._remote()
-        return retrying(
+        result = retrying(
             op,
             what=f"{what} {self.url_of(key)}",
             url=self.display_url,
             policy=retry or self.retry,
             scrub=self._scrub,
+            announce=self._announce,
         )
+        self._in_outage = False
+        return result
+
+    def _announce(self, message: str) -> None:
+        """One :class:`StorageWarning` per outage (its first retry), not one per retry: a
+        store down for minutes would otherwise bury the log."""
+        if not self._in_outage:
+            self._in_outage = True
+            warnings.warn(
+                f"{message} Further retries under {self.display_url} stay silent until a "
+                "call succeeds.",
+                StorageWarning,
+                stacklevel=5,
+            )
 
     def put(
         self,
@@ -204,15 +235,22 @@ class Storage:
         key: str,
         *,
         retry: RetryPolicy | None = None,
+        uploaded: Callable[[int], None] | None = None,
     ) -> int:
         """Upload ``source`` (bytes, or a local file's path) to ``key``; return its size.
 
         Objects of two parts or more go up as a multipart upload of ``part_size`` parts,
-        ``parallel_parts`` at a time (S3); a failed try is retried whole."""
+        ``parallel_parts`` at a time (S3); a failed try is retried whole. ``uploaded(n)`` is
+        called as a file's bytes go up (``n`` of them: a part, or the whole object)."""
         fs = self._remote()
-        extra = {"chunksize": self.part_size, "max_concurrency": self.parallel_parts}
+        extra: dict[str, Any] = {
+            "chunksize": self.part_size,
+            "max_concurrency": self.parallel_parts,
+        }
         if not self.protocol.startswith("s3"):
             extra = {}
+        if uploaded is not None and not isinstance(source, (bytes, bytearray, memoryview)):
+            extra["callback"] = _progress(uploaded)
         if isinstance(source, (bytes, bytearray, memoryview)):
             data = bytes(source)
             self.call(
@@ -316,6 +354,17 @@ class Storage:
                 )
         finally:
             self.call("delete", key, lambda: self._remote().rm_file(self._full(key)), retry=once)
+
+
+def _progress(uploaded: Callable[[int], None]) -> Any:
+    """An fsspec callback calling ``uploaded(n)`` for each ``n`` bytes an upload reports."""
+    from fsspec.callbacks import Callback  # fsspec: present whenever a storage is remote
+
+    class Progress(Callback):
+        def relative_update(self, inc: int = 1) -> None:
+            uploaded(inc)
+
+    return Progress()
 
 
 def _list_uploads(fs: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:

@@ -4,7 +4,7 @@ fix (never a credential), and bounded retries with exponential backoff for trans
 >>> split_url("s3:/bucket/run")
 Traceback (most recent call last):
 ...
-rankwise.train.objectstore_errors.StorageError: checkpoint URL 's3:/bucket/run' is malformed: a URL starts with s3:// (two slashes); write s3://bucket/run.
+rankwise.train.checkpoint.storage_errors.StorageError: checkpoint URL 's3:/bucket/run' is malformed: a URL starts with s3:// (two slashes); write s3://bucket/run.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -46,7 +46,6 @@ _TRANSIENT_NAMES = {
     "ClientOSError",
     "FSTimeoutError",
 }
-_SECRET_OPTION = re.compile(r"secret|token|password|passwd|key|credential|sas", re.IGNORECASE)
 
 
 class StorageError(RuntimeError):
@@ -163,15 +162,14 @@ def split_url(url: str) -> tuple[str, str]:
     return protocol, rest.rstrip("/")
 
 
-def secret_values(options: dict[str, Any]) -> list[str]:
-    """The values in ``options`` (nested) that may be credentials, to scrub from messages."""
-    found: list[str] = []
-    for name, value in options.items():
-        if isinstance(value, dict):
-            found += secret_values(value)
-        elif isinstance(value, str) and len(value) >= 4 and _SECRET_OPTION.search(str(name)):
-            found.append(value)
-    return found
+def is_remote_url(location: str | os.PathLike[str]) -> bool:
+    """Whether ``location`` names object storage (any fsspec URL but ``file://``); a malformed
+    URL raises :class:`StorageError` naming the fix.
+
+    >>> is_remote_url("s3://bucket/run"), is_remote_url("file:///tmp/run"), is_remote_url("run")
+    (True, False, False)
+    """
+    return split_url(os.fspath(location))[0] != "file"
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:
@@ -194,10 +192,12 @@ def retrying(
     policy: RetryPolicy,
     scrub: Callable[[str], str] = lambda text: text,
     sleep: Callable[[float], None] = time.sleep,
+    announce: Callable[[str], None] | None = None,
 ) -> T:
     """``op()``, retried under ``policy`` while it fails transiently (see :func:`classify`),
     each retry announced by a :class:`StorageWarning` naming ``what`` (an operation and its
-    URL). Gives up with :class:`StorageError` naming ``what``, the cause and the fix; a missing
+    URL), or by ``announce(message)`` when given (a storage that warns once per outage).
+    Gives up with :class:`StorageError` naming ``what``, the cause and the fix; a missing
     object raises ``FileNotFoundError`` naming it, at once. ``scrub`` cleans every message."""
     delays = policy.delays()
     for attempt in range(policy.attempts):
@@ -207,12 +207,14 @@ def retrying(
             kind = classify(e)
             cause = scrub(f"{type(e).__name__}: {e}")
             if kind == "unreachable" and attempt < len(delays):
-                warnings.warn(
+                message = (
                     f"{what} failed ({cause}); retrying in {delays[attempt]:.1f} s (attempt "
-                    f"{attempt + 2} of {policy.attempts}).",
-                    StorageWarning,
-                    stacklevel=4,
+                    f"{attempt + 2} of {policy.attempts})."
                 )
+                if announce is not None:
+                    announce(message)
+                else:
+                    warnings.warn(message, StorageWarning, stacklevel=4)
                 sleep(delays[attempt])
                 continue
             if kind == "not-found":
@@ -220,6 +222,8 @@ def retrying(
             tries = f" after {policy.attempts} attempts" if policy.attempts > 1 else ""
             # from None: the chained backend exceptions are not scrubbed
             raise StorageError(
-                f"{what} failed{tries}: {cause}. Fix: {FIXES[kind]}.", url=url, reason=kind
+                f"{what} failed{tries}: {cause.rstrip('.')}. Fix: {FIXES[kind]}.",
+                url=url,
+                reason=kind,
             ) from None
     raise AssertionError("unreachable")  # the last attempt returns or raises

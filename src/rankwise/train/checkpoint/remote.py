@@ -1,11 +1,12 @@
 """Crash-safe checkpoints in object storage, where there is no rename.
 
-A checkpoint ``NAME`` under a :class:`~rankwise.train.objectstore.Storage` is three objects,
+A checkpoint ``NAME`` under a :class:`~rankwise.train.checkpoint.storage.Storage` is three objects,
 written in this order by :func:`publish`:
 
 1. the data, ``NAME`` (a multipart upload for a large file: invisible until complete);
-2. its manifest, ``NAME.sha256.json``: the JSON of a local manifest (``version``, ``file``,
-   ``size``, ``xxh3_128``, ``created``, ``torch``, ``meta``), so one reading fits both;
+2. its manifest, ``NAME.sha256.json``: a local manifest's JSON (``files.new_manifest``:
+   ``version``, ``file``, ``size``, ``xxh3_128``, ``created``, ``torch``, ``meta``), read and
+   checked by the same code as on disk (``files.parse_manifest``, ``files.check_content``);
 3. the pointer ``{prefix}-latest.json`` (``{"file": NAME, ...}``), as on disk.
 
 A reader trusts a checkpoint only when its manifest exists and the object's size and XXH3-128
@@ -15,7 +16,7 @@ target verifies and otherwise scans the checkpoints newest first, so it never re
 one. Old checkpoints are pruned only after the new pointer is written; unfinished multipart
 uploads are aborted by :func:`clean_partial_uploads`.
 
->>> from rankwise.train.objectstore import Storage
+>>> from rankwise.train.checkpoint.storage import Storage
 >>> store = Storage.for_url("memory://rankwise-doc/ckpts")
 >>> for step in (1, 2, 3):
 ...     _ = publish(store, f"state {step}".encode(), f"ckpt-s{step:03d}.pt", keep_last=2)
@@ -25,20 +26,30 @@ uploads are aborted by :func:`clean_partial_uploads`.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
+import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 import xxhash
 
-from rankwise.train.checkpoint import CheckpointError, CheckpointWarning, manifest_path
-from rankwise.train.objectstore import Storage
+from rankwise.train.checkpoint.files import (
+    CheckpointError,
+    CheckpointWarning,
+    check_content,
+    checksum_of,
+    fault_point,
+    load_torch,
+    manifest_path,
+    new_checksum,
+    new_manifest,
+    parse_manifest,
+)
+from rankwise.train.checkpoint.storage import Storage
 
-_MANIFEST_VERSION = 2  # the local manifests' version: same fields
 _CHUNK = 8 << 20
 
 
@@ -59,15 +70,6 @@ def pointer_key(prefix: str = "ckpt") -> str:
     return f"{prefix}-latest.json"
 
 
-def _digest_file(path: str | os.PathLike[str]) -> tuple[int, str]:
-    checksum, size = xxhash.xxh3_128(), 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            checksum.update(chunk)
-            size += len(chunk)
-    return size, checksum.hexdigest()
-
-
 def publish(
     storage: Storage,
     source: bytes | str | os.PathLike[str],
@@ -76,37 +78,51 @@ def publish(
     prefix: str = "ckpt",
     pointer: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
+    manifest: dict[str, Any] | None = None,
     keep_last: int | None = None,
 ) -> dict[str, Any]:
     """Write checkpoint ``name`` from ``source`` (bytes, or a local file): data, then
     manifest, then the pointer (with ``pointer``'s extra fields, e.g. epoch and step), then
-    prune to ``keep_last`` (``None`` keeps all). Returns the manifest. Each upload retries
-    transient failures under ``storage.retry``; when one gives up, the pointer still names the
-    previous checkpoint."""
+    prune to ``keep_last`` (``None`` keeps all). Returns the manifest. ``manifest``: the local
+    file's own (``save_file`` computed it while writing), uploaded as it is; otherwise one is
+    made here (with ``meta``). Each upload retries transient failures under ``storage.retry``;
+    when one gives up, the pointer still names the previous checkpoint.
+
+    Fault points (:func:`~rankwise.train.checkpoint.set_fault_hook`): ``mid-upload`` once the
+    first part of a file's data is up (the whole object, for one part), ``before-pointer`` and
+    ``before-prune``."""
     if name.endswith(_MANIFEST_SUFFIX) or name == pointer_key(prefix):
         raise ValueError(f"{name!r} is a manifest's or the pointer's name; rename it.")
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
-        size, digest = len(data), xxhash.xxh3_128(data).hexdigest()
+        manifest = manifest or new_manifest(
+            name, len(data), xxhash.xxh3_128(data).hexdigest(), meta
+        )
         storage.put(data, name)
+        fault_point("mid-upload")
     else:
-        size, digest = _digest_file(source)  # 0.03 s for 300 MB: cheaper than re-reading
-        if storage.put(source, name) != size:
+        # 0.03 s for 300 MB when not given: cheaper than re-reading the object
+        manifest = manifest or new_manifest(name, *_digest_file(source), meta)
+        first = [True]
+
+        def uploaded(_: int) -> None:
+            if first[0]:
+                first[0] = False
+                fault_point("mid-upload")
+
+        if storage.put(source, name, uploaded=uploaded) != manifest["size"]:
             raise CheckpointError(f"{source} changed while it was uploaded to {name}.")
-    manifest = {
-        "version": _MANIFEST_VERSION,
-        "file": name,
-        "size": size,
-        "xxh3_128": digest,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "meta": meta or {},
-    }
-    storage.put(_json(manifest), manifest_key(name))
+    storage.put(_json({**manifest, "file": name}), manifest_key(name))
+    fault_point("before-pointer")
     storage.put(_json({**(pointer or {}), "file": name}), pointer_key(prefix))
+    fault_point("before-prune")
     if keep_last is not None:
         prune(storage, keep_last, prefix=prefix, saved=name)
     return manifest
+
+
+def _digest_file(path: str | os.PathLike[str]) -> tuple[int, str]:
+    return os.path.getsize(path), checksum_of(Path(path))
 
 
 def _json(obj: dict[str, Any]) -> bytes:
@@ -124,70 +140,70 @@ def checkpoints(storage: Storage, prefix: str = "ckpt") -> list[str]:
     ]
 
 
-def read_manifest(storage: Storage, name: str) -> dict[str, Any]:
-    """The manifest of ``name``; :class:`CheckpointError` when it is missing or unreadable."""
+def read_manifest(storage: Storage, name: str) -> tuple[dict[str, Any], str]:
+    """``(manifest, algorithm)`` of ``name``; :class:`CheckpointError` when it is missing or
+    unreadable."""
     key = manifest_key(name)
+    what = f"checkpoint {storage.url_of(name)}"
     try:
-        manifest = json.loads(storage.read(key))
-        size, digest = int(manifest["size"]), str(manifest["xxh3_128"])
+        raw = storage.read(key)
     except FileNotFoundError:
         raise CheckpointError(
-            f"checkpoint {storage.url_of(name)} has no manifest ({key}): its upload did not "
-            "finish; it cannot be verified, so it is not used."
+            f"{what} has no manifest ({key}): its upload did not finish; it cannot be "
+            "verified, so it is not used."
         ) from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(
-            f"checkpoint {storage.url_of(name)}: its manifest {key} is unreadable ({e})."
-        ) from e
-    return {**manifest, "size": size, "xxh3_128": digest}
-
-
-def _check(storage: Storage, name: str, manifest: dict[str, Any], size: int, digest: str) -> None:
-    what = f"checkpoint {storage.url_of(name)}"
-    if size != manifest["size"]:
-        kind = "truncated" if size < manifest["size"] else "longer than written"
-        raise CheckpointError(
-            f"{what} is {kind}: {size} bytes, expected {manifest['size']}; it is not used."
-        )
-    if digest != manifest["xxh3_128"]:
-        raise CheckpointError(
-            f"{what} is corrupt: xxh3_128 {digest[:16]}... does not match the manifest's "
-            f"{manifest['xxh3_128'][:16]}...; it is not used."
-        )
+    return parse_manifest(raw, what, key)
 
 
 def verify(storage: Storage, name: str) -> dict[str, Any]:
-    """Check ``name`` against its manifest (size first, then the XXH3-128 of its bytes,
+    """Check ``name`` against its manifest (size first, then the checksum of its bytes,
     streamed); return the manifest or raise :class:`CheckpointError` saying what is wrong."""
-    manifest = read_manifest(storage, name)
+    manifest, algorithm = read_manifest(storage, name)
     try:
         size = storage.size(name)
     except FileNotFoundError:
         raise CheckpointError(
             f"checkpoint {storage.url_of(name)} is missing; its manifest remains."
         ) from None
-    if size != manifest["size"]:
-        _check(storage, name, manifest, size, manifest["xxh3_128"])
-    checksum = xxhash.xxh3_128()
-    with storage.open_read(name) as f:
-        while chunk := f.read(_CHUNK):
-            checksum.update(chunk)
-    _check(storage, name, manifest, size, checksum.hexdigest())
+
+    def streamed() -> str:
+        checksum = new_checksum(algorithm)
+        with storage.open_read(name) as f:
+            while chunk := f.read(_CHUNK):
+                checksum.update(chunk)
+        return str(checksum.hexdigest())
+
+    what = f"checkpoint {storage.url_of(name)}"
+    check_content(what, manifest["size"], manifest[algorithm], algorithm, size, streamed)
     return manifest
 
 
 def fetch(storage: Storage, name: str, dest: str | os.PathLike[str]) -> Path:
     """Download ``name`` to the local file ``dest`` and verify it there (one read of the
     object); raises :class:`CheckpointError` (and removes ``dest``) when it does not match."""
-    manifest = read_manifest(storage, name)
+    manifest, algorithm = read_manifest(storage, name)
     path = storage.download(name, dest)
-    size, digest = _digest_file(path)
     try:
-        _check(storage, name, manifest, size, digest)
+        check_content(
+            f"checkpoint {storage.url_of(name)}",
+            manifest["size"],
+            manifest[algorithm],
+            algorithm,
+            path.stat().st_size,
+            lambda: checksum_of(path, algorithm),
+        )
     except CheckpointError:
         path.unlink(missing_ok=True)
         raise
     return path
+
+
+def load(storage: Storage, name: str) -> dict[str, Any]:
+    """Checkpoint ``name``'s state: downloaded to a temporary file, verified, loaded
+    (``torch.load(weights_only=True)``); the file is gone when this returns."""
+    with tempfile.TemporaryDirectory(prefix="rankwise-fetch-") as folder:
+        path = fetch(storage, name, Path(folder) / name)
+        return load_torch(path, f"checkpoint {storage.url_of(name)}")
 
 
 def pointer_target(storage: Storage, prefix: str = "ckpt") -> str | None:
@@ -207,31 +223,39 @@ def pointer_target(storage: Storage, prefix: str = "ckpt") -> str | None:
         return None
 
 
-def latest(storage: Storage, prefix: str = "ckpt") -> str | None:
-    """The newest checkpoint that verifies, or ``None``: the pointer's target when it
-    verifies, else the others newest first (those older than the target before newer ones, a
-    save killed before its pointer moved), each skipped one named by a
-    :class:`CheckpointWarning`."""
+def candidates(storage: Storage, prefix: str = "ckpt") -> list[str]:
+    """The checkpoints in the order a resume tries them: the pointer's target, then those
+    older than it newest first, then newer ones (a save killed before its pointer moved)."""
     names = checkpoints(storage, prefix)
     target = pointer_target(storage, prefix)
-    if target is not None and target in names:
-        older = [n for n in names if n < target]
-        newer = [n for n in names if n > target]
-        candidates = [target, *older[::-1], *newer[::-1]]
-    else:
-        candidates = names[::-1]
-    for name in candidates:
+    if target is None or target not in names:
+        return names[::-1]
+    older = [n for n in names if n < target]
+    newer = [n for n in names if n > target]
+    return [target, *older[::-1], *newer[::-1]]
+
+
+def first_valid(
+    storage: Storage, prefix: str, take: Callable[[str], Any]
+) -> tuple[str, Any] | None:
+    """``(name, take(name))`` for the first of :func:`candidates` whose ``take`` does not
+    raise :class:`CheckpointError`; each skipped one is named by a :class:`CheckpointWarning`."""
+    for name in candidates(storage, prefix):
         try:
-            verify(storage, name)
+            return name, take(name)
         except CheckpointError as e:
             warnings.warn(
                 f"{e} Skipping it and trying the previous checkpoint.",
                 CheckpointWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
-            continue
-        return name
     return None
+
+
+def latest(storage: Storage, prefix: str = "ckpt") -> str | None:
+    """The newest checkpoint that verifies (see :func:`candidates`), or ``None``."""
+    found = first_valid(storage, prefix, lambda name: verify(storage, name))
+    return None if found is None else found[0]
 
 
 def prune(

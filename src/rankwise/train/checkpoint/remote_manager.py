@@ -1,0 +1,148 @@
+"""Numbered checkpoints in object storage: :class:`RemoteCheckpointManager`, the bucket's
+counterpart of the folder's :class:`~rankwise.train.checkpoint.CheckpointManager`.
+
+Same names (``{prefix}-e{epoch}-s{step}.pt``), same pointer, same manifests, same guarantees,
+on a store with no rename (see ``remote.py``): a save writes the state to a local temporary
+file exactly as on disk (``save_file``: the manifest's checksum is computed while writing),
+uploads it (multipart, parts in parallel), then its manifest, then moves the pointer, then
+prunes. :meth:`~RemoteCheckpointManager.save_async` runs all of that on the one background
+thread, the loop held only for the snapshot. Staging to a local file rather than streaming
+``torch.save`` into the upload: the write to local disk is quick next to the upload, the
+checksum is known before the first byte goes up, and a failed upload is retried from the file
+without touching the training state again.
+
+>>> manager = RemoteCheckpointManager(Storage.for_url("memory://rankwise-doc/remote"), keep_last=2)
+>>> for step in (10, 20, 30):
+...     _ = manager.save({"step": step}, epoch=0, step=step)
+>>> manager.checkpoints()
+['ckpt-e000000-s000000020.pt', 'ckpt-e000000-s000000030.pt']
+>>> url, state = manager.load_latest()
+>>> url, state
+('memory://rankwise-doc/remote/ckpt-e000000-s000000030.pt', {'step': 30})
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rankwise.train.checkpoint import remote
+from rankwise.train.checkpoint.files import check_plain, manifest_path, save_file
+from rankwise.train.checkpoint.manager import check_naming, check_position, name_pattern
+from rankwise.train.checkpoint.staging import BackgroundSaves
+from rankwise.train.checkpoint.storage import Storage
+
+__all__ = ["RemoteCheckpointManager"]
+
+
+class RemoteCheckpointManager:
+    """Numbered checkpoints under ``storage``'s URL (see the module); the interface of
+    :class:`~rankwise.train.checkpoint.CheckpointManager` with URLs (``str``) for paths.
+
+    :meth:`start` checks that the store is reachable and writable and aborts the multipart
+    uploads a killed writer left (call it once, before the first save). One writer per URL and
+    prefix. Sharded (DCP) checkpoints are not written to object storage.
+    """
+
+    sharded = False
+
+    def __init__(self, storage: Storage, keep_last: int | None = 3, prefix: str = "ckpt") -> None:
+        check_naming(keep_last, prefix)
+        if not storage.is_remote:
+            raise ValueError(
+                f"{storage.display_url} is a local folder: use CheckpointManager there "
+                "(it fsyncs and renames atomically)."
+            )
+        self.storage = storage
+        self.keep_last = keep_last
+        self.prefix = prefix
+        self._name = name_pattern(prefix)
+        self._background: BackgroundSaves[str] = BackgroundSaves()
+
+    def __repr__(self) -> str:
+        return (
+            f"RemoteCheckpointManager({self.directory!r}, keep_last={self.keep_last}, "
+            f"prefix={self.prefix!r})"
+        )
+
+    @property
+    def directory(self) -> str:
+        """The URL checkpoints live under (credentials scrubbed)."""
+        return self.storage.display_url
+
+    def start(self) -> list[str]:
+        """Fail now, naming the URL and the fix, when the store cannot be written; then abort
+        the unfinished multipart uploads under the URL; return their keys."""
+        self.storage.check_writable()
+        return remote.clean_partial_uploads(self.storage)
+
+    def name_for(self, epoch: int, step: int) -> str:
+        return f"{self.prefix}-e{epoch:06d}-s{step:09d}.pt"
+
+    def path_for(self, epoch: int, step: int) -> str:
+        """The URL a save at ``(epoch, step)`` writes."""
+        return self.storage.url_of(self.name_for(epoch, step))
+
+    def checkpoints(self) -> list[str]:
+        """Every checkpoint name of this prefix, valid or not, oldest first."""
+        return [n for n in remote.checkpoints(self.storage, self.prefix) if self._name.match(n)]
+
+    def save(self, state: dict[str, Any], *, epoch: int, step: int) -> str:
+        """Write ``state`` as the checkpoint of ``(epoch, step)``; return its URL once data,
+        manifest and pointer are in the store (then prune)."""
+        check_position(epoch, step)
+        name = self.name_for(epoch, step)
+        with tempfile.TemporaryDirectory(prefix="rankwise-upload-") as folder:
+            local = save_file(state, Path(folder) / name, meta={"epoch": epoch, "step": step})
+            manifest = json.loads(manifest_path(local).read_text())
+            remote.publish(
+                self.storage,
+                local,
+                name,
+                prefix=self.prefix,
+                pointer={"epoch": epoch, "step": step},
+                manifest=manifest,
+                keep_last=self.keep_last,
+            )
+        return self.storage.url_of(name)
+
+    def save_async(
+        self, state: dict[str, Any], *, epoch: int, step: int
+    ) -> concurrent.futures.Future[str]:
+        """Copy ``state``'s tensors, then :meth:`save` them on the background thread (one
+        save in flight; see ``CheckpointManager.save_async``)."""
+        check_position(epoch, step)
+        check_plain(state, "state")  # here, not as an error on the background thread
+        return self._background.submit(
+            lambda snapshot: self.save(snapshot, epoch=epoch, step=step), state
+        )
+
+    def pending(self) -> concurrent.futures.Future[str] | None:
+        return self._background.pending()
+
+    def wait(self) -> str | None:
+        """Block until the pending :meth:`save_async` is in the store; return its URL.
+        Re-raises its error."""
+        return self._background.wait()
+
+    def latest(self) -> str | None:
+        """The URL of the newest checkpoint that verifies, or ``None``."""
+        found = remote.first_valid(
+            self.storage, self.prefix, lambda name: remote.verify(self.storage, name)
+        )
+        return None if found is None else self.storage.url_of(found[0])
+
+    def load_latest(self) -> tuple[str, dict[str, Any]] | None:
+        """``(url, state)`` of the newest valid checkpoint (downloaded and verified once)."""
+        found = remote.first_valid(
+            self.storage, self.prefix, lambda name: remote.load(self.storage, name)
+        )
+        return None if found is None else (self.storage.url_of(found[0]), found[1])
+
+    def read(self, url: str) -> dict[str, Any]:
+        """The state of the checkpoint at ``url`` (one of this manager's), verified."""
+        name = url.rpartition("/")[2]
+        return remote.load(self.storage, name)

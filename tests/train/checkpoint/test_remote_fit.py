@@ -1,0 +1,277 @@
+"""``fit`` with ``checkpoint_dir`` in object storage, against a real S3 server (SeaweedFS):
+background uploads, retention after the pointer, resume from the bucket mid-epoch and
+bit-identical, the store lost and back mid-run, a last checkpoint that cannot be made durable,
+failures at start named before the first step, and credentials kept out of every dump."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import s3fs
+import torch
+import yaml
+
+from rankwise.testing import free_port
+from rankwise.testing.s3server import S3_KEY, S3_SECRET, S3Server, start_server
+from rankwise.train import DistributedTrainer, DistributedTrainingConfig
+from rankwise.train.checkpoint import (
+    CheckpointError,
+    RemoteCheckpointManager,
+    Storage,
+    StorageError,
+    StorageWarning,
+)
+from rankwise.train.checks import RANK_LOCAL_FIELDS
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 8, generator=g)
+    return x, (x[:, :3].sum(1) > 0).long()
+
+
+def _trainer(callbacks: list[Any] | None = None) -> tuple[torch.nn.Module, DistributedTrainer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loss = torch.nn.CrossEntropyLoss()
+    return model, DistributedTrainer(model, loss, opt, callbacks=callbacks or [])
+
+
+def _cfg(url: str, **kw: Any) -> DistributedTrainingConfig:
+    base: dict[str, Any] = dict(
+        epochs=2,
+        batch_size=16,  # 6 steps an epoch
+        verbose=False,
+        checkpoint_dir=url,
+        checkpoint_every_n_steps=2,
+        checkpoint_every_n_epochs=0,
+        keep_last_checkpoints=2,
+    )
+    return DistributedTrainingConfig(**{**base, **kw})
+
+
+def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class _Saved:
+    def __init__(self) -> None:
+        self.paths: list[Any] = []
+
+    def on_checkpoint_saved(self, trainer: Any, path: Any) -> None:
+        self.paths.append(path)
+
+
+class _StopAt:
+    """Ends the fit with an exception inside optimizer step ``step`` (a crash mid-epoch)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_batch(self, trainer: Any, epoch: int, step: int, ids: Any) -> None:
+        if step + 1 == self.step:
+            raise KeyboardInterrupt("stopped on purpose")
+
+
+def test_fit_saves_to_the_bucket_and_resumes_mid_epoch_bit_identical(s3_bucket: str):
+    url = f"{s3_bucket}/run"
+    x, y = _data()
+    model, trainer = _trainer()
+    trainer.fit(x, y, _cfg(f"{s3_bucket}/reference"))
+    reference = _params(model)
+
+    saved = _Saved()
+    _, trainer = _trainer([saved, _StopAt(step=8)])  # epoch 1, after the save at step 6
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit(x, y, _cfg(url))
+    assert saved.paths == [f"{url}/ckpt-e000000-s000000002.pt", f"{url}/ckpt-e000000-s000000004.pt"]
+    # the save at step 6 was in flight when the fit stopped: drained, so it is in the bucket
+    store = Storage.for_url(url)
+    names = [n for n in store.names() if not n.endswith(".json")]
+    assert names == ["ckpt-e000001-s000000006.pt", "ckpt-e000000-s000000004.pt"][::-1]
+    assert json.loads(store.read("ckpt-latest.json"))["step"] == 6
+
+    model, trainer = _trainer()
+    trainer.fit(x, y, _cfg(url, resume="auto"))
+    for name, value in reference.items():
+        assert torch.equal(model.state_dict()[name], value), name
+    assert RemoteCheckpointManager(Storage.for_url(url)).latest() == (
+        f"{url}/ckpt-e000002-s000000012.pt"
+    )
+    # an explicit URL resumes too (from step 12: nothing left to train)
+    model, trainer = _trainer()
+    trainer.fit(x, y, _cfg(url, resume=f"{url}/ckpt-e000002-s000000012.pt"))
+    for name, value in reference.items():
+        assert torch.equal(model.state_dict()[name], value), name
+
+
+def test_fit_fails_before_the_first_step_when_the_store_cannot_be_used(s3_bucket: str):
+    x, y = _data()
+    steps: list[int] = []
+
+    class Count:
+        def on_batch(self, trainer: Any, epoch: int, step: int, ids: Any) -> None:
+            steps.append(step)
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    cases = {
+        "unreachable": (f"{s3_bucket}/run", {"endpoint_url": dead}),
+        "missing-bucket": (f"{s3_bucket}-missing/run", None),
+        "refused": (f"{s3_bucket}/run", {"key": S3_KEY, "secret": "wrong-" + S3_SECRET}),
+        "bad-url": ("s3:/bucket/run", None),
+    }
+    for reason, (url, options) in cases.items():
+        _, trainer = _trainer([Count()])
+        with pytest.raises(StorageError) as e:
+            trainer.fit(x, y, _cfg(url, checkpoint_storage_options=options))
+        assert e.value.reason == reason and url in str(e.value)
+        assert S3_SECRET not in str(e.value)
+    assert steps == []
+
+
+def test_missing_s3fs_is_named_before_the_first_step(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # import s3fs now raises ImportError
+    x, y = _data()
+    _, trainer = _trainer()
+    with pytest.raises(StorageError, match=r'pip install "rankwise\[s3\]"'):
+        trainer.fit(x, y, _cfg("s3://bucket/run"))
+    assert trainer.state.step == 0
+
+
+def test_credentials_never_reach_yaml_checkpoints_or_the_start_check(
+    s3_bucket: str, tmp_path: Path
+):
+    options = {"key": S3_KEY, "secret": S3_SECRET, "client_kwargs": {"region_name": "us-east-1"}}
+    cfg = _cfg(f"{s3_bucket}/run", checkpoint_storage_options=options, epochs=1)
+    assert "checkpoint_storage_options" in RANK_LOCAL_FIELDS  # never in the cross-rank digest
+    text = cfg.to_yaml(tmp_path / "run.yaml").read_text()
+    assert S3_SECRET not in text and S3_KEY not in text
+    assert yaml.safe_load(text)["checkpoint_storage_options"]["client_kwargs"] == {
+        "region_name": "us-east-1"
+    }
+    assert cfg.with_overrides(["epochs=1"]).checkpoint_storage_options == options  # kept
+    with pytest.raises(ValueError, match="redacted"):
+        DistributedTrainingConfig.from_yaml(tmp_path / "run.yaml")
+    x, y = _data()
+    _, trainer = _trainer()
+    trainer.fit(x, y, cfg)
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    for path in fs.find(f"{s3_bucket[5:]}/run"):
+        blob = fs.cat_file(path)
+        assert S3_SECRET.encode() not in blob and S3_KEY.encode() not in blob, path
+    state = trainer.state.state_dict()
+    assert state["config"]["checkpoint_storage_options"]["secret"] == "***"
+    with pytest.raises(ValueError, match="checkpoint_storage_options") as e:
+        DistributedTrainingConfig(checkpoint_storage_options={"secret": object()})
+    assert "object" in str(e.value)
+
+
+@pytest.fixture
+def own_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A server of its own (the test stops it), any key accepted, one bucket ``lost``."""
+    server = start_server(tmp_path / "s3")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+    s3fs.S3FileSystem(skip_instance_cache=True).mkdir("lost")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class _LoseStore:
+    """Kills the server inside step ``at`` and starts it again ``back_after`` seconds later
+    (never, for None)."""
+
+    def __init__(
+        self, server: S3Server, at: int, back_after: float | None, after_step: int | None = None
+    ) -> None:
+        self.server, self.at, self.back_after = server, at, back_after
+        self.after_step = after_step  # first wait until the pointer names this step
+        self.timer: threading.Timer | None = None
+
+    def on_batch(self, trainer: Any, epoch: int, step: int, ids: Any) -> None:
+        if step + 1 != self.at:
+            return
+        while self.after_step is not None:
+            pointer = json.loads(Storage.for_url("s3://lost/run").read("ckpt-latest.json"))
+            if pointer["step"] == self.after_step:
+                break
+        self.server.kill()
+        if self.back_after is not None:
+            self.timer = threading.Timer(self.back_after, self.server.start)
+            self.timer.start()
+
+
+def test_a_store_lost_mid_run_is_retried_and_training_goes_on(own_server: S3Server):
+    x, y = _data()
+    lose = _LoseStore(own_server, at=3, back_after=1.0)  # the save at step 4 meets it down
+    _, trainer = _trainer([lose])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(x, y, _cfg("s3://lost/run"))
+    assert lose.timer is not None
+    lose.timer.join()
+    said = [str(w.message) for w in caught if issubclass(w.category, StorageWarning)]
+    assert len(said) == 1 and "s3://lost/run" in said[0], said  # one warning, naming the URL
+    assert S3_SECRET not in said[0]
+    store = Storage.for_url("s3://lost/run")
+    assert RemoteCheckpointManager(store).latest() == "s3://lost/run/ckpt-e000002-s000000012.pt"
+
+
+def test_fit_ends_with_a_clear_error_when_the_last_checkpoint_is_not_durable(
+    own_server: S3Server,
+):
+    x, y = _data()
+    _, trainer = _trainer([_LoseStore(own_server, at=12, back_after=None, after_step=10)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StorageWarning)
+        with pytest.raises(CheckpointError, match="could not be made durable") as e:
+            trainer.fit(x, y, _cfg("s3://lost/run"))
+    said = str(e.value)
+    assert "s3://lost/run/ckpt-e000002-s000000012.pt" in said and "resume='auto'" in said
+    assert trainer.state.step == 12  # training itself finished
+    own_server.start()
+    found = RemoteCheckpointManager(Storage.for_url("s3://lost/run")).latest()
+    assert found == "s3://lost/run/ckpt-e000001-s000000010.pt"  # the previous one holds
+
+
+@pytest.mark.slow  # a process of its own, killed
+def test_a_kill_mid_multipart_upload_leaves_the_previous_checkpoint_and_is_cleaned(
+    s3_bucket: str,
+):
+    """A real SIGKILL after the first part of a 3-part upload: the object never appears, the
+    next manager's start aborts the upload, the previous checkpoint is the latest."""
+    from rankwise.testing import RankFailedError, run_distributed
+
+    url = f"{s3_bucket}/mpu"
+    with pytest.raises(RankFailedError, match=r"without a result"):
+        run_distributed(_save_twice_killed_mid_upload, 1, args=(url,), timeout=60)
+    store = Storage.for_url(url)
+    assert any(n.endswith("s000000002.pt") for n in store.names()) is False
+    manager = RemoteCheckpointManager(store)
+    assert manager.latest() == f"{url}/ckpt-e000000-s000000001.pt"
+    aborted = manager.start()
+    assert aborted == ["ckpt-e000000-s000000002.pt"]
+    assert store.abort_uploads() == []
+
+
+def _save_twice_killed_mid_upload(url: str) -> None:
+    from rankwise.testing import kill_at_checkpoint
+
+    store = Storage.for_url(url, part_size=5 << 20)
+    manager = RemoteCheckpointManager(store)
+    state = {"w": torch.zeros(3 << 20)}  # 12 MiB: 3 parts of 5 MiB
+    manager.save({"w": torch.zeros(4)}, epoch=0, step=1)
+    kill_at_checkpoint("mid-upload")
+    manager.save(state, epoch=0, step=2)
