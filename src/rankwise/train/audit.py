@@ -12,9 +12,9 @@ records where the attempt started (the step it resumed from) and who wrote the f
 ``rank``, ``world_size`` and ``pid``, and under ``rankwise launch --on-failure continue`` its
 ``slot`` (its rank in the launched world, kept across regroups), ``incarnation`` (0, then 1
 after its first restart) and membership ``generation``. Then come the micro-batches, the
-checkpoints saved (``{"checkpoint_step": S, ...}``) and the end of fit (``{"end_step": S,
-...}``), each with its wall ``time``. Lines are flushed one by one, so a SIGKILL loses at most
-the line being written. ``rankwise audit DIR`` summarises a folder and checks it
+checkpoints (``{"checkpoint_step": S, "path": ...}``, once the checkpoint of step ``S`` is
+durable) and the end of fit (``{"end_step": S, ...}``), each with its wall ``time``. Lines
+are flushed one by one, so a SIGKILL loses at most the line being written. ``rankwise audit DIR`` summarises a folder and checks it
 (:mod:`rankwise.train.timeline` draws it).
 
 :func:`read_audit` puts the attempts back in order and keeps the *committed* micro-batches:
@@ -40,6 +40,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,7 +116,12 @@ class AuditLog:
         self._write({"epoch": epoch, "step": step + 1, "ids": ids, "time": time.time()})
 
     def on_checkpoint_saved(self, trainer: Any, path: Any) -> None:
-        self._write({"checkpoint_step": trainer.global_step, "time": time.time()})
+        # A background write is reported once durable: at the next save or the end of fit, when
+        # the trainer is steps further on. The step it holds is in its name (ckpt-e1-s8.pt).
+        name = Path(str(path)).name
+        held = re.search(r"-s(\d+)\D*$", name)
+        step = int(held.group(1)) if held else trainer.global_step
+        self._write({"checkpoint_step": step, "path": name, "time": time.time()})
 
     def on_fit_end(self, trainer: Any, history: Any) -> None:
         self._write({"end_step": trainer.global_step, "time": time.time()})
