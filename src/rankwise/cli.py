@@ -113,12 +113,13 @@ def add_audit_parser(sub: Any) -> None:
         help="summarise an AuditLog folder, check exactly-once, draw the run's timeline",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Read the folder a run's rankwise.train.AuditLog wrote (audit-*-rank*.jsonl: a file\n"
-            "per rank and attempt) and print what happened: the attempts, the slots (ranks) and\n"
-            "processes, the optimizer steps, the processes lost, the regroups, rejoins and\n"
-            "restarts, the checkpoints saved. With --samples it checks that every sample was\n"
-            "trained exactly once per epoch across all of that (exit 1 naming the ids missing\n"
-            "or repeated). With --plot it draws the run through its faults: a row per slot\n"
+            "Read the folder a run's rankwise.train.AuditLog wrote (the trainer's\n"
+            "callbacks=[AuditLog(DIR)]: a file audit-*-rank*.jsonl per rank and attempt)\n"
+            "and print what happened: the attempts, the slots (ranks) and processes, the\n"
+            "optimizer steps, the processes lost, the regroups, rejoins and restarts, the\n"
+            "checkpoints saved. With --samples it checks that every sample was trained\n"
+            "exactly once per epoch across all of that (exit 1 naming the ids missing or\n"
+            "repeated). With --plot it draws the run through its faults: a row per slot\n"
             "(rank), wall time across, a tick per optimizer step, the losses, regroups,\n"
             'rejoins and checkpoints marked (needs matplotlib: pip install "rankwise[demo]").'
         ),
