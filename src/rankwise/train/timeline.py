@@ -16,6 +16,7 @@ process is new is a *restart* (``--on-failure restart``, from a checkpoint).
 ...     head = {"start_step": start, "rank": rank, "world_size": world, "time": t0,
 ...             "pid": 100 + slot, "slot": slot, "incarnation": 0, "generation": int(attempt)}
 ...     rows = [head] + [{"epoch": 0, "step": s, "ids": [s], "time": t0 + s} for s in steps]
+...     rows += [{"end_step": 4, "time": t0 + 5}] if attempt == "1" else []  # fit's end
 ...     text = "".join(json.dumps(r) + "\\n" for r in rows)
 ...     (folder / f"audit-{attempt}-rank{rank}.jsonl").write_text(text)
 >>> for slot in (0, 1):  # slot 1 is lost in step 3; slot 0 goes on alone from step 2
@@ -301,8 +302,6 @@ def plot(line: Timeline, path: str | os.PathLike[str], title: str = "") -> Path:
             'rankwise audit --plot needs matplotlib: pip install "rankwise[demo]" '
             "(or pip install matplotlib)."
         ) from exc
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     rows = line.rows
     figure = Figure(figsize=(10, 1.9 + 0.55 * len(rows)), dpi=90, layout="constrained")
     axes = figure.subplots()
@@ -344,31 +343,46 @@ def plot(line: Timeline, path: str | os.PathLike[str], title: str = "") -> Path:
     axes.set_axisbelow(True)
     for side in ("top", "right"):
         axes.spines[side].set_visible(False)
+    kinds = {t.kind for t in line.transitions}
+    pids = [(lane.attempt, lane.pid, lane.row) for lane in line.lanes if lane.pid is not None]
+    shown = {
+        "step": True,
+        "rolled": any(line.rolled_back(lane) for lane in line.lanes),
+        "lost": bool(line.lost),
+        "saved": bool(line.checkpoints),
+        "between": any((a + 1, pid, row) in pids for a, pid, row in pids),
+    }
     handles: list[Artist] = [
-        Line2D([], [], color=_TICK, marker="|", linestyle="", markersize=10, label="optimizer step"),
-        Line2D([], [], color=_ROLLED, marker="|", linestyle="", markersize=10,
-               label="step rolled back (trained again)"),
-        Line2D([], [], color=_LOST, marker="X", linestyle="", markersize=9, label="process lost"),
-        Line2D([], [], color=_SAVED, marker="D", linestyle="", markersize=6,
-               label="checkpoint (after step N)"),
-        Line2D([], [], color=_BETWEEN, linestyle=":", label="same process (regrouping, waiting)"),
-        Line2D([], [], color=_REGROUP, linestyle="--", label="regroup (a rank lost)"),
-        Line2D([], [], color=_REJOIN, linestyle="--", label="rejoin (a rank back)"),
+        handle for key, handle in (
+            ("step", Line2D([], [], color=_TICK, marker="|", linestyle="", markersize=10,
+                            label="optimizer step")),
+            ("rolled", Line2D([], [], color=_ROLLED, marker="|", linestyle="", markersize=10,
+                              label="step rolled back (trained again)")),
+            ("lost", Line2D([], [], color=_LOST, marker="X", linestyle="", markersize=9,
+                            label="process lost")),
+            ("saved", Line2D([], [], color=_SAVED, marker="D", linestyle="", markersize=6,
+                             label="checkpoint (after step N)")),
+            ("between", Line2D([], [], color=_BETWEEN, linestyle=":",
+                               label="same process (regrouping, waiting)")),
+            ("regroup", Line2D([], [], color=_REGROUP, linestyle="--",
+                               label="regroup (a rank lost)")),
+            ("rejoin", Line2D([], [], color=_REJOIN, linestyle="--", label="rejoin (a rank back)")),
+            ("restart", Line2D([], [], color=_RESTART, linestyle="--",
+                               label="restart (every process new)")),
+        )
+        if shown.get(key, key in kinds)
     ]  # fmt: skip
-    if any(t.kind == "restart" for t in line.transitions):
-        handles.append(Line2D([], [], color=_RESTART, linestyle="--", label="restart"))
     handles += [
         Patch(color=_BARS[i % len(_BARS)], label=f"attempt {i}: {world} ranks from step {start}")
         for i, (_, start, world) in enumerate(line.attempts)
     ]
-    axes.legend(
-        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16 - 0.02 * (4 - len(rows))),
-        ncols=4, fontsize=8, frameon=False,
-    )  # fmt: skip
+    figure.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=8, frameon=False)
     if title:
         axes.set_title(title, fontsize=10, loc="left")
-    figure.savefig(path, format="png")
-    return path
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, format="png")
+    return out
 
 
 def _draw_lane(axes: Axes, lane: Lane, y: int, t0: float, rolled_back: set[int]) -> None:
