@@ -1,11 +1,12 @@
-"""The ``rankwise`` command: ``launch``, ``env``, ``store`` and ``demo``.
+"""The ``rankwise`` command: ``launch``, ``env``, ``store``, ``audit`` and ``demo``.
 
 ``rankwise launch`` runs a script on N processes (through torchrun, or under ``--on-failure
 continue`` rankwise's own supervisor); ``rankwise env`` says what this machine and environment
 would give a launch; ``rankwise store`` hosts the membership store of an ``--on-failure
-continue`` job apart from its nodes; ``rankwise demo`` trains a small model on 2 CPU processes
+continue`` job apart from its nodes; ``rankwise audit`` summarises, checks and draws a run's
+:class:`~rankwise.train.AuditLog` folder; ``rankwise demo`` trains a small model on 2 CPU processes
 to show that everything works. The commands' logic lives in :mod:`rankwise.launch` (launch,
-store) and :mod:`rankwise.demo`.
+store), :mod:`rankwise.train.timeline` (audit) and :mod:`rankwise.demo`.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
             "  launch  run a script on N processes per node (torchrun, or rankwise's supervisor)\n"
             "  env     show rank variables, backends, CUDA devices and whether the port is free\n"
             "  store   host one --on-failure continue job's membership store apart from its nodes\n"
+            "  audit   summarise an AuditLog folder, check exactly-once, draw the run's timeline\n"
             "  demo    train an MLP on the digits data set on 2 CPU processes\n\n"
             "examples:\n"
             "  rankwise demo\n"
             "  rankwise launch --nproc-per-node 2 train.py --epochs 5\n"
+            "  rankwise audit runs/audit --samples 60000 --epochs 3 --plot timeline.png\n"
             "  RANK=0 WORLD_SIZE=2 rankwise env"
         ),
     )
@@ -59,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--json", action="store_true", help="print one JSON object instead")
 
     add_store_parser(sub)
+    add_audit_parser(sub)
 
     demo = sub.add_parser(
         "demo",
@@ -97,8 +101,82 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_demo(args)
     if args.command == "store":
         return serve(args)
+    if args.command == "audit":
+        return run_audit(args)
     parser.print_help()
     return 0
+
+
+def add_audit_parser(sub: Any) -> None:
+    audit = sub.add_parser(
+        "audit",
+        help="summarise an AuditLog folder, check exactly-once, draw the run's timeline",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Read the folder a run's rankwise.train.AuditLog wrote (the trainer's\n"
+            "callbacks=[AuditLog(DIR)]: a file audit-*-rank*.jsonl per rank and attempt)\n"
+            "and print what happened: the attempts, the slots (ranks) and processes, the\n"
+            "optimizer steps, the processes lost, the regroups, rejoins and restarts, the\n"
+            "checkpoints saved. With --samples it checks that every sample was trained\n"
+            "exactly once per epoch across all of that (exit 1 naming the ids missing or\n"
+            "repeated). With --plot it draws the run through its faults: a row per slot\n"
+            "(rank), wall time across, a tick per optimizer step, the losses, regroups,\n"
+            'rejoins and checkpoints marked (needs matplotlib: pip install "rankwise[demo]").'
+        ),
+        epilog=(
+            "examples:\n"
+            "  rankwise audit out/audit\n"
+            "  rankwise audit out/audit --samples 192 --epochs 2\n"
+            "  rankwise audit out/audit --samples 192 --epochs 2 --plot timeline.png\n\n"
+            "exit status: 0, 1 when --samples finds a violation, 2 when DIR holds no records."
+        ),
+    )
+    audit.add_argument("directory", metavar="DIR", help="the folder given to AuditLog(DIR)")
+    audit.add_argument("--plot", metavar="PNG", default=None, help="draw the timeline there")
+    audit.add_argument(
+        "--samples", type=int, default=None, metavar="N",
+        help="the data set's size: check each of ids 0..N-1 was trained once per epoch",
+    )  # fmt: skip
+    audit.add_argument(
+        "--epochs", type=int, default=None, metavar="E",
+        help="with --samples: require E epochs (default: the epochs the records hold)",
+    )  # fmt: skip
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    from rankwise.train.audit import read_audit
+    from rankwise.train.timeline import plot, read_timeline, summary
+
+    if args.epochs is not None and args.samples is None:
+        print("rankwise audit: --epochs needs --samples N (the data set's size)", file=sys.stderr)
+        return 2
+    line = read_timeline(args.directory)
+    if not line.lanes:
+        print(
+            f"rankwise audit: no audit records (audit-*-rank*.jsonl) in {args.directory}: "
+            "give the folder the run passed to AuditLog(...)",
+            file=sys.stderr,
+        )
+        return 2
+    lines, problems = summary(line, read_audit(args.directory), args.samples, args.epochs)
+    print(f"rankwise audit {args.directory}")
+    print("\n".join(lines))
+    if args.plot is not None:
+        verdict = ""
+        if args.samples is not None:
+            verdict = " · exactly once: " + ("VIOLATED" if problems else "ok")
+        kinds = [t.kind for t in line.transitions]
+        title = (
+            f"rankwise audit {args.directory}: {len(line.attempts)} attempt(s), "
+            f"{len(line.lost)} lost, {kinds.count('regroup')} regroup(s), "
+            f"{kinds.count('rejoin')} rejoin(s){verdict}"
+        )
+        try:
+            print(f"timeline: {plot(line, args.plot, title=title)}")
+        except ImportError as exc:
+            print(f"rankwise audit: {exc}", file=sys.stderr)
+            return 2
+    return 1 if problems else 0
 
 
 def run_demo(args: argparse.Namespace) -> int:

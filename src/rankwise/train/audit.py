@@ -8,8 +8,14 @@
 
 ``step`` is the optimizer step the micro-batch contributes to (1-based), so a checkpoint
 saved at step ``S`` holds exactly the micro-batches with ``step <= S``. The first line
-records where the attempt started (the step it resumed from); lines are flushed one by one,
-so a SIGKILL loses at most the line being written.
+records where the attempt started (the step it resumed from) and who wrote the file: its
+``rank``, ``world_size`` and ``pid``, and under ``rankwise launch --on-failure continue`` its
+``slot`` (its rank in the launched world, kept across regroups), ``incarnation`` (0, then 1
+after its first restart) and membership ``generation``. Then come the micro-batches, the
+checkpoints (``{"checkpoint_step": S, "path": ...}``, once the checkpoint of step ``S`` is
+durable) and the end of fit (``{"end_step": S, ...}``), each with its wall ``time``. Lines
+are flushed one by one, so a SIGKILL loses at most the line being written. ``rankwise audit DIR`` summarises a folder and checks it
+(:mod:`rankwise.train.timeline` draws it).
 
 :func:`read_audit` puts the attempts back in order and keeps the *committed* micro-batches:
 those of an attempt at or before the step the next attempt resumed from, plus everything of
@@ -34,6 +40,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +50,7 @@ import torch.distributed as dist
 
 import rankwise.distributed as rd
 
-__all__ = ["AuditLog", "AuditReport", "read_audit"]
+__all__ = ["AuditLog", "AuditReport", "read_audit", "read_audit_files"]
 
 
 class AuditLog:
@@ -79,14 +86,20 @@ class AuditLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         name = f"audit-{self.attempt}-rank{rd.get_rank()}.jsonl"
         self._file = open(self.directory / name, "a", encoding="utf-8")  # noqa: SIM115
-        self._write(
-            {
-                "start_step": trainer.global_step,
-                "rank": rd.get_rank(),
-                "world_size": rd.get_world_size(),
-                "time": time.time(),
+        head: dict[str, Any] = {
+            "start_step": trainer.global_step,
+            "rank": rd.get_rank(),
+            "world_size": rd.get_world_size(),
+            "time": time.time(),
+            "pid": os.getpid(),
+        }
+        if member is not None:  # who this is across regroups and restarts (the timeline's rows)
+            head |= {
+                "slot": member.cfg.slot,
+                "incarnation": member.cfg.incarnation,
+                "generation": member.generation,
             }
-        )
+        self._write(head)
 
     def on_regroup(self, trainer: Any) -> None:
         """The survivors of a lost rank go on from the last completed step (``rankwise launch
@@ -103,7 +116,12 @@ class AuditLog:
         self._write({"epoch": epoch, "step": step + 1, "ids": ids, "time": time.time()})
 
     def on_checkpoint_saved(self, trainer: Any, path: Any) -> None:
-        self._write({"checkpoint_step": trainer.global_step, "time": time.time()})
+        # A background write is reported once durable: at the next save or the end of fit, when
+        # the trainer is steps further on. The step it holds is in its name (ckpt-e1-s8.pt).
+        name = Path(str(path)).name
+        held = re.search(r"-s(\d+)\D*$", name)
+        step = int(held.group(1)) if held else trainer.global_step
+        self._write({"checkpoint_step": step, "path": name, "time": time.time()})
 
     def on_fit_end(self, trainer: Any, history: Any) -> None:
         self._write({"end_step": trainer.global_step, "time": time.time()})
@@ -169,15 +187,23 @@ def _head(items: Any, n: int = 10) -> str:
     return str(listed[:n]) + (" ..." if len(listed) > n else "")
 
 
+def read_audit_files(directory: str | os.PathLike[str]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Every rank's file of every attempt in ``directory`` as ``(attempt name, records)``, in
+    name order (attempts in the order they started); a torn last line (a kill mid-write) is
+    dropped, a file without its first line is skipped."""
+    found = []
+    for path in sorted(Path(directory).glob("audit-*-rank*.jsonl")):
+        with open(path, encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f if line.endswith("\n")]  # drop a torn line
+        if lines and "start_step" in lines[0]:
+            found.append((path.name.split("-")[1], lines))
+    return found
+
+
 def read_audit(directory: str | os.PathLike[str]) -> AuditReport:
     """Read every attempt's files in ``directory``; keep the committed micro-batches."""
     attempts: dict[str, Attempt] = {}
-    for path in sorted(Path(directory).glob("audit-*-rank*.jsonl")):
-        name = path.name.split("-")[1]
-        with open(path, encoding="utf-8") as f:
-            lines = [json.loads(line) for line in f if line.endswith("\n")]  # drop a torn line
-        if not lines or "start_step" not in lines[0]:
-            continue
+    for name, lines in read_audit_files(directory):
         head = lines[0]
         attempt = attempts.setdefault(
             name, Attempt(name, head["start_step"], head["world_size"], head["time"])
