@@ -26,6 +26,7 @@ BAD_VALUES: list[tuple[dict[str, Any], list[str]]] = [
     ({"checkpoint_every_n_epochs": -2}, ["checkpoint_every_n_epochs (-2)", ">= 0"]),
     ({"checkpoint_every_n_steps": "5"}, ["checkpoint_every_n_steps ('5')", "integer"]),
     ({"checkpoint_dir": ""}, ["checkpoint_dir ('')", "non-empty", "None turns"]),
+    ({"checkpoint_storage_options": 5}, ["checkpoint_storage_options ('int')", "a dict"]),
     ({"checkpoint_dir": 3}, ["checkpoint_dir (3)", "path"]),
     ({"save_on_master_only": None}, ["save_on_master_only (None)", "True or False"]),
     ({"keep_last_checkpoints": 0}, ["keep_last_checkpoints (0)", ">= 1", "None to keep"]),
@@ -130,6 +131,7 @@ def test_defaults_are_the_agreed_ones() -> None:
         "compile_options": {},
         "pin_memory": True,
         "prefetch_factor": None,
+        "checkpoint_storage_options": None,
     }
 
 
