@@ -33,9 +33,6 @@ re-splits the rest of the epoch over the larger world, keeping the global batch 
 shares where the grown world does not divide it). The joiner
 ran its script's set-up alone (a world of one) and takes the state in :class:`Continuing`,
 before its first epoch; its epoch sums start empty there.
-
->>> Continuing.for_this_job(None, None, None) is None   # no launcher membership: plain
-True
 """
 
 from __future__ import annotations
@@ -130,13 +127,13 @@ class Continuing:
     @classmethod
     def for_this_job(
         cls,
-        state: TrainState | None,
-        cfg: DistributedTrainingConfig | None,
+        state: TrainState,
+        cfg: DistributedTrainingConfig,
         device: torch.device | None,
     ) -> Continuing | None:
         """A ``Continuing`` when the job runs under ``--on-failure continue``, else None."""
         membership = rd.membership()
-        if membership is None or state is None or cfg is None:
+        if membership is None:
             return None
         cfg.check_combinations(continue_mode=True)
         return cls(membership, state, cfg, device)
