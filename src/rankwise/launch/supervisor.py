@@ -11,8 +11,11 @@ Here the launcher supervises each process on its own (``subprocess``), hosts the
   the collective timeout) with SIGKILL, and then restarts it the same way;
 - stops the job, saying why, when every process is lost.
 
-The job succeeds once a process exits 0 (training finished); processes still starting are then
-given a moment and ended.
+The job succeeds once a process exits 0 (training finished). The launcher then waits for every
+other process, as torchrun does: work a rank does after ``fit`` (a test set, an export, a final
+``torch.save``) is never cut short, and a process that never exits is the collective
+timeout's business. Only a restarted process still waiting to join, which no generation will
+let in any more, is ended.
 
 Across nodes (``--nnodes N --node-rank R``, static: no nodes come or go) every node runs one
 launcher; slot ``R * nproc + i`` is the ``i``-th process of node ``R``. Node 0's launcher hosts
@@ -38,8 +41,7 @@ from rankwise.launch.jobstore import CONNECT_S, JobStore, parse_endpoint
 
 __all__ = ["check_continue_args", "run_continue"]
 
-_GRACE_S = 20.0  # after the first success: how long the others get to finish
-_END_WAIT_S = 40.0  # the store host, after that: how long the other nodes get to say done
+_END_WAIT_S = 60.0  # the store host, once its processes ended: how long the others get
 
 
 @dataclass
@@ -142,6 +144,7 @@ def run_continue(args: argparse.Namespace) -> int:
 
     slots = [_Slot(i, spawn(i, 0)) for i in range(node * nproc, (node + 1) * nproc)]
     succeeded_at: float | None = None
+    succeeded = False  # succeeded_at was set before this pass's look at the generations
     seen_gen = -1
     try:
         while True:
@@ -173,9 +176,9 @@ def run_continue(args: argparse.Namespace) -> int:
                              f"restarts left (--max-restarts {restarts}); the others go on")  # fmt: skip
             if running == 0:
                 break
-            if succeeded_at is not None and time.monotonic() - succeeded_at > _GRACE_S:
-                for slot in slots:
-                    _kill(slot.proc)
+            if succeeded_at is not None:
+                _end_joiners(slots, seen_first=succeeded)
+            succeeded = succeeded_at is not None
             time.sleep(0.1)
         if succeeded_at is None:
             jobs.await_outcome()  # nobody left here: the others may still finish
@@ -186,7 +189,7 @@ def run_continue(args: argparse.Namespace) -> int:
     code = _outcome(jobs, slots, succeeded_at is not None)
     jobs.set(f"launch/done/{node}", str(code))
     if jobs.hosting and nnodes > 1:
-        jobs.await_others(_GRACE_S + _END_WAIT_S)  # the others still need the store
+        jobs.await_others(_END_WAIT_S)  # the others still need the store
     return code
 
 
@@ -253,6 +256,19 @@ def _watch_members(jobs: JobStore, slots: list[_Slot], seen: int) -> int:
             _kill(slot.proc)
             slot.member_seen = False
     return gen
+
+
+def _end_joiners(slots: list[_Slot], seen_first: bool) -> None:
+    """Training has finished: end the restarted processes still waiting to join (no member
+    checks for joiners after the last step). Only once the generations were read after the
+    finish (``seen_first``), so a joiner let in at the last boundary counts as a member."""
+    if not seen_first:
+        return
+    for slot in slots:
+        if not slot.member_seen and slot.proc.poll() is None:
+            _say(f"slot {slot.index} was still waiting to join when training finished; "
+                 "ending it")  # fmt: skip
+            _kill(slot.proc)
 
 
 def _command(args: argparse.Namespace) -> list[str]:
