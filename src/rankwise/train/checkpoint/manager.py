@@ -193,8 +193,16 @@ class CheckpointManager:
     def wait(self) -> Path | None:
         """Block until the pending :meth:`save_async` (if any) is on disk; return its path.
         Re-raises its error."""
-        pending, self._pending = self._pending, None
-        return pending.result() if pending is not None else None
+        # Cleared only once the write ended: a SIGTERM handler that runs while this waits
+        # (Python runs it in this thread, inside result()) must find the write and drain it.
+        pending = self._pending
+        if pending is None:
+            return None
+        try:
+            return pending.result()
+        finally:
+            if self._pending is pending:
+                self._pending = None
 
     def latest(self) -> Path | None:
         """The newest valid checkpoint, or ``None``.
