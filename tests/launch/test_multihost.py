@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import ipaddress
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -275,6 +276,10 @@ def launch_continue(
     where = ["--master-addr", a.addr, "--master-port", str(RDZV_PORT)]
     if store:
         where = ["--store-endpoint", f"{a.addr}:{STORE_PORT}"]
+    token = out.parent / f"{out.name}.token"  # the job's secret: one file for both "hosts"
+    token.touch(mode=0o600)
+    token.write_text(secrets.token_hex(32))
+    where += ["--job-token-file", str(token)]
     cmds = [
         [*_agent(host), "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node",
          str(NPROC), *where, "--max-restarts", str(restarts), "--on-failure", "continue",

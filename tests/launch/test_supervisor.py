@@ -66,15 +66,16 @@ def eventually(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
 
 
 def test_the_store_host_waits_for_every_node_and_a_lost_store_is_said_once(capsys):
-    host = JobStore("127.0.0.1", 0, hosting=True, node=0, nnodes=2)
+    host = JobStore("127.0.0.1", 0, hosting=True, node=0, nnodes=2, stale_s=1.0)
     other = JobStore("127.0.0.1", host.port, hosting=False, node=1, nnodes=2)
     assert not other.finished() and host.done_nodes() == {}
     host.set("launch/done/0", "0")
     other.set("launch/finished", "1")
     eventually(host.finished)  # another connection's set: answered in its own time
     other.await_outcome()  # training finished elsewhere: returns at once
-    host.await_others(1.0)  # node 1 never said done: a bounded wait, then it says so
-    assert "node(s) [1] did not report done within 1 s" in capsys.readouterr().err
+    other.close()  # node 1's launcher stops its heartbeat (killed) and never says done
+    host.await_others()  # bounded by the heartbeat, then it says so
+    assert "node(s) [1]: no heartbeat from their launcher for 1 s" in capsys.readouterr().err
     other.set("launch/done/1", "3")
     eventually(lambda h=host: h.done_nodes() == {0: 0, 1: 3})
     del host  # the store host goes away

@@ -9,8 +9,10 @@ DistributedConfig(rank=0, world_size=1, ...)
 
 from rankwise.distributed.collectives import (
     all_gather,
+    all_gather_plain,
     all_reduce,
     broadcast,
+    broadcast_plain,
     collective_device,
     reduce_metrics,
     scatter,
@@ -50,9 +52,11 @@ __all__ = [
     "DistributedTimeoutError",
     "Progress",
     "all_gather",
+    "all_gather_plain",
     "all_reduce",
     "barrier",
     "broadcast",
+    "broadcast_plain",
     "classify",
     "collective_device",
     "detect_world",

@@ -7,9 +7,11 @@ and (3) check their arguments with messages that say what to pass instead.
 
 from __future__ import annotations
 
+import io
 import math
 import zlib
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -169,3 +171,61 @@ def _check_src(src: int) -> None:
     world = get_world_size()
     if not 0 <= src < world:
         raise ValueError(f"src ({src}) must be a rank in 0..{world - 1}.")
+
+
+# -- plain values between ranks, never a peer's pickle -------------------------------------------
+
+
+def broadcast_plain(value: Any, src: int = 0, group: dist.ProcessGroup | None = None) -> Any:
+    """Rank ``src``'s ``value`` on every rank of ``group`` (the others pass anything, e.g.
+    None). ``value`` holds plain values only (tensors, numbers, strings, None, lists, tuples,
+    dicts): it travels as ``torch.save`` bytes and is read with ``torch.load(weights_only=True)``,
+    so a peer can send data but never code (``broadcast_object_list`` unpickles whatever it
+    gets). Received tensors are on the CPU. A collective.
+
+    >>> broadcast_plain({"step": 3})  # world of one: unchanged
+    {'step': 3}
+    """
+    if not _distributed():
+        return value
+    device = collective_device()
+    mine = _encode(value) if dist.get_rank() == src else torch.empty(0, dtype=torch.uint8)
+    size = torch.tensor([mine.numel()], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=src, group=group)
+    data = mine.to(device) if dist.get_rank() == src else torch.empty(
+        int(size.item()), dtype=torch.uint8, device=device
+    )  # fmt: skip
+    dist.broadcast(data, src=src, group=group)
+    return _decode(data)
+
+
+def all_gather_plain(value: Any) -> list[Any]:
+    """Every rank's ``value`` (plain values, as :func:`broadcast_plain`), in rank order; never
+    a peer's pickle. A collective.
+
+    >>> all_gather_plain(7)  # world of one
+    [7]
+    """
+    if not _distributed():
+        return [value]
+    device = collective_device()
+    mine = _encode(value).to(device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.int64, device=device))
+    longest = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[: mine.numel()] = mine
+    parts = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return [_decode(part[: int(s.item())]) for part, s in zip(parts, sizes, strict=True)]
+
+
+def _encode(value: Any) -> torch.Tensor:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def _decode(data: torch.Tensor) -> Any:
+    raw = io.BytesIO(data.cpu().numpy().tobytes())
+    return torch.load(raw, map_location="cpu", weights_only=True)

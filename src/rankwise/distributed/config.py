@@ -345,6 +345,7 @@ MEMBER_ENV_VARS = {
     "collective_timeout_s": "DISTRIBUTED_COLLECTIVE_TIMEOUT_MS",
     "stale_s": "RANKWISE_STALE_S",
     "join_check_every": "RANKWISE_JOIN_CHECK_EVERY",
+    "job_token": "RANKWISE_JOB_TOKEN",
 }
 
 
@@ -375,6 +376,14 @@ def on_failure_mode(environ: Mapping[str, str] | None = None) -> str:
     return mode
 
 
+def _is_hex(text: str) -> bool:
+    try:
+        bytes.fromhex(text)
+    except ValueError:
+        return False
+    return True
+
+
 @dataclasses.dataclass(frozen=True)
 class MemberConfig:
     """What ``rankwise launch --on-failure continue`` tells each process, checked on
@@ -399,6 +408,9 @@ class MemberConfig:
     # Every this many optimizer steps the members look for restarted ranks waiting to join
     # (0: never; the launcher sets 0 under --max-restarts 0, where nobody can come back).
     join_check_every: int = 1
+    # The job's secret (hex), which a restarted process proves to be let in (never in the
+    # store, never printed); "" where the launcher gave none (no proof is asked).
+    job_token: str = dataclasses.field(default="", repr=False)
 
     def __post_init__(self) -> None:
         for field, holds, rule, fix in self._rules():
@@ -407,7 +419,8 @@ class MemberConfig:
                 value = getattr(self, field)
                 if field == "collective_timeout_s":
                     value = round(value * 1000)  # the variable is in milliseconds
-                raise DistributedConfigError(f"{var}={value!r} is refused: {rule}; {fix}.")
+                shown = "<secret>" if field == "job_token" else repr(value)
+                raise DistributedConfigError(f"{var}={shown} is refused: {rule}; {fix}.")
 
     def _rules(self) -> list[tuple[str, bool, str, str]]:
         """``(field, holds, the rule, the fix)`` for every field."""
@@ -437,6 +450,8 @@ class MemberConfig:
             ("join_check_every", self.join_check_every >= 0,
              "the optimizer steps between looks for restarted ranks must be 0 (never) or more",
              "e.g. RANKWISE_JOIN_CHECK_EVERY=1 (every step, the default), or unset it"),
+            ("job_token", _is_hex(self.job_token),
+             "the job's secret is hex digits (its value is not shown)", by_launcher),
         ]  # fmt: skip
 
     @classmethod
@@ -458,6 +473,7 @@ class MemberConfig:
             return None if raw is None or raw.strip() == "" else raw
 
         kwargs: dict[str, Any] = {"host": given("host") or "127.0.0.1"}
+        kwargs["job_token"] = (given("job_token") or "").strip()
         for field in ("slot", "world_size", "port", "incarnation", "min_nproc", "join_check_every"):
             if (raw := given(field)) is not None:
                 kwargs[field] = parse_int(MEMBER_ENV_VARS[field], raw)

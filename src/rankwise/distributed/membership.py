@@ -12,6 +12,8 @@ regroup writes generation ``g+1`` under its own keys and builds a fresh gloo gro
     gen/<g>/arrive/<s> -> "1"          (slot s is alive and wants into generation g)
     waiting            -> "2"          (restarted slots asking to come back)
     join/<s>           -> "<incarnation>" (the incarnation of slot s that waits)
+    proof/<s>/<inc>    -> hex HMAC-SHA256 of "<nonce>/<s>/<inc>" with the job's secret
+    refused/<s>/<inc>  -> "1"          (a join request that did not prove the secret)
     admit/<s>/<inc>    -> "<g>"        (the leader let that incarnation into generation g)
     gen/<g>/joined     -> "2"          (the slots generation g let in: they need the state)
     hb/<s>             -> a counter each process's heartbeat thread bumps every 0.2 s
@@ -26,6 +28,11 @@ so a SIGKILLed rank is known gone at once), or has a heartbeat that stood still 
 costs the regroup about 0.1 s, a frozen one ``stale_s`` after the collective timeout, and a
 growing world no wait at all.
 
+Who may join: a restarted process proves the job's secret (``RANKWISE_JOB_TOKEN``, which its
+launcher made or read from ``--job-token-file``; never written to the store) with an HMAC over
+the store's ``auth/nonce`` and its slot and incarnation. A request without a valid proof is
+refused and taken off the list, and the job goes on (:meth:`Membership.joiners`).
+
 A restarted slot first runs alone (:attr:`Membership.pending`: a world of one, so the
 script's set-up needs nobody) and asks to come in with :meth:`Membership.join` once it is
 ready to train; the live members let it in at a step boundary they agree on
@@ -36,6 +43,9 @@ Teardown never waits for the broken group: see :func:`rankwise.distributed.retir
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -115,9 +125,44 @@ class Membership:
         return len(self.members)
 
     def joiners(self) -> list[int]:
-        """Slots of restarted processes waiting to come in (one store round trip)."""
-        waiting = self._get("waiting", "")
-        return [int(s) for s in waiting.split(",") if s]
+        """Slots of restarted processes waiting to come in (one store round trip when none
+        waits); a request that does not prove the job's secret is refused here."""
+        waiting = [int(s) for s in self._get("waiting", "").split(",") if s]
+        refused = [s for s in waiting if not self._proven(s)]
+        if refused:
+            self._take_off_waiting(refused)
+        return [s for s in waiting if s not in refused]
+
+    def _proof(self, slot: int, incarnation: int) -> str:
+        nonce = self._get("auth/nonce", "")
+        message = f"{nonce}/{slot}/{incarnation}".encode()
+        return hmac.new(bytes.fromhex(self.cfg.job_token), message, hashlib.sha256).hexdigest()
+
+    def _proven(self, slot: int) -> bool:
+        """Whether slot's waiting request proves the job's secret (said and marked if not)."""
+        if not self.cfg.job_token:  # no secret given to this job (a Membership built by hand)
+            return True
+        inc = self._get(f"join/{slot}", "")
+        proof = self._get(f"proof/{slot}/{inc}", "")
+        if inc.isdigit() and hmac.compare_digest(proof, self._proof(slot, int(inc))):
+            return True
+        self.store.set(f"refused/{slot}/{inc}", "1")
+        print(
+            f"rankwise: refused a request to join as slot {slot} (restart {inc or '?'}): it does "
+            "not prove the job's secret (RANKWISE_JOB_TOKEN, from the launcher or "
+            "--job-token-file). The job goes on without it. A rank of this job's own needs "
+            "the same --job-token-file as the other nodes.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+
+    def _take_off_waiting(self, slots: list[int]) -> None:
+        while True:  # one may have been added since: compare_set in a loop
+            listed = self._get("waiting", "")
+            new = ",".join(x for x in listed.split(",") if x and int(x) not in slots)
+            if self.store.compare_set("waiting", listed, new).decode() == new:
+                return
 
     # -- generations ----------------------------------------------------------------------------
 
@@ -203,11 +248,8 @@ class Membership:
         self.store.set(f"gen/{nxt}/members", ",".join(map(str, members)))
         for s in waiting:
             self.store.set(f"admit/{s}/{self._get(f'join/{s}', '0')}", str(nxt))
-        while waiting:  # take them off the list; one may have been added since
-            listed = self._get("waiting", "")
-            new = ",".join(x for x in listed.split(",") if x and int(x) not in waiting)
-            if self.store.compare_set("waiting", listed, new).decode() == new:
-                break
+        if waiting:
+            self._take_off_waiting(waiting)
         self.store.set("current", str(nxt))
 
     def _marked_dead(self, slot: int) -> bool:
@@ -231,7 +273,9 @@ class Membership:
         return members
 
     def _request_join(self) -> None:
-        slot = self.cfg.slot
+        slot, inc = self.cfg.slot, self.cfg.incarnation
+        if self.cfg.job_token:  # the proof before the request: the leader checks it at once
+            self.store.set(f"proof/{slot}/{inc}", self._proof(slot, inc))
         self.store.set(f"join/{slot}", str(self.cfg.incarnation))  # before: the leader reads it
         # compare_set in a loop: an atomic append to the waiting list.
         while True:
@@ -242,6 +286,12 @@ class Membership:
         admit = f"admit/{slot}/{self.cfg.incarnation}"
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
+            if self._has(f"refused/{slot}/{inc}"):
+                raise RegroupError(
+                    f"slot {slot} (restart {inc}) was refused by the running job: its proof of "
+                    "the job's secret did not match. Every node's launcher needs the same "
+                    "--job-token-file."
+                )
             if self._has(admit):
                 gen = int(self._get(admit, "0"))
                 self.joined = [int(s) for s in self._get(f"gen/{gen}/joined", "").split(",") if s]

@@ -77,7 +77,7 @@ def add_launch_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     parser.add_argument(
         "--min-nproc",
         type=int,
-        default=1,
+        default=None,  # None = not given: refused under restart only when given
         help="--on-failure continue: stop once fewer ranks than this are left, counted over "
         "all nodes (default 1)",
     )
@@ -88,6 +88,15 @@ def add_launch_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         help="--on-failure continue: connect to the membership store a `rankwise store` "
         "serves at HOST:PORT instead of node 0's launcher hosting it, so that losing any "
         "node (node 0 included) leaves the others their store. Give it to every node.",
+    )
+    parser.add_argument(
+        "--job-token-file",
+        default=None,
+        metavar="PATH",
+        help="--on-failure continue: the file holding the job's secret, which a restarted "
+        "rank proves (an HMAC) before it is let into the running job; node 0's launcher "
+        "creates it (mode 0600) if it is missing. Needed with --nnodes above 1 (the same file "
+        "on every node); on one node each launch makes its own secret.",
     )
     return parser
 
@@ -120,6 +129,15 @@ def check_args(args: argparse.Namespace) -> None:
             f"--nnodes ({args.nnodes!r}) must be N or MIN:MAX with 1 <= MIN <= MAX; e.g. "
             "--nnodes 2, or --nnodes 1:4 for a job that runs on 1 to 4 machines."
         )
+    restarts = getattr(args, "max_restarts", 0)
+    if restarts < 0:
+        raise ValueError(
+            f"--max-restarts ({restarts}) must be 0 or more: the times a lost rank (under "
+            "--on-failure continue) or the whole world (under restart) is started again; e.g. "
+            "--max-restarts 2, or 0 for none."
+        )
+    if getattr(args, "on_failure", "restart") == "restart":
+        _refuse_continue_only(args)
     script = getattr(args, "training_script", None)
     direct = not (getattr(args, "module", False) or getattr(args, "no_python", False))
     if script is not None and direct and not os.path.isfile(script):
@@ -127,6 +145,23 @@ def check_args(args: argparse.Namespace) -> None:
             f"training script {script!r} does not exist; pass the path of a Python file "
             "(relative to the current directory), or -m for a module."
         )
+
+
+def _refuse_continue_only(args: argparse.Namespace) -> None:
+    """``--min-nproc`` and ``--store-endpoint`` mean nothing to torchrun: refuse them given
+    under ``--on-failure restart`` rather than ignore them."""
+    for flag, value in (
+        ("--min-nproc", getattr(args, "min_nproc", None)),
+        ("--store-endpoint", getattr(args, "store_endpoint", None)),
+        ("--job-token-file", getattr(args, "job_token_file", None)),
+    ):
+        if value is not None:
+            raise ValueError(
+                f"{flag} ({value!r}) is an option of --on-failure continue only: under "
+                "--on-failure restart (the default) torchrun restarts the whole world, which "
+                f"never shrinks and keeps no store of its own. Add --on-failure continue, or "
+                f"drop {flag}."
+            )
 
 
 def run_launch(args: argparse.Namespace) -> int:

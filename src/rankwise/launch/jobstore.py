@@ -5,6 +5,19 @@ under ``launch/``, what the launchers tell each other::
 
     launch/finished      -> "1"       (a process exited 0 somewhere: training finished)
     launch/done/<node>   -> "<code>"  (node's launcher has ended its processes; its exit code)
+    launch/hb/<node>     -> a counter node's launcher bumps every HEARTBEAT_S seconds
+    launch/node/<node>   -> "<id>"    (the launcher that claimed --node-rank <node>)
+    auth/nonce           -> hex       (what a joiner's proof of the job's secret is made over)
+
+Every wait of a launcher on the others has a bound: a node whose launcher's heartbeat stood
+still for ``stale_s`` (killed, its machine down) counts as gone, and the error names it and
+the bound.
+
+The store listens on the address it is given (``--master-addr``, ``rankwise store --host``)
+only, never on every interface: torch's ``TCPStore`` binds the wildcard address, so the
+listening socket is bound here and handed to it (``master_listen_fd``). The store itself is
+not authenticated (as torchrun's is not): the job's secret guards who is let into the job
+(see :mod:`rankwise.distributed.membership`), and the network it listens on is trusted.
 
 Who hosts it: node 0's launcher (``--master-addr``:``--master-port``), which then stays until
 every node is done (bounded); or, with ``--store-endpoint HOST:PORT``, a ``rankwise store``
@@ -16,17 +29,103 @@ launchers are done.
 from __future__ import annotations
 
 import argparse
+import secrets
+import socket
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["JobStore", "add_store_parser", "parse_endpoint", "serve"]
+__all__ = [
+    "DuplicateNodeError",
+    "JobStore",
+    "LauncherWatch",
+    "add_store_parser",
+    "listen",
+    "parse_endpoint",
+    "serve",
+]
 
 CONNECT_S = 120.0  # a launcher started before the store host waits this long for it
+HEARTBEAT_S = 1.0  # every launcher bumps launch/hb/<node> this often
+LAUNCHER_STALE_S = 30.0  # a launcher heartbeat still for this long: its node is gone
+
+
+class DuplicateNodeError(ValueError):
+    """Two launchers of one job were given the same ``--node-rank``."""
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket bound to ``host`` only (``port`` 0: one the OS picks), for
+    ``TCPStore(master_listen_fd=...)``; ``OSError`` when ``host`` is not this machine's or
+    the port is taken."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own listener
+    try:
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def host_store(host: str, port: int, timeout_s: float) -> tuple[dist.TCPStore, socket.socket]:
+    """A ``TCPStore`` that listens on ``host`` only (see the module doc), and its socket (keep
+    it as long as the store)."""
+    sock = listen(host, port)
+    store = dist.TCPStore(
+        host, sock.getsockname()[1], is_master=True, wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s), master_listen_fd=sock.fileno(),
+    )  # fmt: skip
+    return store, sock
+
+
+class LauncherWatch:
+    """Which nodes' launchers stopped their heartbeat (``launch/hb/<node>``) for ``stale_s``.
+
+    A node never seen counts from ``since`` (the watch's start) and gets ``unseen_s`` to show
+    its first beat; ``since=None`` starts that clock at the first beat of any node.
+    """
+
+    def __init__(
+        self, store: dist.Store, nnodes: int, stale_s: float, unseen_s: float,
+        since: float | None,
+    ) -> None:  # fmt: skip
+        self.store, self.nnodes, self.stale_s, self.unseen_s = store, nnodes, stale_s, unseen_s
+        self.since = since
+        self._seen: dict[int, tuple[int, float]] = {}  # node -> (last count, when it moved)
+
+    def gone(self, nodes: list[int]) -> list[int]:
+        """Those of ``nodes`` whose launcher counts as gone now."""
+        now = time.monotonic()
+        for node in range(self.nnodes):
+            beat = int(self.store.add(f"launch/hb/{node}", 0))
+            if beat and (node not in self._seen or self._seen[node][0] != beat):
+                self._seen[node] = (beat, now)
+                self.since = now if self.since is None else self.since
+        out = []
+        for node in nodes:
+            if node in self._seen:
+                if now - self._seen[node][1] >= self.stale_s:
+                    out.append(node)
+            elif self.since is not None and now - self.since >= self.unseen_s + self.stale_s:
+                out.append(node)
+        return out
+
+    def describe(self, nodes: list[int]) -> str:
+        return (
+            f"node(s) {nodes}: no heartbeat from their launcher for {self.stale_s:.0f} s (a "
+            "launcher beats every "
+            f"{HEARTBEAT_S:.0f} s; it was killed, or its machine is down or unreachable), so "
+            "they count as gone"
+        )
 
 
 def parse_endpoint(text: str) -> tuple[str, int] | None:
@@ -49,17 +148,39 @@ class JobStore:
     processes only.
     """
 
-    def __init__(self, host: str, port: int, hosting: bool, node: int, nnodes: int) -> None:
+    def __init__(
+        self, host: str, port: int, hosting: bool, node: int, nnodes: int,
+        stale_s: float = LAUNCHER_STALE_S,
+    ) -> None:  # fmt: skip
         self.host, self.node, self.nnodes, self.hosting = host, node, nnodes, hosting
-        self.store = dist.TCPStore(
-            host,
-            port,
-            is_master=hosting,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=CONNECT_S),
-        )
+        self._listener: socket.socket | None = None
+        if hosting:
+            self.store, self._listener = host_store(host, port, CONNECT_S)
+        else:
+            self.store = _client(host, port)
         self.port = self.store.port  # the OS's choice for port 0
         self.lost = False
+        self.store.compare_set("auth/nonce", "", secrets.token_hex(16))  # the first one stays
+        claim = uuid.uuid4().hex
+        if self.store.compare_set(f"launch/node/{node}", "", claim).decode() != claim:
+            raise DuplicateNodeError(
+                f"another launcher of this job already runs --node-rank {node} (the store at "
+                f"{host}:{self.port} holds its claim): give each node's launcher its own "
+                f"--node-rank, 0 to {nnodes - 1}, and start a fresh store (a fresh "
+                "--master-port, or a fresh `rankwise store`) for a new job."
+            )
+        self.watch = LauncherWatch(self.store, nnodes, stale_s, CONNECT_S, time.monotonic())
+        self._stop = threading.Event()
+        beats = _client(host, self.port)  # the heartbeat thread's own connection
+        # The thread holds no reference to this handle: dropping it drops a hosted store.
+        threading.Thread(
+            target=_beat, args=(beats, f"launch/hb/{node}", self._stop),
+            name="rankwise-launcher-beat", daemon=True,
+        ).start()  # fmt: skip
+
+    def close(self) -> None:
+        """Stop this launcher's heartbeat (the others then count its node gone)."""
+        self._stop.set()
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the store, or None once it is lost (said once, naming the fix)."""
@@ -102,29 +223,49 @@ class JobStore:
 
     def await_outcome(self) -> None:
         """Wait (this node has nobody left) until training finished elsewhere or every other
-        node is done too; at once on one node, or with the store lost."""
+        node is done or gone (its launcher's heartbeat stood still for ``stale_s``); at once
+        on one node, or with the store lost."""
         while self.nnodes > 1 and not self.lost and not self.finished():
-            others = set(range(self.nnodes)) - {self.node}
-            if others <= set(self.done_nodes()):
+            if self._others_ended("waiting for the job's outcome"):
                 return
             time.sleep(0.2)
 
-    def await_others(self, limit_s: float) -> None:
-        """The store host: wait up to ``limit_s`` for every node's launcher to be done."""
-        deadline = time.monotonic() + limit_s
-        while not self.lost and time.monotonic() < deadline:
-            if len(self.done_nodes()) == self.nnodes:
-                return
+    def await_others(self) -> None:
+        """The store host: wait until every other node's launcher is done or gone."""
+        while not self.lost and not self._others_ended("keeping the store for them"):
             time.sleep(0.2)
-        missing = sorted(set(range(self.nnodes)) - set(self.done_nodes()))
-        if missing and not self.lost:
-            print(
-                f"rankwise launch: node(s) {missing} did not report done within "
-                f"{limit_s:.0f} s after this node's processes ended; the store goes away now "
-                "and their processes lose it.",
-                file=sys.stderr,
-                flush=True,
-            )
+
+    def _others_ended(self, doing: str) -> bool:
+        """Whether every other node is done or gone (the gone ones said once)."""
+        waiting = sorted(set(range(self.nnodes)) - {self.node} - set(self.done_nodes()))
+        if not waiting:
+            return True
+        gone = self.call(self.watch.gone, waiting)
+        if gone is None or gone != waiting:
+            return gone is None  # None: the store was lost (said)
+        print(
+            f"rankwise launch: {self.watch.describe(gone)}; this node stops {doing}.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return True
+
+
+def _beat(beats: dist.TCPStore, key: str, stop: threading.Event) -> None:
+    """A launcher's heartbeat: bump ``key`` every ``HEARTBEAT_S`` until ``stop``."""
+    while True:
+        try:
+            beats.add(key, 1)
+        except Exception:  # the store is gone: the main thread finds out and says so
+            return
+        if stop.wait(HEARTBEAT_S):
+            return
+
+
+def _client(host: str, port: int) -> dist.TCPStore:
+    return dist.TCPStore(
+        host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=CONNECT_S)
+    )
 
 
 def add_store_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -142,10 +283,22 @@ def add_store_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         ),
         epilog="example: rankwise store --port 29600 --nnodes 2",
     )
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    parser.add_argument(
+        "--host",
+        default="0.0.0.0",
+        help="the address to listen on, and only there: this machine's address on the nodes' "
+        "network (default 0.0.0.0: every interface)",
+    )
     parser.add_argument("--port", type=int, required=True, help="port to listen on")
     parser.add_argument(
         "--nnodes", type=int, required=True, help="the job's nodes (launchers) to wait for"
+    )
+    parser.add_argument(
+        "--launcher-stale-s",
+        type=float,
+        default=LAUNCHER_STALE_S,
+        help="a node whose launcher's heartbeat stood still this long counts as gone (default "
+        f"{LAUNCHER_STALE_S:g}); once every node is done or gone, the store exits",
     )
     return parser
 
@@ -155,11 +308,16 @@ def serve(args: argparse.Namespace) -> int:
     if args.nnodes < 1:
         print(f"rankwise store: error: --nnodes ({args.nnodes}) must be >= 1.", file=sys.stderr)
         return 2
+    if args.launcher_stale_s <= 0:
+        print(
+            f"rankwise store: error: --launcher-stale-s ({args.launcher_stale_s:g}) must be > 0 "
+            f"seconds; e.g. --launcher-stale-s {LAUNCHER_STALE_S:g} (the default).",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        store = dist.TCPStore(
-            args.host, args.port, is_master=True, wait_for_workers=False,
-            timeout=timedelta(seconds=60),
-        )  # fmt: skip
+        store, _sock = host_store(args.host, args.port, 60)
+        store.compare_set("auth/nonce", "", secrets.token_hex(16))
     except Exception as exc:
         print(
             f"rankwise store: error: cannot listen on {args.host}:{args.port} ({exc}); choose "
@@ -174,9 +332,17 @@ def serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    keys = [f"launch/done/{n}" for n in range(args.nnodes)]
+    # No clock before the first launcher connects: an idle store holds nobody up.
+    watch = LauncherWatch(store, args.nnodes, args.launcher_stale_s, CONNECT_S, None)
     try:
-        while not store.check(keys):
+        while True:
+            waiting = [n for n in range(args.nnodes) if not store.check([f"launch/done/{n}"])]
+            if not waiting:
+                break
+            gone = watch.gone(waiting)
+            if gone == waiting:
+                print(f"rankwise store: error: {watch.describe(gone)}; exiting.", file=sys.stderr)
+                return 1
             time.sleep(0.5)
     except KeyboardInterrupt:
         return 130

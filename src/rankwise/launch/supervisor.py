@@ -11,8 +11,11 @@ Here the launcher supervises each process on its own (``subprocess``), hosts the
   the collective timeout) with SIGKILL, and then restarts it the same way;
 - stops the job, saying why, when every process is lost.
 
-The job succeeds once a process exits 0 (training finished); processes still starting are then
-given a moment and ended.
+The job succeeds once a process exits 0 (training finished). The launcher then waits for every
+other process, as torchrun does: work a rank does after ``fit`` (a test set, an export, a final
+``torch.save``) is never cut short, and a process that never exits is the collective
+timeout's business. Only a restarted process still waiting to join, which no generation will
+let in any more, is ended.
 
 Across nodes (``--nnodes N --node-rank R``, static: no nodes come or go) every node runs one
 launcher; slot ``R * nproc + i`` is the ``i``-th process of node ``R``. Node 0's launcher hosts
@@ -27,19 +30,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from rankwise.distributed.membership import mark_dead
-from rankwise.launch.jobstore import CONNECT_S, JobStore, parse_endpoint
+from rankwise.launch.jobstore import CONNECT_S, DuplicateNodeError, JobStore, parse_endpoint
 
 __all__ = ["check_continue_args", "run_continue"]
 
-_GRACE_S = 20.0  # after the first success: how long the others get to finish
-_END_WAIT_S = 40.0  # the store host, after that: how long the other nodes get to say done
+STOP_WAIT_S = 30.0  # after forwarding SIGTERM: how long the ranks get to drain and end
 
 
 @dataclass
@@ -73,7 +80,8 @@ def check_continue_args(args: argparse.Namespace) -> None:
             f"--on-failure continue needs a number for --nproc-per-node (got "
             f"{args.nproc_per_node!r}), e.g. --nproc-per-node 3."
         )
-    low = int(getattr(args, "min_nproc", 1) or 1)
+    _refuse_torchrun_only(args)
+    low = _min_nproc(args)
     world = int(nnodes) * int(args.nproc_per_node)
     if not 1 <= low <= world:
         nodes = f" x --nnodes ({nnodes}) = {world}" if int(nnodes) > 1 else ""
@@ -103,6 +111,45 @@ def check_continue_args(args: argparse.Namespace) -> None:
             "connect to it, e.g. --master-addr 10.0.0.1 --master-port 29500 on every node "
             "(or --store-endpoint HOST:PORT of a `rankwise store`)."
         )
+    if getattr(args, "job_token_file", None) is None:
+        raise ValueError(
+            f"--on-failure continue on {nnodes} node(s) needs --job-token-file PATH on every "
+            "node: the job's secret, which a restarted rank proves before it is let in. Node "
+            "0's launcher creates PATH (mode 0600) if it is missing; give the other nodes the "
+            "same file (a shared file system, or a copy)."
+        )
+
+
+# torchrun's options that only its agent reads (dest, flag, torchrun's default): given under
+# --on-failure continue, which runs no agent, they would be silently ignored.
+_TORCHRUN_ONLY = (
+    ("rdzv_backend", "--rdzv-backend", None),  # None: rankwise's "not given"
+    ("rdzv_endpoint", "--rdzv-endpoint", ""),
+    ("rdzv_id", "--rdzv-id", "none"),
+    ("rdzv_conf", "--rdzv-conf", ""),
+    ("standalone", "--standalone", False),
+    ("log_dir", "--log-dir", None),
+    ("tee", "--tee", "0"),
+    ("redirects", "--redirects", "0"),
+    ("local_ranks_filter", "--local-ranks-filter", ""),
+)
+
+
+def _refuse_torchrun_only(args: argparse.Namespace) -> None:
+    for dest, flag, default in _TORCHRUN_ONLY:
+        value = getattr(args, dest, default)
+        if value != default:
+            raise ValueError(
+                f"{flag} ({value!r}) is an option of torchrun's agent, which --on-failure "
+                "continue does not run (rankwise supervises the processes itself, and each "
+                f"rank's output goes to the launcher's own stdout and stderr): drop {flag}, or "
+                "use --on-failure restart."
+            )
+
+
+def _min_nproc(args: argparse.Namespace) -> int:
+    given = getattr(args, "min_nproc", None)
+    return 1 if given is None else int(given)
 
 
 def run_continue(args: argparse.Namespace) -> int:
@@ -110,9 +157,14 @@ def run_continue(args: argparse.Namespace) -> int:
     nproc, restarts = int(args.nproc_per_node), int(args.max_restarts)
     nnodes = int(str(args.nnodes).split(":")[0])
     node = int(getattr(args, "node_rank", None) or 0)
+    try:
+        token = job_token(getattr(args, "job_token_file", None), node)
+    except ValueError as exc:
+        _say(f"error: {exc}")
+        return 2
     jobs = _open_store(args, nnodes, node)
-    if jobs is None:
-        return 1
+    if not isinstance(jobs, JobStore):
+        return jobs
     cmd = _command(args)
     base = {
         **os.environ,
@@ -122,7 +174,8 @@ def run_continue(args: argparse.Namespace) -> int:
         "MASTER_ADDR": jobs.host,
         "MASTER_PORT": str(jobs.port),
         "RANKWISE_ON_FAILURE": "continue",
-        "RANKWISE_MIN_NPROC": str(int(getattr(args, "min_nproc", 1) or 1)),
+        "RANKWISE_MIN_NPROC": str(_min_nproc(args)),
+        "RANKWISE_JOB_TOKEN": token,  # the processes' own environment only, never the store
     }
     # Nobody can come back without restarts: the members then never check for joiners. A value
     # the user gave passes through, unread, in the copied environment (rankwise.distributed's
@@ -140,58 +193,189 @@ def run_continue(args: argparse.Namespace) -> int:
         }
         return subprocess.Popen(cmd, env=env)
 
-    slots = [_Slot(i, spawn(i, 0)) for i in range(node * nproc, (node + 1) * nproc)]
-    succeeded_at: float | None = None
-    seen_gen = -1
-    try:
-        while True:
-            seen_gen = _watch_members(jobs, slots, seen_gen)
-            if succeeded_at is None and nnodes > 1 and jobs.finished():
-                succeeded_at = time.monotonic()  # another node's process finished training
-            running = 0
-            for slot in slots:
-                code = slot.proc.poll()
-                if code is None:
-                    running += 1
-                    continue
-                if slot.proc.returncode is not None and not _recorded(slot):
-                    slot.exit_codes.append(code)
-                    # The survivors regroup now (a lost store: nothing to tell, said once).
-                    jobs.call(mark_dead, jobs.store, slot.index, slot.incarnation)
-                    if code == 0:
-                        succeeded_at = succeeded_at or time.monotonic()
-                        jobs.set("launch/finished", "1")
-                    elif succeeded_at is None and slot.incarnation < restarts and not jobs.lost:
-                        _say(f"slot {slot.index} exited with {_describe(code)}; restarting it "
-                             f"({slot.incarnation + 1}/{restarts}), the others go on")  # fmt: skip
-                        slot.incarnation += 1
-                        slot.proc = spawn(slot.index, slot.incarnation)
-                        slot.member_seen = False
-                        running += 1
-                    elif succeeded_at is None:
-                        _say(f"slot {slot.index} exited with {_describe(code)} and has no "
-                             f"restarts left (--max-restarts {restarts}); the others go on")  # fmt: skip
-            if running == 0:
-                break
-            if succeeded_at is not None and time.monotonic() - succeeded_at > _GRACE_S:
-                for slot in slots:
-                    _kill(slot.proc)
-            time.sleep(0.1)
-        if succeeded_at is None:
-            jobs.await_outcome()  # nobody left here: the others may still finish
-    except KeyboardInterrupt:
-        for slot in slots:
-            _kill(slot.proc)
-        return 130
-    code = _outcome(jobs, slots, succeeded_at is not None)
-    jobs.set(f"launch/done/{node}", str(code))
-    if jobs.hosting and nnodes > 1:
-        jobs.await_others(_GRACE_S + _END_WAIT_S)  # the others still need the store
+    stop = _Stop()
+    with stop.handling():
+        slots = [_Slot(i, spawn(i, 0)) for i in range(node * nproc, (node + 1) * nproc)]
+        try:
+            succeeded = _supervise(jobs, slots, spawn, restarts, stop)
+            code = _outcome(jobs, slots, succeeded)
+            jobs.set(f"launch/done/{node}", str(code))
+            if jobs.hosting and nnodes > 1:
+                with stop.raising():
+                    jobs.await_others()  # the others still need the store (bounded: heartbeats)
+        except _Stopped as stopped:
+            code = _stop_all(jobs, slots, stopped.signum, stop)
+            jobs.set(f"launch/done/{node}", str(code))
     return code
 
 
-def _open_store(args: argparse.Namespace, nnodes: int, node: int) -> JobStore | None:
-    """Host the job's store (node 0) or connect to it (other nodes, or --store-endpoint)."""
+def _supervise(
+    jobs: JobStore, slots: list[_Slot], spawn: Callable[[int, int], subprocess.Popen[bytes]],
+    restarts: int, stop: _Stop,
+) -> bool:  # fmt: skip
+    """Watch this node's processes until none runs; whether training finished (anywhere).
+    Raises :class:`_Stopped` once the launcher is asked to stop (SIGTERM, SIGHUP, SIGINT)."""
+    succeeded_at: float | None = None
+    succeeded = False  # succeeded_at was set before this pass's look at the generations
+    seen_gen = -1
+    while True:
+        if stop.signum is not None:
+            raise _Stopped(stop.signum)
+        seen_gen = _watch_members(jobs, slots, seen_gen)
+        if succeeded_at is None and jobs.nnodes > 1 and jobs.finished():
+            succeeded_at = time.monotonic()  # another node's process finished training
+        running = 0
+        for slot in slots:
+            code = slot.proc.poll()
+            if code is None:
+                running += 1
+                continue
+            if not _recorded(slot):
+                slot.exit_codes.append(code)
+                # The survivors regroup now (a lost store: nothing to tell, said once).
+                jobs.call(mark_dead, jobs.store, slot.index, slot.incarnation)
+                if code == 0:
+                    succeeded_at = succeeded_at or time.monotonic()
+                    jobs.set("launch/finished", "1")
+                elif succeeded_at is None and slot.incarnation < restarts and not jobs.lost:
+                    _say(f"slot {slot.index} exited with {_describe(code)}; restarting it "
+                         f"({slot.incarnation + 1}/{restarts}), the others go on")  # fmt: skip
+                    slot.incarnation += 1
+                    slot.proc = spawn(slot.index, slot.incarnation)
+                    slot.member_seen = False
+                    running += 1
+                elif succeeded_at is None:
+                    _say(f"slot {slot.index} exited with {_describe(code)} and has no "
+                         f"restarts left (--max-restarts {restarts}); the others go on")  # fmt: skip
+        if running == 0:
+            break
+        if succeeded_at is not None:
+            _end_joiners(slots, seen_first=succeeded)
+        succeeded = succeeded_at is not None
+        time.sleep(0.1)
+    if succeeded_at is None:
+        with stop.raising():
+            jobs.await_outcome()  # nobody left here: the others may still finish
+    return succeeded_at is not None
+
+
+class _Stopped(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Stop:
+    """The launcher's SIGTERM, SIGHUP and SIGINT (a scheduler's stop, a lost terminal,
+    Ctrl-C): recorded, and acted on by the supervising loop (:func:`_stop_all`)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.again = False  # a second signal: end every process now
+        self._raise = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            self.again = True
+            return
+        self.signum = signum
+        if self._raise:
+            raise _Stopped(signum)
+
+    @contextlib.contextmanager
+    def handling(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # Python delivers signals to the main thread only
+            return
+        previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    @contextlib.contextmanager
+    def raising(self) -> Iterator[None]:
+        """While the block waits on other nodes (nothing of its own to stop), a signal ends
+        the wait at once."""
+        if self.signum is not None:
+            raise _Stopped(self.signum)
+        self._raise = True
+        try:
+            yield
+        finally:
+            self._raise = False
+
+
+def _stop_all(jobs: JobStore, slots: list[_Slot], signum: int, stop: _Stop) -> int:
+    """Forward SIGTERM to every process of this node, give them ``STOP_WAIT_S`` to drain their
+    checkpoint write and end, SIGKILL the rest (said); the exit code is 128 + the signal's."""
+    name = signal.Signals(signum).name
+    running = [s for s in slots if s.proc.poll() is None]
+    _say(f"{name} received: forwarding SIGTERM to this node's {len(running)} running "
+         "process(es); a rank writing a checkpoint finishes that write first, and whatever is "
+         f"still running {STOP_WAIT_S:.0f} s from now is ended with SIGKILL")  # fmt: skip
+    for slot in running:
+        with contextlib.suppress(ProcessLookupError):
+            slot.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_WAIT_S
+    while time.monotonic() < deadline and not stop.again:
+        if all(s.proc.poll() is not None for s in running):
+            break
+        time.sleep(0.05)
+    for slot in running:
+        if slot.proc.poll() is None:
+            why = "a second signal" if stop.again else f"{STOP_WAIT_S:.0f} s after SIGTERM"
+            _say(f"slot {slot.index} still running {why}; ending it with SIGKILL")
+            _kill(slot.proc)
+        # Other nodes' ranks (if any) regroup without this node's at once.
+        jobs.call(mark_dead, jobs.store, slot.index, slot.incarnation)
+    return 128 + signum
+
+
+def job_token(path: str | None, node: int) -> str:
+    """The job's secret as hex: ``path``'s (``--job-token-file``; node 0 creates it, mode 0600,
+    where it is missing) or, without one, a fresh one for this launch (one node)."""
+    if path is None:
+        return secrets.token_hex(32)
+    file = Path(path)
+    if not file.exists() and node == 0:
+        with contextlib.suppress(FileExistsError):  # another launcher made it just now
+            fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+    if not file.exists():
+        raise ValueError(
+            f"--job-token-file {path} does not exist on node {node}: node 0's launcher creates "
+            "it at its first start (mode 0600); copy that file here (or put the same path on a "
+            "shared file system), so that every node holds the same secret."
+        )
+    if file.stat().st_mode & 0o077:
+        raise ValueError(
+            f"--job-token-file {path} can be read by other users (mode "
+            f"{file.stat().st_mode & 0o777:o}): the secret guards who may join the job; make "
+            f"it private with `chmod 600 {path}`."
+        )
+    text = file.read_text().strip()
+    try:
+        secret = bytes.fromhex(text)
+    except ValueError:
+        secret = b""
+    if len(secret) < 16:
+        raise ValueError(
+            f"--job-token-file {path} does not hold a secret of at least 16 bytes as hex "
+            "digits; delete it on node 0 (which then makes a new one) and copy the new one to "
+            'every node, or write one: python -c "import secrets; print(secrets.token_hex(32))" '
+            f"> {path}"
+        )
+    return text
+
+
+def _open_store(args: argparse.Namespace, nnodes: int, node: int) -> JobStore | int:
+    """Host the job's store (node 0) or connect to it (other nodes, or --store-endpoint); the
+    exit code where it cannot."""
     endpoint = getattr(args, "store_endpoint", None)
     if endpoint is not None:
         host, port = parse_endpoint(endpoint) or ("", 0)
@@ -202,9 +386,14 @@ def _open_store(args: argparse.Namespace, nnodes: int, node: int) -> JobStore | 
         hosting = node == 0
     try:
         return JobStore(host, port, hosting, node, nnodes)
+    except DuplicateNodeError as exc:
+        _say(f"error: {exc}")
+        return 2
     except Exception as exc:
         what = (
-            f"host the membership store on port {port} ({exc}); choose a free --master-port"
+            f"host the membership store at {host}:{port} ({exc}); choose a free --master-port, "
+            "and give --master-addr as an address of this machine (node 0's: the store listens "
+            "there only)"
             if hosting
             else f"reach the membership store at {host}:{port} within {CONNECT_S:.0f} s ({exc}); "
             + (
@@ -215,7 +404,7 @@ def _open_store(args: argparse.Namespace, nnodes: int, node: int) -> JobStore | 
             )
         )
         _say(f"error: cannot {what}.")
-        return None
+        return 1
 
 
 def _outcome(jobs: JobStore, slots: list[_Slot], succeeded: bool) -> int:
@@ -253,6 +442,19 @@ def _watch_members(jobs: JobStore, slots: list[_Slot], seen: int) -> int:
             _kill(slot.proc)
             slot.member_seen = False
     return gen
+
+
+def _end_joiners(slots: list[_Slot], seen_first: bool) -> None:
+    """Training has finished: end the restarted processes still waiting to join (no member
+    checks for joiners after the last step). Only once the generations were read after the
+    finish (``seen_first``), so a joiner let in at the last boundary counts as a member."""
+    if not seen_first:
+        return
+    for slot in slots:
+        if not slot.member_seen and slot.proc.poll() is None:
+            _say(f"slot {slot.index} was still waiting to join when training finished; "
+                 "ending it")  # fmt: skip
+            _kill(slot.proc)
 
 
 def _command(args: argparse.Namespace) -> list[str]:

@@ -33,6 +33,7 @@ import uuid
 from pathlib import Path
 from typing import IO
 
+from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.utils import (
     _matches_machine_hostname,
@@ -145,6 +146,15 @@ def run_torchrun(args: argparse.Namespace) -> int:
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     try:
         torchrun_run(args)
+    except SignalException as exc:
+        # torchrun's agent already forwarded the signal to every rank (a rank writing a
+        # checkpoint drains it first) and ended them; exit as a signalled process would.
+        print(
+            f"rankwise launch: {exc.sigval.name} received: torchrun forwarded it to every "
+            "rank and ended them; exit code " + str(128 + int(exc.sigval)) + ".",
+            file=sys.stderr,
+        )
+        return 128 + int(exc.sigval)
     except ChildFailedError as exc:
         # torchrun already printed each failed rank's error; pass the first exit code on.
         codes = [f.exitcode for f in exc.failures.values()]

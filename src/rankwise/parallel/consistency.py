@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parameter import is_lazy
 
@@ -75,8 +74,7 @@ def check_consistent(fields: Mapping[str, Any], *, hints: Mapping[str, str] | No
         name: (digests[name], text if len(text) <= _SHIPPED else None)
         for name, text in canonical.items()
     }
-    per_rank: list[Any] = [None] * world
-    dist.all_gather_object(per_rank, payload)
+    per_rank: list[Any] = rd.all_gather_plain(payload)  # data, never a peer's pickle
     raise InconsistentRanksError(_describe(per_rank, {**HINTS, **(hints or {})}))
 
 

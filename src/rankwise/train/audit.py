@@ -46,8 +46,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import torch.distributed as dist
-
 import rankwise.distributed as rd
 
 __all__ = ["AuditLog", "AuditReport", "read_audit", "read_audit_files"]
@@ -79,10 +77,7 @@ class AuditLog:
             return  # a restarted process: its attempt starts when it joins (on_regroup)
         # Rank 0 names the attempt (nanoseconds since the epoch: later attempts sort later);
         # every rank writes its file under that name.
-        box: list[Any] = [f"{time.time_ns():020d}"]
-        if rd.get_world_size() > 1 and rd.has_group():
-            dist.broadcast_object_list(box, src=0)
-        self.attempt = str(box[0])
+        self.attempt = str(rd.broadcast_plain(f"{time.time_ns():020d}"))
         self.directory.mkdir(parents=True, exist_ok=True)
         name = f"audit-{self.attempt}-rank{rd.get_rank()}.jsonl"
         self._file = open(self.directory / name, "a", encoding="utf-8")  # noqa: SIM115

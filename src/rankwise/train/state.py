@@ -130,8 +130,7 @@ class TrainState:
         carried = self.sums.reduced().tolist() if self.sums is not None else list(_NO_SUMS)
         rngs: list[Any] = [rng_state()]
         if world > 1 and rd.has_group():
-            rngs = [None] * world
-            dist.all_gather_object(rngs, rng_state())
+            rngs = rd.all_gather_plain(rngs[0])  # tensors and plain values: no peer's pickle
         cfg = self.config or DistributedTrainingConfig()
         precision = self.precision.state_dict() if self.precision is not None else None
         if precision is None and self.restored is not None:
@@ -285,18 +284,18 @@ def broadcast_state(
     """Rank ``src``'s ``state`` (any nest of dicts, lists and tuples over tensors and plain
     values) on every rank of ``group``; the others pass None. A collective.
 
-    The structure travels as one pickled object with each tensor replaced by its shape and
-    dtype; the tensors' bytes travel as one flat buffer (one broadcast on the collective
-    device, whatever the number of tensors). Received tensors are on the CPU.
+    The structure travels with each tensor replaced by its shape and dtype, as ``torch.save``
+    bytes read back with ``weights_only=True`` (a peer sends data, never code); the tensors'
+    bytes travel as one flat buffer (one broadcast on the collective device, whatever the
+    number of tensors). Received tensors are on the CPU.
     """
     if not rd.has_group() or dist.get_world_size(group) == 1:
         if state is None:
             raise ValueError("broadcast_state in a world of one needs the state, got None.")
         return state
     tensors: list[torch.Tensor] = []
-    box: list[Any] = [_skeleton(state, tensors) if dist.get_rank() == src else None]
-    dist.broadcast_object_list(box, src=src, group=group)
-    skeleton, sizes = box[0]
+    mine = _skeleton(state, tensors) if dist.get_rank() == src else None
+    skeleton, sizes = rd.broadcast_plain(mine, src=src, group=group)
     device = rd.collective_device()
     if dist.get_rank() == src:
         flat = torch.cat([_bytes(t) for t in tensors]) if tensors else torch.empty(0)
@@ -309,10 +308,7 @@ def broadcast_state(
     return _fill(skeleton, parts)
 
 
-@dataclass(frozen=True)
-class _Slot:
-    shape: tuple[int, ...]
-    dtype: torch.dtype
+_SLOT = "__rankwise_tensor__"  # a tensor's place in the skeleton: {_SLOT: [shape, dtype]}
 
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -326,7 +322,7 @@ def _skeleton(state: Any, tensors: list[torch.Tensor]) -> tuple[Any, list[int]]:
         if isinstance(value, torch.Tensor):
             tensors.append(value)
             sizes.append(value.numel() * value.element_size())
-            return _Slot(tuple(value.shape), value.dtype)
+            return {_SLOT: [list(value.shape), str(value.dtype).removeprefix("torch.")]}
         if isinstance(value, dict):
             return type(value)((k, strip(v)) for k, v in value.items())
         if type(value) in (list, tuple):
@@ -337,9 +333,10 @@ def _skeleton(state: Any, tensors: list[torch.Tensor]) -> tuple[Any, list[int]]:
 
 
 def _fill(skeleton: Any, parts: Any) -> Any:
-    if isinstance(skeleton, _Slot):
+    if isinstance(skeleton, dict) and set(skeleton) == {_SLOT}:
+        shape, dtype = skeleton[_SLOT]
         raw = next(parts).clone()
-        return raw.view(skeleton.dtype).reshape(skeleton.shape)
+        return raw.view(getattr(torch, dtype)).reshape(shape)
     if isinstance(skeleton, dict):
         return type(skeleton)((k, _fill(v, parts)) for k, v in skeleton.items())
     if type(skeleton) in (list, tuple):

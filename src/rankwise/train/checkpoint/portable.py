@@ -178,9 +178,7 @@ def load_optimizer_state_dict(
     groups = _stateless_groups(state) if not options.broadcast_from_rank0 else None
     if options.broadcast_from_rank0:
         # Every rank must take the same path below; rank 0 alone knows which.
-        header = [_stateless_groups(state) if rd.get_rank() == 0 else None]
-        dist.broadcast_object_list(header, src=0)
-        groups = header[0]
+        groups = rd.broadcast_plain(_stateless_groups(state) if rd.get_rank() == 0 else None)
     if groups is not None:
         _load_hyperparameters(model, optimizer, groups)
         return

@@ -12,8 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
 import rankwise.distributed as rd
 from rankwise.train.checkpoint.files import CheckpointError
 from rankwise.train.checkpoint.manager import CheckpointManager, read_checkpoint
@@ -105,10 +103,7 @@ def load_resume(
 
 def _agree(found: tuple[Location, dict[str, Any]] | None, error: str | None) -> None:
     mine = (error, None if found is None else (int(found[1]["epoch"]), int(found[1]["step"])))
-    everyone: list[Any] = [mine]
-    if rd.get_world_size() > 1 and rd.has_group():
-        everyone = [None] * rd.get_world_size()
-        dist.all_gather_object(everyone, mine)
+    everyone: list[Any] = rd.all_gather_plain(mine)  # data, never a peer's pickle
     # rstrip: each error ends in a full stop, and the list is followed by one.
     failed = [f"rank {r}: {e.rstrip('.')}" for r, (e, _) in enumerate(everyone) if e is not None]
     if failed:
@@ -145,6 +140,5 @@ def broadcast_path(path: Location | None) -> Location | None:
     too); a collective in a world of more than one."""
     if rd.get_world_size() == 1 or not rd.has_group():
         return path
-    box: list[Any] = [None if path is None else str(path)]
-    dist.broadcast_object_list(box, src=0)
-    return None if box[0] is None else location(box[0])
+    sent = rd.broadcast_plain(None if path is None else str(path))  # never a peer's pickle
+    return None if sent is None else location(sent)

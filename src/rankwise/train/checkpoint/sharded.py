@@ -202,9 +202,7 @@ def _shared_tmp(final: Path) -> Path:
         tmp = tmp_name(final)
         tmp.mkdir()
     if in_group():
-        box: list[Any] = [None if tmp is None else str(tmp)]
-        dist.broadcast_object_list(box, src=0)
-        tmp = Path(box[0])
+        tmp = Path(rd.broadcast_plain(None if tmp is None else str(tmp)))
     assert tmp is not None  # rank 0 made it; the others received it
     return tmp
 

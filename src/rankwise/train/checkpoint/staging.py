@@ -151,5 +151,13 @@ class BackgroundSaves(Generic[T]):
     def wait(self) -> T | None:
         """Block until the pending write (if any) is done; return its result. Re-raises its
         error."""
-        pending, self._pending = self._pending, None
-        return pending.result() if pending is not None else None
+        # Cleared only once the write ended: a SIGTERM handler that runs while this waits
+        # (Python runs it in this thread, inside result()) must find the write and drain it.
+        pending = self._pending
+        if pending is None:
+            return None
+        try:
+            return pending.result()
+        finally:
+            if self._pending is pending:
+                self._pending = None

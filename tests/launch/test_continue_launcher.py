@@ -1,0 +1,226 @@
+"""``rankwise launch --on-failure continue`` as a scheduler, a careless user and a stranger on
+the network try it (issue 23): post-fit work is waited for, a preempted job drains and ends
+with 143, every wait of the launchers has a bound, bad options are refused, and nobody
+without the job's secret is let in. Real processes, small worlds, bounded timeouts."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from helpers.paths import SCRIPTS
+from rankwise.launch import JobStore, launch
+from rankwise.launch.jobstore import DuplicateNodeError
+from rankwise.launch.supervisor import job_token
+from rankwise.testing import assert_exactly_once, child_env, free_port, run_script
+from rankwise.train.checkpoint import CheckpointManager
+
+pytestmark = pytest.mark.timeout(300)
+
+AFTER_FIT = SCRIPTS / "after_fit_worker.py"
+NUM_SAMPLES = 192  # tests/scripts/tiny_run.py's
+OLD_GRACE_S = 20.0  # what the launcher gave the others after the first exit 0 (issue 23, 1)
+
+
+def test_rank0s_work_after_training_is_waited_for(tmp_path: Path) -> None:
+    # Rank 1 exits 0 at once; rank 0 works past the old grace, then writes its result.
+    result = run_script(
+        AFTER_FIT,
+        2,
+        script_args=[str(tmp_path), "--rank0-seconds", str(OLD_GRACE_S + 1)],
+        launch_args=["--on-failure", "continue"],
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "final").read_text() == "2\n"
+
+
+# -- bad input: refused before anything starts, naming the value and the fix -------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--on-failure", "continue", "--min-nproc", "0"], "--min-nproc (0) must be between 1"),
+        (["--max-restarts", "-1"], "--max-restarts (-1) must be 0 or more"),
+        (["--on-failure", "continue", "--max-restarts", "-1"], "--max-restarts (-1) must be"),
+        (["--on-failure", "continue", "--rdzv-backend", "c10d"], "--rdzv-backend ('c10d') is an"),
+        (["--on-failure", "continue", "--standalone"], "--standalone (True) is an option of"),
+        (["--on-failure", "continue", "--log-dir", "logs"], "--log-dir ('logs') is an option"),
+        (["--on-failure", "continue", "--tee", "3"], "--tee ('3') is an option of torchrun's"),
+        (["--rdzv-id", "x", "--on-failure", "continue"], "--rdzv-id ('x') is an option"),
+        (["--min-nproc", "2"], "--min-nproc (2) is an option of --on-failure continue only"),
+        (["--store-endpoint", "h:1"], "--store-endpoint ('h:1') is an option of --on-failure"),
+        (
+            ["--on-failure", "continue", "--nnodes", "2", "--node-rank", "0", "--master-port", "1"],
+            "on 2 node(s) needs --job-token-file PATH on every node",
+        ),
+    ],
+)
+def test_bad_options_are_refused_naming_the_fix(tmp_path, capsys, extra, message) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('started')\n")
+    assert launch(["--nproc-per-node", "2", *extra, str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "rankwise launch: error: " in err and message in err, err
+
+
+def test_a_node_rank_given_twice_is_refused() -> None:
+    host = JobStore("127.0.0.1", 0, hosting=True, node=0, nnodes=2)
+    JobStore("127.0.0.1", host.port, hosting=False, node=1, nnodes=2)
+    with pytest.raises(DuplicateNodeError, match=r"already runs --node-rank 1 \(the store at"):
+        JobStore("127.0.0.1", host.port, hosting=False, node=1, nnodes=2)
+
+
+def test_a_job_token_file_is_made_private_on_node_0_and_read_elsewhere(tmp_path) -> None:
+    path = tmp_path / "token"
+    with pytest.raises(ValueError, match="does not exist on node 1: node 0's launcher creates"):
+        job_token(str(path), node=1)
+    made = job_token(str(path), node=0)
+    assert path.stat().st_mode & 0o777 == 0o600 and len(bytes.fromhex(made)) == 32
+    assert job_token(str(path), node=1) == made
+    path.chmod(0o644)
+    with pytest.raises(ValueError, match="can be read by other users"):
+        job_token(str(path), node=1)
+
+
+# -- every wait of the launchers has a bound ---------------------------------------------------
+
+
+def test_a_node_whose_launcher_stopped_counts_as_gone_within_the_bound(capsys) -> None:
+    # Node 1 had all its processes lost; node 0's launcher is killed (its heartbeat stops)
+    # without saying done, and no process finished training: node 1 does not wait forever.
+    host = JobStore("127.0.0.1", 0, hosting=True, node=0, nnodes=2)
+    lonely = JobStore("127.0.0.1", host.port, hosting=False, node=1, nnodes=2, stale_s=1.0)
+    host.close()
+    started = time.monotonic()
+    lonely.await_outcome()
+    assert time.monotonic() - started < 10
+    err = capsys.readouterr().err
+    assert "node(s) [0]: no heartbeat from their launcher for 1 s" in err
+    assert "this node stops waiting for the job's outcome" in err
+
+
+def test_rankwise_store_ends_once_every_launcher_is_gone(tmp_path) -> None:
+    port = free_port()
+    cmd = [sys.executable, "-m", "rankwise.cli", "store", "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--nnodes", "2", "--launcher-stale-s", "1"]
+    proc = subprocess.Popen(cmd, env=child_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        nodes = [JobStore("127.0.0.1", port, hosting=False, node=n, nnodes=2) for n in (0, 1)]
+        assert listeners(port) == ["127.0.0.1"]  # --host only, no wildcard
+        for node in nodes:
+            node.close()  # both launchers killed: neither says done
+        assert proc.wait(timeout=30) == 1
+        assert proc.stderr is not None
+        assert "node(s) [0, 1]: no heartbeat from their launcher for 1 s" in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# -- nobody let in -----------------------------------------------------------------------------
+
+
+def listeners(port: int) -> list[str]:
+    """The local addresses listening on TCP ``port`` (from /proc/net/tcp and tcp6)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                raw = bytes.fromhex(address)
+                words = [raw[i : i + 4][::-1] for i in range(0, len(raw), 4)]  # host order
+                found.append(str(ipaddress.ip_address(b"".join(words))))
+    return found
+
+
+def test_the_store_listens_on_the_master_address_only() -> None:
+    host = JobStore("127.0.0.1", 0, hosting=True, node=0, nnodes=1)
+    assert listeners(host.port) == ["127.0.0.1"]
+
+
+# -- preemption: SIGTERM to the launcher -------------------------------------------------------
+
+
+PREEMPT = SCRIPTS / "preempt_worker.py"
+
+
+def test_sigterm_drains_the_write_ends_every_rank_and_a_relaunch_resumes_once(tmp_path) -> None:
+    # The store apart (`rankwise store`), where nothing but the launcher can end the ranks.
+    port = free_port()
+    store = subprocess.Popen(
+        [sys.executable, "-m", "rankwise.cli", "store", "--host", "127.0.0.1", "--port",
+         str(port), "--nnodes", "1"], env=child_env(), stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    cmd = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", "2"]
+    cmd += ["--on-failure", "continue", "--store-endpoint", f"127.0.0.1:{port}"]
+    job = subprocess.Popen(
+        [*cmd, str(PREEMPT), str(tmp_path), "--hold"], env=child_env(), start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "writing").exists():  # the first save's write is held
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)  # the loop reaches the next save and waits for that write
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+        assert job.returncode == 143, err[-3000:]
+        assert "SIGTERM received: forwarding SIGTERM to this node's 2 running" in err
+        assert store.wait(timeout=30) == 0  # the launcher said done: the store ends too
+    finally:
+        for proc in (job, store):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL) if proc is job else proc.kill()
+                proc.wait()
+    for slot in (0, 1):  # every rank ended
+        for pid in (tmp_path / f"pids-{slot}").read_text().split():
+            assert (
+                not Path(f"/proc/{pid}").exists()
+                or "zombie" in Path(f"/proc/{pid}/status").read_text()
+            )
+    # The held write was drained: the pointer names it, complete.
+    assert CheckpointManager(tmp_path / "ckpt").latest().name == "ckpt-e000000-s000000003.pt"
+    # The relaunch resumes from the drained save, while a stranger who reaches the store asks
+    # to join as slot 1 without the job's secret: refused, and the job goes on.
+    port = free_port()
+    stranger = threading.Thread(target=ask_to_join_without_the_secret, args=(port,))
+    stranger.start()
+    result = run_script(
+        PREEMPT, 2, script_args=[str(tmp_path)], timeout=120,
+        launch_args=["--on-failure", "continue", "--max-restarts", "1", "--master-port", str(port)],
+    )  # fmt: skip
+    stranger.join(10)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "refused a request to join as slot 1 (restart 7): it does not prove" in result.stderr
+    assert assert_exactly_once(tmp_path / "audit", 2, NUM_SAMPLES, 1) == [0, 3]
+
+
+def ask_to_join_without_the_secret(port: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            store = dist.TCPStore("127.0.0.1", port, timeout=timedelta(seconds=5))
+            break
+        except Exception:  # the launcher has not opened it yet
+            time.sleep(0.05)
+    else:
+        return
+    store.wait(["member/0"], timedelta(seconds=60))  # generation 0 is up: the members look for
+    # joiners at each step from now on
+    store.set("join/1", "7")
+    store.set("proof/1/7", "00" * 32)
+    store.compare_set("waiting", "", "1")
