@@ -345,6 +345,7 @@ MEMBER_ENV_VARS = {
     "collective_timeout_s": "DISTRIBUTED_COLLECTIVE_TIMEOUT_MS",
     "stale_s": "RANKWISE_STALE_S",
     "join_check_every": "RANKWISE_JOIN_CHECK_EVERY",
+    "local_world_size": "LOCAL_WORLD_SIZE",
 }
 
 
@@ -399,6 +400,17 @@ class MemberConfig:
     # Every this many optimizer steps the members look for restarted ranks waiting to join
     # (0: never; the launcher sets 0 under --max-restarts 0, where nobody can come back).
     join_check_every: int = 1
+    # Processes per node (LOCAL_WORLD_SIZE); 0: not said, one node
+    local_world_size: int = 0
+
+    @property
+    def nnodes(self) -> int:
+        """The job's nodes (``--nnodes``): the launched world over the processes per node.
+
+        >>> MemberConfig(slot=0, world_size=8, host="h", port=1, local_world_size=4).nnodes
+        2
+        """
+        return max(self.world_size // self.local_world_size, 1) if self.local_world_size else 1
 
     def __post_init__(self) -> None:
         for field, holds, rule, fix in self._rules():
@@ -437,6 +449,9 @@ class MemberConfig:
             ("join_check_every", self.join_check_every >= 0,
              "the optimizer steps between looks for restarted ranks must be 0 (never) or more",
              "e.g. RANKWISE_JOIN_CHECK_EVERY=1 (every step, the default), or unset it"),
+            ("local_world_size", 0 <= self.local_world_size <= self.world_size,
+             f"the processes per node are 1..{self.world_size}, the launched world",
+             by_launcher),
         ]  # fmt: skip
 
     @classmethod
@@ -458,7 +473,10 @@ class MemberConfig:
             return None if raw is None or raw.strip() == "" else raw
 
         kwargs: dict[str, Any] = {"host": given("host") or "127.0.0.1"}
-        for field in ("slot", "world_size", "port", "incarnation", "min_nproc", "join_check_every"):
+        for field in (
+            "slot", "world_size", "port", "incarnation", "min_nproc", "join_check_every",
+            "local_world_size",
+        ):  # fmt: skip
             if (raw := given(field)) is not None:
                 kwargs[field] = parse_int(MEMBER_ENV_VARS[field], raw)
         if (raw := given("stale_s")) is not None:
