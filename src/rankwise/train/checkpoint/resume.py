@@ -21,12 +21,26 @@ from rankwise.train.config import DistributedTrainingConfig
 
 
 def manager_for(cfg: DistributedTrainingConfig) -> CheckpointManager | None:
-    """The checkpoint folder's manager (one folder per rank unless rank 0 alone saves);
-    under ``strategy="fsdp"`` it writes sharded DCP folders, every rank its shards."""
+    """The checkpoint folder's manager (one folder per rank unless rank 0 alone saves: per
+    slot under ``--on-failure continue``); under ``strategy="fsdp"`` it writes sharded DCP
+    folders, every rank its shards. A relative folder is refused for a continue job on more
+    than one node (rank 0 moves between nodes: the folder must be shared)."""
     if cfg.checkpoint_dir is None:
         return None
     base = Path(cfg.checkpoint_dir)
-    folder = base if cfg.save_on_master_only else base / f"rank-{rd.get_rank()}"
+    member = rd.membership()
+    if member is not None and member.cfg.nnodes > 1 and not base.is_absolute():
+        raise ValueError(
+            f"checkpoint_dir ({cfg.checkpoint_dir!r}) is relative, and this --on-failure "
+            f"continue job runs on {member.cfg.nnodes} nodes: whoever is rank 0 writes each "
+            "save, on whatever node it runs, so the saves would scatter over the nodes' own "
+            "folders. Give an absolute path on storage every node shares (e.g. "
+            "'/shared/run1/ckpt')."
+        )
+    # Per-rank folders are a process's own: by slot under continue mode (a rank changes with
+    # the world; a restarted slot 2 writes rank-2/ again, not rank-0/ of its world of one).
+    who = member.cfg.slot if member is not None else rd.get_rank()
+    folder = base if cfg.save_on_master_only else base / f"rank-{who}"
     sharded = cfg.strategy == "fsdp"
     return CheckpointManager(folder, keep_last=cfg.keep_last_checkpoints, sharded=sharded)
 
