@@ -232,7 +232,12 @@ def test_a_rank_that_never_writes_keeps_its_sigterm_handler(tmp_path) -> None:
 
     manager = CheckpointManager(tmp_path)
     before = signal.getsignal(signal.SIGTERM)
-    for writes, installs in ((False, False), (True, True), (lambda: False, False), (lambda: True, True)):
+    for writes, installs in (
+        (False, False),
+        (True, True),
+        (lambda: False, False),
+        (lambda: True, True),
+    ):
         writer = CheckpointWriter(
             manager, writes=writes, background=True, shared=True, saved=lambda path: None
         )
