@@ -10,7 +10,7 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
   launcher and that launcher's other processes (a lost node; tests/launch/test_multihost.py), once
   they have recorded their micro-batch of step K too.
 - ``--stop-slot S --stop-step K``: slot S SIGSTOPs itself there instead (frozen).
-- ``--await-joiner-step K``: in optimizer step K, a member of a smaller world than it started
+- ``--await-joiner-step K[,K2...]``: in optimizer step K, a member of a smaller world than it started
   with waits (up to 120 s) until a restarted process asks to join, so the join lands at the
   end of step K however slowly the restarted process starts. A restarted process writes the
   optimizer step of each of its micro-batches to ``OUT/rejoined-<slot>``.
@@ -25,6 +25,19 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
   SIGSTOPs itself in the first optimizer step >= K it trains; ``POINT@K``: the writing rank is
   SIGKILLed at POINT (``rankwise.train.FAULT_POINTS``) of the first save at or after step K.
   Each strike writes ``OUT/struck-<i>`` (kind, slot, generation, time) just before its signal.
+- ``--crash-before-init S``: slot S raises in its set-up, before ``rankwise.distributed``
+  starts (generation 0 must form without it), on its first start only.
+- ``--own-error S:K``: slot S's dataset raises its own error whose text says "timed out" (as a
+  DataLoader's does) when asked for a sample of optimizer step K or later, on its first start
+  only: that rank fails, the others go on without it.
+- ``--joiner-dies-waiting``: a slot's first restart SIGKILLs itself 0.5 s after it is on the
+  store's waiting list (a joiner lost while it waits to be let in, or on its way in).
+- ``--disk-full-at K``: every checkpoint write of step K or later fails with ENOSPC.
+- ``--hold-slot S --hold-step K --hold-seconds T``: slot S sleeps T seconds in step K, after
+  its gradient went out (the others block in the next collective), once, writing
+  ``OUT/holding-<S>`` first.
+- Every process writes ``OUT/setup-<slot>-<incarnation>`` (``is_master is_joining``) once its
+  trainer is built (the script's set-up, before ``fit``).
 - ``--step-delay SECONDS``: sleep in every micro-batch. ``--await-joiners``: while the world is
   smaller than 3, every member waits in each step (up to 120 s) until a restarted process asks
   to join, before any strike (so every strike hits a world of 3). Every process writes
@@ -36,6 +49,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -57,12 +71,19 @@ p.add_argument("--kill-step", type=int, default=-1)
 p.add_argument("--kill-group", action="store_true")
 p.add_argument("--stop-slot", type=int, default=-1)
 p.add_argument("--stop-step", type=int, default=-1)
-p.add_argument("--await-joiner-step", type=int, default=-1)
+p.add_argument("--await-joiner-step", default="", help="K or K1,K2,...")
 p.add_argument("--log-dir", type=Path, default=None, help="a CSV row per step there")
 p.add_argument("--checkpoint-every", type=int, default=0)
 p.add_argument("--strikes", default="", help="kill@S:K, stop@S:K, POINT@K; comma-separated")
 p.add_argument("--step-delay", type=float, default=0.0)
 p.add_argument("--await-joiners", action="store_true")
+p.add_argument("--crash-before-init", type=int, default=-1)
+p.add_argument("--own-error", default="", help="S:K")
+p.add_argument("--joiner-dies-waiting", action="store_true")
+p.add_argument("--disk-full-at", type=int, default=-1)
+p.add_argument("--hold-slot", type=int, default=-1)
+p.add_argument("--hold-step", type=int, default=-1)
+p.add_argument("--hold-seconds", type=float, default=0.0)
 args = p.parse_args()
 args.out.mkdir(parents=True, exist_ok=True)
 slot = int(os.environ.get("RANKWISE_SLOT", os.environ.get("RANK", "0")))
@@ -76,7 +97,8 @@ steps_log = open(args.out / f"steps-{slot}", "a", buffering=1)  # noqa: SIM115 (
 
 
 def await_joiner(member: Membership, timeout: float = 120.0) -> None:
-    """Wait until a restarted process asks to join (the members let it in after this step)."""
+    """Wait until a restarted process asks to join (the members let it in after this step,
+    if it is still alive then)."""
     deadline = time.monotonic() + timeout
     while not member.joiners() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -98,6 +120,8 @@ def strike(i: int, kind: str, sig: signal.Signals) -> None:
 
 def save_strike(point: str) -> None:
     """The fault hook of every process; it fires in the one writing the checkpoints."""
+    if point == "mid-write" and 0 <= args.disk_full_at <= trainer.state.step:
+        raise OSError(28, "No space left on device")
     for i, (kind, at) in enumerate(strikes):
         if kind == point and trainer.state.step >= int(at):
             strike(i, point, signal.SIGKILL)
@@ -123,13 +147,17 @@ class Fault:
             return
         member = rd.membership()
         smaller = member is not None and member.world_size < member.cfg.world_size
-        if step + 1 == args.await_joiner_step and smaller:
+        if str(step + 1) in args.await_joiner_step.split(",") and smaller:
             await_joiner(member)
         if slot == args.kill_slot and step + 1 == args.kill_step:
             if args.kill_group:
                 node_records(step + 1)
                 os.killpg(os.getpgid(0), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
+        if slot == args.hold_slot and step + 1 == args.hold_step:
+            args.hold_step = -1  # once
+            (args.out / f"holding-{slot}").write_text(f"{time.time()}\n")
+            time.sleep(args.hold_seconds)
         if slot == args.stop_slot and step + 1 == args.stop_step:
             args.stop_step = -1  # once
             os.kill(os.getpid(), signal.SIGSTOP)
@@ -149,11 +177,43 @@ def node_records(step: int) -> None:
             time.sleep(0.02)
 
 
+class OwnError(torch.utils.data.Dataset):
+    """The data as a Dataset whose slot S raises its own "timed out" error from step K on."""
+
+    def __init__(self, slot_step: str) -> None:
+        self.slot, self.step = (int(v) for v in slot_step.split(":"))
+
+    def __len__(self) -> int:
+        return len(x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if first_start and slot == self.slot and trainer.state.step + 1 >= self.step:
+            raise RuntimeError("DataLoader worker (pid 4242) timed out after 5 seconds")
+        return x[i], y[i]
+
+
+def die_once_waiting() -> None:
+    """A first restart: SIGKILL itself 0.5 s after it is on the waiting list."""
+    member = rd.membership()
+    while member is not None:
+        if member.store.check(["waiting"]) and str(slot) in member.store.get("waiting").decode():
+            time.sleep(0.5)  # the members see it ask, and may let it in
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.02)
+
+
+if first_start and slot == args.crash_before_init:
+    raise RuntimeError(f"slot {slot} failed in its set-up (a test's crash before init)")
 x, y = data()
 # Fault first: its kills in on_batch come after the backward sent the gradient but before any
 # later hook; AuditLog records before the backward, so the micro-batch is on record.
 model, trainer = mlp_trainer([Fault(), AuditLog(args.out / "audit")])
-if any(kind in FAULT_POINTS for kind, _ in strikes):
+(args.out / f"setup-{slot}-{os.environ.get('RANKWISE_INCARNATION', '0')}").write_text(
+    f"{rd.is_master()} {rd.is_joining()}\n"
+)
+if args.joiner_dies_waiting and os.environ.get("RANKWISE_INCARNATION") == "1":
+    threading.Thread(target=die_once_waiting, daemon=True).start()
+if any(kind in FAULT_POINTS for kind, _ in strikes) or args.disk_full_at >= 0:
     set_fault_hook(save_strike)
 every = args.checkpoint_every
 cfg = DistributedTrainingConfig(
@@ -167,7 +227,10 @@ cfg = DistributedTrainingConfig(
     log_dir=args.log_dir,
     log_every_n_batches=1,
 )
-trainer.fit(x, y, cfg)
+if args.own_error:
+    trainer.fit(OwnError(args.own_error), config=cfg)
+else:
+    trainer.fit(x, y, cfg)
 if rd.is_master():
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     torch.save(state, args.out / "final.pt")

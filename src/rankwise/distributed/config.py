@@ -346,6 +346,7 @@ MEMBER_ENV_VARS = {
     "stale_s": "RANKWISE_STALE_S",
     "join_check_every": "RANKWISE_JOIN_CHECK_EVERY",
     "job_token": "RANKWISE_JOB_TOKEN",
+    "local_world_size": "LOCAL_WORLD_SIZE",
 }
 
 
@@ -411,6 +412,17 @@ class MemberConfig:
     # The job's secret (hex), which a restarted process proves to be let in (never in the
     # store, never printed); "" where the launcher gave none (no proof is asked).
     job_token: str = dataclasses.field(default="", repr=False)
+    # Processes per node (LOCAL_WORLD_SIZE); 0: not said, one node
+    local_world_size: int = 0
+
+    @property
+    def nnodes(self) -> int:
+        """The job's nodes (``--nnodes``): the launched world over the processes per node.
+
+        >>> MemberConfig(slot=0, world_size=8, host="h", port=1, local_world_size=4).nnodes
+        2
+        """
+        return max(self.world_size // self.local_world_size, 1) if self.local_world_size else 1
 
     def __post_init__(self) -> None:
         for field, holds, rule, fix in self._rules():
@@ -452,6 +464,9 @@ class MemberConfig:
              "e.g. RANKWISE_JOIN_CHECK_EVERY=1 (every step, the default), or unset it"),
             ("job_token", _is_hex(self.job_token),
              "the job's secret is hex digits (its value is not shown)", by_launcher),
+            ("local_world_size", 0 <= self.local_world_size <= self.world_size,
+             f"the processes per node are 1..{self.world_size}, the launched world",
+             by_launcher),
         ]  # fmt: skip
 
     @classmethod
@@ -474,7 +489,10 @@ class MemberConfig:
 
         kwargs: dict[str, Any] = {"host": given("host") or "127.0.0.1"}
         kwargs["job_token"] = (given("job_token") or "").strip()
-        for field in ("slot", "world_size", "port", "incarnation", "min_nproc", "join_check_every"):
+        for field in (
+            "slot", "world_size", "port", "incarnation", "min_nproc", "join_check_every",
+            "local_world_size",
+        ):  # fmt: skip
             if (raw := given(field)) is not None:
                 kwargs[field] = parse_int(MEMBER_ENV_VARS[field], raw)
         if (raw := given("stale_s")) is not None:

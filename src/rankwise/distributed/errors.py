@@ -21,3 +21,9 @@ class DistributedStateError(RuntimeError):
 
 class DistributedConnectionError(ConnectionError):
     """A peer, or the store's host, went away while the group was being built."""
+
+
+class PeerLostError(RuntimeError):
+    """rankwise itself found a peer gone (not torch's transport): e.g. a joiner let into a new
+    generation that died on its way in. :func:`rankwise.distributed.classify` calls it a lost
+    peer, so continue mode recovers from it as from a closed connection."""

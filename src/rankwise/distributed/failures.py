@@ -12,7 +12,8 @@ A rank's exception is one of three things, and each caller acts on exactly that:
   that timed out) or a socket: only torch's distributed errors and the messages of its
   communication backends (gloo, NCCL, c10d), which name their source, count.
 
-gloo raises plain ``RuntimeError`` s whose text starts with its source file
+rankwise's own :class:`~rankwise.distributed.errors.PeerLostError` (a joiner lost on its way
+into a new generation) is a lost peer too. gloo raises plain ``RuntimeError`` s whose text starts with its source file
 (``[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer``); torch's own errors are
 ``torch.distributed.DistError`` subclasses. Both are read here and nowhere else.
 
@@ -31,6 +32,8 @@ from __future__ import annotations
 from typing import Literal
 
 import torch.distributed as dist
+
+from rankwise.distributed.errors import PeerLostError
 
 Failure = Literal["timeout", "peer-lost"]
 
@@ -52,6 +55,8 @@ _GONE_WORDS = (
 def classify(exc: BaseException) -> Failure | None:
     """``"timeout"``, ``"peer-lost"`` or None (the rank's own failure); see the module doc."""
     text = str(exc).lower()
+    if isinstance(exc, PeerLostError):  # rankwise's own finding (membership.py)
+        return "peer-lost"
     if isinstance(exc, dist.DistError):
         # torch's distributed errors: the store, the network, the backend. A store or network
         # error that is not a timeout means the other end is gone.

@@ -273,8 +273,19 @@ def collective_timeout_ms() -> int | None:
 
 
 def is_master() -> bool:
-    """True on rank 0, the rank that logs and writes checkpoints."""
-    return get_rank() == 0
+    """True on rank 0, the rank that logs and writes checkpoints; never on a process waiting
+    to join (:func:`is_joining`), though it is rank 0 of its world of one until admitted."""
+    return get_rank() == 0 and not is_joining()
+
+
+def is_joining() -> bool:
+    """True in a process that ``rankwise launch --on-failure continue`` restarted (or that came
+    after the job's first generation formed) until the running ranks let it in: it runs the
+    script's set-up alone, as rank 0 of a world of one, but it is not the master, so rank-0-only
+    set-up (a tracker run, a download, a results folder) runs once, on the real rank 0. Its
+    slot, the rank it had in the launched world, is ``rd.membership().cfg.slot``.
+    """
+    return _membership is not None and _membership.pending
 
 
 def barrier() -> None:

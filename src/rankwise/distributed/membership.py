@@ -14,6 +14,9 @@ regroup writes generation ``g+1`` under its own keys and builds a fresh gloo gro
     join/<s>           -> "<incarnation>" (the incarnation of slot s that waits)
     proof/<s>/<inc>    -> hex HMAC-SHA256 of "<nonce>/<s>/<inc>" with the job's secret
     refused/<s>/<inc>  -> "1"          (a join request that did not prove the secret)
+    joinbeat/<s>       -> a counter a waiting joiner's heartbeat thread bumps every 0.2 s
+    gen/<g>/ready/<s>  -> "1"          (joiner s is entering generation g's group now)
+    stopped            -> "<why>"      (the members stopped the job: a joiner gives up at once)
     admit/<s>/<inc>    -> "<g>"        (the leader let that incarnation into generation g)
     gen/<g>/joined     -> "2"          (the slots generation g let in: they need the state)
     hb/<s>             -> a counter each process's heartbeat thread bumps every 0.2 s
@@ -33,16 +36,25 @@ launcher made or read from ``--job-token-file``; never written to the store) wit
 the store's ``auth/nonce`` and its slot and incarnation. A request without a valid proof is
 refused and taken off the list, and the job goes on (:meth:`Membership.joiners`).
 
+Generation 0 forms the same way: its leader waits for every slot to arrive, or to be marked
+dead by the launcher (a rank that crashed in its set-up), up to the rendezvous timeout; a slot
+that was not there then (its process crashed, or was too slow) comes back as any joiner.
+
 A restarted slot first runs alone (:attr:`Membership.pending`: a world of one, so the
-script's set-up needs nobody) and asks to come in with :meth:`Membership.join` once it is
-ready to train; the live members let it in at a step boundary they agree on
-(``regroup(grow=True)``), and a live peer sends it the training state.
+script's set-up needs nobody, and it is not the master: ``rd.is_joining()``) and asks to come
+in with :meth:`Membership.join` once it is ready to train; the live members let it in at a
+step boundary they agree on (``regroup(grow=True)``), and a live peer sends it the training
+state. Only live joiners are let in (not marked dead by the launcher), and every member
+waits for each joiner to reach the new group (``gen/<g>/ready/<s>``) while watching its dead
+mark and its heartbeat, so a joiner lost on the way in costs a recovery
+(:class:`JoinerLostError`, a lost peer), not the collective timeout.
 
 Teardown never waits for the broken group: see :func:`rankwise.distributed.retire.retire_groups`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import sys
@@ -53,10 +65,11 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from rankwise.distributed.config import MemberConfig
-from rankwise.distributed.errors import DistributedConnectionError
+from rankwise.distributed.errors import DistributedConnectionError, PeerLostError
 from rankwise.distributed.retire import retire_groups
 
 __all__ = [
+    "JoinerLostError",
     "Membership",
     "RegroupError",
     "RemovedError",
@@ -71,6 +84,11 @@ class RegroupError(RuntimeError):
 
 class RemovedError(RegroupError):
     """This process was left out of the new generation (it was frozen or too late)."""
+
+
+class JoinerLostError(PeerLostError):
+    """A joiner let into the new generation died or froze before it reached the group: the
+    members recover as from any lost peer (:func:`rankwise.distributed.classify`)."""
 
 
 def check_min_nproc(members: list[int], min_nproc: int) -> None:
@@ -125,13 +143,29 @@ class Membership:
         return len(self.members)
 
     def joiners(self) -> list[int]:
-        """Slots of restarted processes waiting to come in (one store round trip when none
-        waits); a request that does not prove the job's secret is refused here."""
-        waiting = [int(s) for s in self._get("waiting", "").split(",") if s]
+        """Slots of restarted processes waiting to come in, alive as far as the launcher knows
+        (a joiner that died or gave up while waiting is marked dead: never let in). A request
+        that does not prove the job's secret is refused here and taken off the list."""
+        waiting = self._listed()
         refused = [s for s in waiting if not self._proven(s)]
         if refused:
             self._take_off_waiting(refused)
-        return [s for s in waiting if s not in refused]
+        return [s for s in waiting if s not in refused and not self._joiner_dead(s)]
+
+    def _listed(self) -> list[int]:
+        waiting = self._get("waiting", "")
+        return sorted({int(s) for s in waiting.split(",") if s})
+
+    def _joiner_dead(self, slot: int) -> bool:
+        """Whether the launcher saw the incarnation of ``slot`` that asked to join exit."""
+        dead = self._get(f"dead/{slot}", "")
+        return bool(dead) and int(dead) >= int(self._get(f"join/{slot}", "0"))
+
+    def stop(self, why: str) -> None:
+        """The members stop the job (an error every rank raises): a joiner waiting now, or
+        started later, gives up at once naming ``why`` instead of waiting to be let in."""
+        with contextlib.suppress(Exception):  # the store host is gone: nobody joins anyway
+            self.store.set("stopped", why)
 
     def _proof(self, slot: int, incarnation: int) -> str:
         nonce = self._get("auth/nonce", "")
@@ -167,10 +201,22 @@ class Membership:
     # -- generations ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Generation 0 for a first start; a restarted slot runs alone until :meth:`join`."""
+        """Generation 0 for a first start (from whoever arrives: see the module doc); a
+        restarted slot, or one that came after generation 0 formed, runs alone until
+        :meth:`join`."""
         if self.cfg.incarnation == 0 and not self._has("current"):
-            self._enter(0, list(range(self.cfg.world_size)))
-            return
+            self.arrive()
+            try:
+                leads = self.store.compare_set("gen/0/leader", "", str(self.cfg.slot))
+            except Exception as exc:
+                raise self._lost(exc, "choosing the leader of generation 0") from exc
+            if leads == str(self.cfg.slot).encode():
+                self._lead_first()
+            members = self._read_members(0)
+            if self.cfg.slot in members:
+                check_min_nproc(members, self.cfg.min_nproc)
+                self._enter(0, members)
+                return
         self.pending, self.members = True, [self.cfg.slot]
         dist.init_process_group(
             "gloo", store=dist.HashStore(), rank=0, world_size=1,
@@ -220,6 +266,22 @@ class Membership:
 
     # -- internals ------------------------------------------------------------------------------
 
+    def _lead_first(self) -> None:
+        """Generation 0: every slot that arrives within the rendezvous timeout, not waiting
+        for one the launcher saw exit (it crashed before it got here). A process not started
+        yet has no heartbeat to judge: only its dead mark or the timeout count it out."""
+        slots = range(self.cfg.world_size)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            arrived = [s for s in slots if self._has(f"gen/0/arrive/{s}")]
+            dead = [s for s in slots if s not in arrived and self._has(f"dead/{s}")]
+            if len(arrived) + len(dead) == self.cfg.world_size or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        self.store.set("gen/0/joined", "")
+        self.store.set("gen/0/members", ",".join(map(str, arrived)))
+        self.store.set("current", "0")
+
     def _lead(self, nxt: int, expect_all: bool) -> None:
         old = self.members
         # Joiners come in only where the caller asked to grow, at a step boundary it chose:
@@ -248,8 +310,10 @@ class Membership:
         self.store.set(f"gen/{nxt}/members", ",".join(map(str, members)))
         for s in waiting:
             self.store.set(f"admit/{s}/{self._get(f'join/{s}', '0')}", str(nxt))
-        if waiting:
-            self._take_off_waiting(waiting)
+        if expect_all:  # take them (and the dead) off the list
+            leaving = set(waiting) | {s for s in self._listed() if self._joiner_dead(s)}
+            if leaving:
+                self._take_off_waiting(sorted(leaving))
         self.store.set("current", str(nxt))
 
     def _marked_dead(self, slot: int) -> bool:
@@ -258,13 +322,16 @@ class Membership:
         dead = self._get(f"dead/{slot}", "")
         return bool(dead) and int(dead) >= int(self._get(f"member/{slot}", "0"))
 
-    def _wait_members(self, gen: int) -> list[int]:
+    def _read_members(self, gen: int) -> list[int]:
         key = f"gen/{gen}/members"
         try:
             self.store.wait([key], timedelta(seconds=self.timeout_s))
         except Exception as exc:
             raise self._lost(exc, f"the member list of generation {gen}") from exc
-        members = [int(s) for s in self.store.get(key).decode().split(",") if s]
+        return [int(s) for s in self.store.get(key).decode().split(",") if s]
+
+    def _wait_members(self, gen: int) -> list[int]:
+        members = self._read_members(gen)
         if self.cfg.slot not in members:
             raise RemovedError(
                 f"slot {self.cfg.slot} was left out of generation {gen} (members {members}): "
@@ -286,6 +353,11 @@ class Membership:
         admit = f"admit/{slot}/{self.cfg.incarnation}"
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
+            if self._has("stopped"):
+                raise RegroupError(
+                    f"slot {self.cfg.slot} (restart {self.cfg.incarnation}) will not join: the "
+                    f"running ranks stopped the job ({self._get('stopped', '')})"
+                )
             if self._has(f"refused/{slot}/{inc}"):
                 raise RegroupError(
                     f"slot {slot} (restart {inc}) was refused by the running job: its proof of "
@@ -308,6 +380,9 @@ class Membership:
         self.generation, self.members = gen, members
         self.history[gen] = members
         self.store.set(f"member/{self.cfg.slot}", str(self.cfg.incarnation))  # see _marked_dead
+        if self.cfg.slot in self.joined:
+            self.store.set(f"gen/{gen}/ready/{self.cfg.slot}", "1")
+        self._await_joiners(gen)
         prefix = dist.PrefixStore(f"gen/{gen}/pg", self.store)
         dist.init_process_group(
             "gloo",
@@ -317,10 +392,34 @@ class Membership:
             timeout=timedelta(seconds=self.cfg.collective_timeout_s),
         )
 
+    def _await_joiners(self, gen: int) -> None:
+        """Before building generation ``gen``'s group, which waits for every member up to the
+        collective timeout: each joiner it let in has reached it, or is marked dead, or its
+        heartbeat stood still for ``stale_s`` (then :class:`JoinerLostError`)."""
+        seen: dict[int, tuple[str, float]] = {}
+        deadline = time.monotonic() + self.timeout_s
+        for s in self.joined:
+            while not self._has(f"gen/{gen}/ready/{s}"):
+                now = time.monotonic()
+                beat = self._get(f"joinbeat/{s}", "")
+                if s not in seen or seen[s][0] != beat:
+                    seen[s] = (beat, now)
+                if self._joiner_dead(s) or now - seen[s][1] >= self.cfg.stale_s or now > deadline:
+                    raise JoinerLostError(
+                        f"slot {s}, let into generation {gen}, died or stalled before it "
+                        f"reached the group (its heartbeat stood still for {self.cfg.stale_s:g} s, "
+                        "or the launcher saw it exit): the members recover without it."
+                    )
+                time.sleep(0.02)
+
     def _heartbeat(self) -> None:
         key = f"hb/{self.cfg.slot}"
         while not self._stop.wait(0.2):
-            if self.pending:
+            if self.pending:  # hb/<slot> is the lost predecessor's: a joiner beats apart
+                try:
+                    self._beats.add(f"joinbeat/{self.cfg.slot}", 1)
+                except Exception:
+                    return
                 continue
             try:
                 self._beats.add(key, 1)

@@ -53,7 +53,14 @@ from rankwise.train.setup import rewrap
 from rankwise.train.state import TrainState, broadcast_state
 from rankwise.train.sums import EpochSums, SumsLength
 
-__all__ = ["Continuing", "JoinersWaiting", "check_split", "fits", "shares_text"]
+__all__ = [
+    "Continuing",
+    "JoinersWaiting",
+    "RecoveryCap",
+    "check_split",
+    "fits",
+    "shares_text",
+]
 
 
 def fits(global_batch: int, world: int, accum: int) -> bool:
@@ -92,6 +99,40 @@ def shares_text(global_batch: int, world: int, accum: int) -> str:
     return f"{extra} x {(base + 1) * accum} + {world - extra} x {base * accum}"
 
 
+class RecoveryCap:
+    """Bounds the recoveries in a row with no optimizer step between them. Each one that is
+    real removes a member (or a joiner lost on its way in), and a world never holds more than
+    the launched ``limit`` processes, so more than ``limit`` in a row is a loop (a failure
+    taken for a lost peer, again and again): the job stops, naming the bound.
+
+    >>> cap = RecoveryCap(2)
+    >>> cap.count(5); cap.count(5); cap.count(6); cap.count(6)  # a step between: counted anew
+    >>> cap.count(6)
+    Traceback (most recent call last):
+    ...
+    rankwise.distributed.membership.RegroupError: 3 recoveries in a row at optimizer step 6 ...
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.step: int | None = None
+        self.in_a_row = 0
+
+    def count(self, step: int) -> None:
+        """One more recovery back to optimizer ``step``; refused past the bound."""
+        if step != self.step:
+            self.step, self.in_a_row = step, 0
+        self.in_a_row += 1
+        if self.in_a_row > self.limit:
+            raise RegroupError(
+                f"{self.in_a_row} recoveries in a row at optimizer step {step} without a step "
+                f"between them, more than the {self.limit} the launched world can lose "
+                "(one member each): the job stops rather than regroup in a loop. The errors "
+                "that made each one are above; fix that failure, or run with --on-failure "
+                "restart."
+            )
+
+
 class JoinersWaiting(Exception):  # a signal, not an error
     """Raised at the step boundary where the members agreed to let joiners in."""
 
@@ -118,11 +159,14 @@ class Continuing:
     ) -> None:
         self.membership, self.state, self.cfg = membership, state, cfg
         self.device = device
-        self.global_batch = cfg.effective_batch_size(rd.get_world_size())
+        # The launched world's global batch, also where generation 0 formed without a rank
+        # that crashed in its set-up (it comes back as a joiner).
+        self.global_batch = cfg.effective_batch_size(membership.cfg.world_size)
         self.source: Any = None
         self.last_mark: _Mark | None = None
         self.join_every = membership.cfg.join_check_every
         self.join_cursor: dict[str, Any] | None = None  # a joiner's, until it has the data
+        self.cap = RecoveryCap(membership.cfg.world_size)
 
     @classmethod
     def for_this_job(
@@ -159,6 +203,10 @@ class Continuing:
                     "not a DataLoader (or launch with --on-failure restart)."
                 )
             self.source = source
+            if self.join_cursor is None and self.membership.world_size != (
+                self.membership.cfg.world_size
+            ):  # generation 0 formed smaller than launched: the global batch is kept
+                self._resplit(dict(source.sampler.state_dict()), self.membership.world_size)
         if self.join_cursor is not None:
             self._resplit(self.join_cursor, self.membership.world_size)
             self.join_cursor = None
@@ -207,6 +255,7 @@ class Continuing:
         """Regroup with the survivors after a lost peer and go back to the last mark."""
         state, mark = self.state, self.last_mark
         assert mark is not None and state.optimizer is not None, "set by begin_epoch / fit"
+        self.cap.count(mark.step)
         module = self._unwrap()
         state.optimizer.zero_grad(set_to_none=True)  # the partial step's gradients
         old_world = rd.get_world_size() if rd.has_group() else None
@@ -252,7 +301,10 @@ class Continuing:
         state.model = rewrap(module, self.cfg, self.device)
         if old_world is not None:
             self._resplit(got["sampler"], world)
-        self._say(f"slot(s) {m.joined} rejoined", old_world, state.step)
+        said = (
+            f"slot(s) {m.joined} rejoined" if m.joined else "the joiner was lost before it came in"
+        )
+        self._say(said, old_world, state.step)
 
     def _unwrap(self) -> torch.nn.Module:
         self.membership.arrive()  # first: the collection below starves the heartbeat thread

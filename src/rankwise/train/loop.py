@@ -55,23 +55,30 @@ def run_epoch(state: TrainState, run: FitRun, source: Any) -> EpochResult:
     if continuing is None:
         return train_epoch(state, run, source)
     source = continuing.begin_epoch(source)
+    regroup: str | None = None  # what the last pass left to do: "" grow, else recover (why)
     while True:
         try:
+            # Inside the try: a grow whose joiner is lost on the way in, or a second peer lost
+            # during a recovery, is recovered from in turn (a bounded number of times in a row:
+            # Continuing.recover).
+            if regroup:
+                continuing.recover(regroup)
+            elif regroup is not None:
+                continuing.grow()
+            if regroup is not None:
+                regroup = None
+                run.on_regroup()  # the logger follows rank 0 (maybe another process now)
             if continuing.epoch_over():  # lost in the epoch's closing all-reduce
                 assert state.sums is not None, "set by fit()"
                 return state.sums.result()
             return train_epoch(state, run, continuing.source)
         except JoinersWaiting:
-            reason = ""
+            regroup = ""
         except RuntimeError as exc:
-            reason = continuing.lost_peer(exc)  # a rank's own error is raised here
-        # Outside the except block: the traceback's frames hold the DDP wrapper, and so the
-        # broken group, whose sockets must close for blocked peers to wake up.
-        if reason:
-            continuing.recover(reason)
-        else:
-            continuing.grow()
-        run.on_regroup()  # the logger follows rank 0 (maybe another process now); callbacks
+            # A rank's own error is raised here. The regroup itself runs outside this except
+            # block: the traceback's frames hold the DDP wrapper, and so the broken group,
+            # whose sockets must close for blocked peers to wake up.
+            regroup = continuing.lost_peer(exc)
 
 
 def between_epochs(run: FitRun, what: Callable[[], None]) -> None:
@@ -79,15 +86,18 @@ def between_epochs(run: FitRun, what: Callable[[], None]) -> None:
     one); under continue mode a peer lost in it is recovered from and ``what`` runs again in
     the new group (the state is at the last mark: an epoch's last step)."""
     continuing = run.continuing
+    reason: str | None = None
     while True:
         try:
+            if reason is not None and continuing is not None:
+                continuing.recover(reason)  # outside the except block, as in run_epoch
+                reason = None
+                run.on_regroup()
             return what()
         except RuntimeError as exc:
             if continuing is None:
                 raise
             reason = continuing.lost_peer(exc)
-        continuing.recover(reason)  # outside the except block, as in run_epoch
-        run.on_regroup()
 
 
 def train_epoch(state: TrainState, run: FitRun, source: Any) -> EpochResult:

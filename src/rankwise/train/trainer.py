@@ -216,6 +216,7 @@ class DistributedTrainer:
             progress=self.progress,
             saved_at=state.step if resumed else None,  # the end does not save it again
         )
+        checkpointer.check_folder()  # writable, before the first step
         try:
             # SIGTERM or an exception: the checkpoint write in flight still lands
             with checkpointer.draining():
@@ -331,6 +332,8 @@ class DistributedTrainer:
         """The world changed under ``--on-failure continue`` (continuing.py): rank 0 logs, and
         the callbacks hear of it (``on_regroup``)."""
         self.logger.follow(rd.is_master(), self.state.step)
+        if self._checkpointer is not None:
+            self._checkpointer.regrouped()  # SIGTERM is caught where a write can be in flight
         self._call("on_regroup", self)
 
     def batch_hooks(self, early: bool | int = False) -> list[Callable[..., None]]:

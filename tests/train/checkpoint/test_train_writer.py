@@ -226,12 +226,18 @@ def test_two_ranks_background_and_synchronous_saves_agree(tmp_path) -> None:
 
 def test_a_rank_that_never_writes_keeps_its_sigterm_handler(tmp_path) -> None:
     # A Python handler runs only once the main thread is back in Python: a rank blocked in a
-    # collective would ignore a launcher's SIGTERM. Only a rank that may write installs one.
+    # collective would ignore a launcher's SIGTERM. Only a rank that may have a write in
+    # flight installs one: under --on-failure continue (a callable), whoever writes now.
     from rankwise.train.checkpoint.writer import CheckpointWriter, drained_on_sigterm
 
     manager = CheckpointManager(tmp_path)
     before = signal.getsignal(signal.SIGTERM)
-    for writes, installs in ((False, False), (True, True), (lambda: False, True)):
+    for writes, installs in (
+        (False, False),
+        (True, True),
+        (lambda: False, False),
+        (lambda: True, True),
+    ):
         writer = CheckpointWriter(
             manager, writes=writes, background=True, shared=True, saved=lambda path: None
         )

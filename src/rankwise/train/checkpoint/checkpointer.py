@@ -25,7 +25,13 @@ from contextlib import contextmanager
 
 import rankwise.distributed as rd
 from rankwise.train.checkpoint.resume import Location, Manager
-from rankwise.train.checkpoint.writer import Savable, SaveStats, drained_on_sigterm, writer_for
+from rankwise.train.checkpoint.writer import (
+    Savable,
+    SaveStats,
+    SigtermDrain,
+    drained_on_sigterm,
+    writer_for,
+)
 from rankwise.train.config import DistributedTrainingConfig
 
 __all__ = ["Checkpointer"]
@@ -60,6 +66,7 @@ class Checkpointer:
         self.progress = progress
         self.saved_at = saved_at
         self._step_save_due = False  # a step save that fell on an epoch's last step
+        self._sigterm: SigtermDrain | None = None  # while draining(): SIGTERM waits for a write
 
     @property
     def stats(self) -> SaveStats | None:
@@ -104,6 +111,19 @@ class Checkpointer:
             self.progress.mark(f"the checkpoint save at step {state.step}")
         self.writer.save(state)
         self.saved_at = state.step
+        self.regrouped()  # a write in flight now: SIGTERM waits for it
+
+    def check_folder(self) -> None:
+        """Before the first step (a collective): the folder is writable, or every rank stops
+        naming the path and the OS error (not at the first save's end, an interval later)."""
+        if self.writer is not None:
+            self.writer.check_folder()
+
+    def regrouped(self) -> None:
+        """This rank's role may have changed (``--on-failure continue``: rank 0 is another
+        process now): catch SIGTERM only where a write can be in flight."""
+        if self._sigterm is not None:
+            self._sigterm.update()
 
     @contextmanager
     def draining(self) -> Iterator[None]:
@@ -111,8 +131,9 @@ class Checkpointer:
         process as before); when the block ends, by an exception too, the write in flight
         still lands (its own error is a warning, not raised over the block's)."""
         try:
-            with drained_on_sigterm(self.writer):
+            with drained_on_sigterm(self.writer) as self._sigterm:
                 yield
         finally:
+            self._sigterm = None
             if self.writer is not None:
                 self.writer.drain()

@@ -105,6 +105,22 @@ class CheckpointManager:
         files = [p for p in self.directory.iterdir() if self._name.match(p.name)]
         return sorted(files, key=self._key)
 
+    def probe(self) -> str | None:
+        """Whether a save can write here: create the folder, then create, fsync and delete a
+        small file in it. None if it can, else what failed (the path and the OS error), for
+        ``fit`` to say before its first step rather than at a save one interval later."""
+        probe = self.directory / f".{self.prefix}-probe-{os.getpid()}"
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with open(probe, "wb") as f:
+                f.write(b"rankwise")
+                f.flush()
+                os.fsync(f.fileno())
+            probe.unlink()
+        except OSError as exc:
+            return f"the checkpoint folder {self.directory} is not writable ({probe}: {exc})"
+        return None
+
     def save(self, state: dict[str, Any], *, epoch: int, step: int) -> Path:
         """Write ``state`` as the checkpoint of ``(epoch, step)``; return its path.
 

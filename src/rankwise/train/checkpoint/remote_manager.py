@@ -33,6 +33,7 @@ from rankwise.train.checkpoint import remote
 from rankwise.train.checkpoint.files import check_plain, manifest_path, save_file
 from rankwise.train.checkpoint.manager import check_naming, check_position, name_pattern
 from rankwise.train.checkpoint.staging import BackgroundSaves
+from rankwise.train.checkpoint.storage_errors import StorageError
 from rankwise.train.checkpoint.storage import Storage
 
 __all__ = ["RemoteCheckpointManager"]
@@ -78,6 +79,15 @@ class RemoteCheckpointManager:
         the unfinished multipart uploads under the URL; return their keys."""
         self.storage.check_writable()
         return remote.clean_partial_uploads(self.storage)
+
+    def probe(self) -> str | None:
+        """Whether a save can write here (see ``CheckpointManager.probe``): None if it can,
+        else what failed, naming the URL (never a secret)."""
+        try:
+            self.storage.check_writable()
+        except StorageError as exc:
+            return str(exc).rstrip(".")
+        return None
 
     def name_for(self, epoch: int, step: int) -> str:
         return f"{self.prefix}-e{epoch:06d}-s{step:09d}.pt"

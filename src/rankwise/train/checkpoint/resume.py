@@ -27,14 +27,20 @@ Manager = CheckpointManager | RemoteCheckpointManager
 
 def manager_for(cfg: DistributedTrainingConfig) -> Manager | None:
     """The checkpoint folder's manager (one folder per rank unless rank 0 alone saves);
-    under ``strategy="fsdp"`` it writes sharded DCP folders, every rank its shards.
+    under ``strategy="fsdp"`` it writes sharded DCP folders, every rank its shards. Per-rank
+    folders are a process's own: by slot under ``--on-failure continue`` (a restarted slot 2
+    writes ``rank-2/`` again, not ``rank-0/`` of its world of one). A relative folder is
+    refused for a continue job on more than one node (rank 0 moves between nodes: the folder
+    must be shared).
 
     An object-storage URL gives a :class:`RemoteCheckpointManager`, checked here on every rank
     (reachable, writable: a :class:`~rankwise.train.checkpoint.StorageError` naming the URL
     and the fix before the first step), and its writer's stale multipart uploads aborted."""
     if cfg.checkpoint_dir is None:
         return None
-    per_rank = "" if cfg.save_on_master_only else f"rank-{rd.get_rank()}"
+    member = rd.membership()
+    who = member.cfg.slot if member is not None else rd.get_rank()
+    per_rank = "" if cfg.save_on_master_only else f"rank-{who}"
     keep = cfg.keep_last_checkpoints
     if is_remote_url(cfg.checkpoint_dir):
         if cfg.strategy == "fsdp":
@@ -53,6 +59,14 @@ def manager_for(cfg: DistributedTrainingConfig) -> Manager | None:
             storage.check_writable()
         return manager
     base = Path(cfg.checkpoint_dir)
+    if member is not None and member.cfg.nnodes > 1 and not base.is_absolute():
+        raise ValueError(
+            f"checkpoint_dir ({cfg.checkpoint_dir!r}) is relative, and this --on-failure "
+            f"continue job runs on {member.cfg.nnodes} nodes: whoever is rank 0 writes each "
+            "save, on whatever node it runs, so the saves would scatter over the nodes' own "
+            "folders. Give an absolute path on storage every node shares (e.g. "
+            "'/shared/run1/ckpt')."
+        )
     folder = base / per_rank if per_rank else base
     sharded = cfg.strategy == "fsdp"
     return CheckpointManager(folder, keep_last=keep, sharded=sharded)

@@ -21,12 +21,25 @@ learns the path and waits at a barrier.
 Under ``rankwise launch --on-failure continue`` the writing rank is whoever is rank 0 at the
 save (after slot 0 is lost, another process is), and a background write whose writer a later
 generation left out is never reported as saved: it may never have landed (the pointer then
-still names the previous checkpoint).
+still names the previous checkpoint). Whoever *started* a write waits for it and reports it,
+whatever its role now: when slot 0 rejoins while the old rank 0 still writes, the old rank 0
+finishes that write before the next save's collective (so the pointer never goes back) and
+raises its error. A write that fails stops every rank at the next save (or the end of
+``fit``) with the same :class:`CheckpointWriteError`, naming the file and the OS error: under
+continue mode, never a lost peer that the next writer would repeat.
+
+SIGTERM (:func:`drained_on_sigterm`) is caught only where a write can be in flight (this rank
+writes now, or its last write has not been waited for; re-decided at each save and regroup),
+and it is served from a helper thread too: a Python handler alone runs only once the main
+thread leaves a gloo call, so a rank blocked in a collective would ignore the signal.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -35,12 +48,33 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
+import torch.distributed as dist
+
 import rankwise.distributed as rd
 from rankwise.train.checkpoint.files import CheckpointError, CheckpointWarning
 from rankwise.train.checkpoint.resume import Location, Manager, broadcast_path
 from rankwise.train.checkpoint.storage import StorageError
 
-__all__ = ["CheckpointWriter", "Savable", "SaveStats", "drained_on_sigterm", "writer_for"]
+__all__ = [
+    "CheckpointWriteError",
+    "CheckpointWriter",
+    "Savable",
+    "SaveStats",
+    "drained_on_sigterm",
+    "writer_for",
+]
+
+
+_STOP_FIX = (
+    " The run stops here (every rank); the previous checkpoint is intact: free space or fix "
+    "the folder's permissions, then relaunch with resume='auto'."
+)
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint could not be written (a full disk, a read-only folder): the run stops, on
+    every rank, naming the file and the OS error. An ``OSError`` too, as the failure was."""
 
 
 class Savable(Protocol):
@@ -101,17 +135,25 @@ class CheckpointWriter:
         return self._writes() if callable(self._writes) else self._writes
 
     @property
-    def never_writes(self) -> bool:
-        """Whether this rank writes at no save of this ``fit`` (not rank 0, and rank 0 cannot
-        move to it: no ``--on-failure continue``)."""
-        return self._writes is False
+    def may_have_write_in_flight(self) -> bool:
+        """Whether a background write of this rank can be in flight now: it writes now, or the
+        write it started (maybe under another role) has not been waited for."""
+        return self.background and (self.writes or self.manager.pending() is not None)
+
+    def check_folder(self) -> None:
+        """Before the first step (a collective): every rank that may write probes the folder
+        (under ``--on-failure continue`` any rank may become rank 0); one that cannot write
+        stops every rank with :class:`CheckpointWriteError`, naming the path and the error."""
+        may_write = self.writes or rd.membership() is not None
+        failed = self.manager.probe() if may_write else None
+        self._agree(None if failed is None else f"{failed}.{_STOP_FIX}")
 
     def save(self, state: Savable) -> Location | None:
         """Checkpoint ``state`` where it is; a collective. Returns the checkpoint's path (in
         the background: where it is being written)."""
         started = time.perf_counter()
         if self.background:
-            self._wait_for_write(started)
+            self._agree(self._wait_for_write(started))
         # The writing rank enters it only once its last write ended.
         saved = state.state_dict(sharded=self.manager.sharded)
         self._report_in_flight()
@@ -144,24 +186,14 @@ class CheckpointWriter:
             self.save(state)
         if self._in_flight is None:
             return
-        if self.writes:
-            try:
-                self.manager.wait()  # re-raises the background write's error
-            except StorageError as e:
-                raise CheckpointError(
-                    f"fit's last checkpoint ({self._in_flight}) could not be made durable: "
-                    f"{e} Training finished, but the checkpoint store holds only the previous "
-                    "checkpoint: fix the store and train again with resume='auto' (it goes on "
-                    "from there)."
-                ) from None
-        rd.barrier()  # the other ranks learn that the writer is done
+        self._agree(self._wait_for_write(time.perf_counter(), final=True))  # all learn it
         self._report_in_flight()
 
     def drain(self) -> None:
         """After an exception or on SIGTERM: wait for the write in flight (it stays a valid
         checkpoint); its own error, if any, is reported as a warning, not raised over the
         error that stopped ``fit``. Local: no collective."""
-        if not self.writes or not self.background:
+        if not self.background or self.manager.pending() is None:  # whoever started a write
             return
         try:
             self.manager.wait()
@@ -172,17 +204,26 @@ class CheckpointWriter:
                 stacklevel=2,
             )
 
-    def _wait_for_write(self, started: float) -> None:
-        if not self.writes:
-            return
+    def _wait_for_write(self, started: float, final: bool = False) -> str | None:
+        """Wait for the write this rank started, whatever its role now; return its error as
+        the message every rank raises (None: no write, or it landed)."""
         pending = self.manager.pending()
-        if pending is not None and not pending.done():
+        if pending is None:
+            return None
+        if not pending.done():
             self.stats.waits += 1
         try:
             self.manager.wait()  # re-raises the background write's error
         except StorageError as e:
+            if final:
+                return (
+                    f"fit's last checkpoint ({self._in_flight}) could not be made durable: {e} "
+                    "Training finished, but the checkpoint store holds only the previous "
+                    "checkpoint: fix the store and train again with resume='auto' (it goes on "
+                    "from there)."
+                )
             # The object store is down past the retries: this checkpoint is lost, training
-            # goes on, and the next save tries again (the end of fit insists: finish()).
+            # goes on, and the next save tries again (the end of fit insists: final).
             warnings.warn(
                 f"the checkpoint {self._in_flight} was not saved: {e} Training goes on; "
                 "the next checkpoint save tries again.",
@@ -190,8 +231,32 @@ class CheckpointWriter:
                 stacklevel=4,
             )
             self._in_flight = None
-        if pending is not None:
+        except OSError as exc:
+            return (
+                f"writing the checkpoint {self._in_flight or self.manager.directory} failed: "
+                f"{exc}.{_STOP_FIX}"
+            )
+        finally:
             self.stats.waited_seconds += time.perf_counter() - started
+        return None
+
+    def _agree(self, error: str | None) -> None:
+        """Every rank learns whether a write failed (a collective in a world of more than
+        one): all raise the same :class:`CheckpointWriteError`, so under continue mode no
+        survivor takes it for a lost peer and makes the next writer fail the same way."""
+        failed = error is not None
+        if rd.get_world_size() > 1 and rd.has_group():
+            flag = torch.tensor([rd.get_rank() + 1 if failed else 0], device=rd.collective_device())
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            failed, src = bool(flag.item()), int(flag.item()) - 1
+            if failed:
+                error = rd.broadcast_plain(error, src=src)
+        if not failed:
+            return
+        member = rd.membership()
+        if member is not None and not member.pending:  # a rank asking to join gives up at once
+            member.stop(str(error))
+        raise CheckpointWriteError(str(error))
 
     def _time_write(self, started: float) -> None:
         pending = self.manager.pending()
@@ -240,31 +305,124 @@ def writer_for(
     )
 
 
-@contextmanager
-def drained_on_sigterm(writer: CheckpointWriter | None) -> Iterator[None]:
-    """While the block runs, SIGTERM (a launcher's stop, a scheduler's preemption) first waits
-    for the checkpoint write in flight, then does what it did before (by default: ends the
-    process). Only in the main thread, where Python delivers signals."""
-    # A rank that never writes installs no handler: a Python handler runs only once the main
-    # thread is back in Python, so one blocked in a collective would not stop at once.
-    if writer is None or not writer.background or writer.never_writes:
-        yield
-        return
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGTERM)
+class SigtermDrain:
+    """SIGTERM while a write of this rank may be in flight: wait for it, then end as before.
 
-    def on_sigterm(signum: int, frame: Any) -> None:
-        writer.drain()
+    :meth:`update` installs the handler where a write can be in flight and takes it away
+    elsewhere (a rank that never writes keeps the default: the signal ends it at once). The
+    handler is a Python one, which runs only once the main thread is back in Python, so a
+    helper thread is woken by the signal too (``signal.set_wakeup_fd``): it waits for the
+    write and, where SIGTERM's action was the default, ends the process with it at once,
+    even while the main thread is blocked in a collective. Main thread only.
+    """
+
+    def __init__(self, writer: CheckpointWriter) -> None:
+        self.writer = writer
+        self.previous: Any = None
+        self.installed = False
+        self._wakeup: tuple[int, int] | None = None  # (read, write) ends of the wakeup pipe
+        self._old_wakeup = -1
+
+    def update(self) -> None:
+        """Install or remove the handler as this rank may or may not have a write in flight."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        wanted = self.writer.may_have_write_in_flight
+        if wanted and not self.installed:
+            self._install()
+        elif not wanted and self.installed:
+            self.remove()
+
+    def remove(self) -> None:
+        if not self.installed:
+            return
+        signal.signal(signal.SIGTERM, self.previous or signal.SIG_DFL)  # None: set outside Python
+        self.installed = False
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(self._old_wakeup)
+            os.close(self._wakeup[1])  # the helper thread reads end-of-file and ends
+            self._wakeup = None
+
+    def _install(self) -> None:
+        self.previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.installed = True
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        old = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        if old != -1:  # someone else's (an event loop): leave it theirs, main thread only
+            signal.set_wakeup_fd(old)
+            os.close(read)
+            os.close(write)
+            return
+        self._wakeup, self._old_wakeup = (read, write), old
+        threading.Thread(
+            target=self._watch, args=(read,), name="rankwise-sigterm", daemon=True
+        ).start()
+
+    def _watch(self, read: int) -> None:
+        try:
+            while chunk := os.read(read, 64):
+                if signal.SIGTERM in chunk and self.previous == signal.SIG_DFL:
+                    self._await_write()
+                    _end_by_sigterm()
+        finally:
+            os.close(read)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._await_write()
+        previous = self.previous
         if callable(previous):
             previous(signum, frame)
         elif previous != signal.SIG_IGN:  # the default action: end the process, as before
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.raise_signal(signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    def _await_write(self) -> None:
+        """Wait for the write in flight (without taking it from the manager); say if it
+        failed: the process is ending anyway."""
+        pending = self.writer.manager.pending()
+        if pending is None:
+            return
+        concurrent.futures.wait([pending])
+        if pending.exception() is not None:
+            print(
+                f"rankwise: the background checkpoint write failed as well: {pending.exception()}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _end_by_sigterm() -> None:
+    """End the process by SIGTERM's default action from any thread (``signal.signal`` works in
+    the main thread only, which may be blocked in a collective): set the C-level disposition
+    back to the default and signal again; without libc, exit as a shell reports it (143)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
     try:
-        yield
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal(int(signal.SIGTERM), None)  # SIG_DFL is the null handler
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1.0)  # delivered at once; this only bounds an unexpected delay
+    except (OSError, AttributeError):
+        pass
+    os._exit(128 + int(signal.SIGTERM))
+
+
+@contextmanager
+def drained_on_sigterm(writer: CheckpointWriter | None) -> Iterator[SigtermDrain | None]:
+    """While the block runs, SIGTERM (a launcher's stop, a scheduler's preemption) first waits
+    for the checkpoint write in flight, then does what it did before (by default: ends the
+    process); see :class:`SigtermDrain`. Yields it (None without background writes), for the
+    caller to :meth:`~SigtermDrain.update` where the rank's role may change (a regroup)."""
+    if writer is None or not writer.background:
+        yield None
+        return
+    drain = SigtermDrain(writer)
+    drain.update()
+    try:
+        yield drain
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        drain.remove()
