@@ -174,6 +174,19 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
     ): _CONTINUE,
     ("train/continuing.py", "the survivors stopped at different optimizer steps ({}) "): _CONTINUE,
     ("train/continuing.py", "--on-failure continue re-splits the rest of the epoch ov"): _CONTINUE,
+    ("distributed/membership.py", "slot {} (restart {}) will not join: the running ranks"): (
+        _CONTINUE
+    ),
+    ("distributed/membership.py", "slot {}, let into generation {}, died or stalled before"): (
+        _CONTINUE
+    ),
+    ("train/checkpoint/resume.py", "checkpoint_dir ({}) is relative, and this --on-failure"): (
+        "fires only inside a continue job launched on more than one node (--nnodes > 1): "
+        "tests/train/checkpoint/test_train_writer_roles.py triggers it"
+    ),
+    ("train/continuing.py", "{} recoveries in a row at optimizer step {} without a step"): (
+        _CONTINUE
+    ),
     ("train/checkpoint/sharded.py", "checkpoint {}: {} is not a rankwise training state."): _FORGED,
     ("train/checkpoint/sharded.py", "checkpoint {}: {} verifies but does not load: {}"): _FORGED,
 }
