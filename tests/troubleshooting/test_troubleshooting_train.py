@@ -4,10 +4,11 @@ in this process. tests/troubleshooting/test_troubleshooting.py checks that these
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,14 +26,17 @@ from rankwise.train import (
     DistributedTrainer,
     DistributedTrainingConfig,
     DistributedTrainingHistory,
+    RayReport,
     TrainingLogger,
     load_file,
     load_optimizer_state_dict,
     optimizer_state_dict,
+    rankwise_checkpoint,
     save_file,
     set_rng_state,
 )
 from rankwise.train.checkpoint.writer import CheckpointWriter
+from rankwise.train.ray_report import check_checkpoint_dir
 
 _X, _Y = np.zeros((8, 2), np.float32), np.zeros((8, 2), np.float32)
 
@@ -157,6 +161,41 @@ def _plot_without_matplotlib() -> BaseException:
         for name in {"matplotlib", *saved}:
             del sys.modules[name]
         sys.modules.update(saved)
+
+
+def _ray_report_outside_ray() -> BaseException:
+    trainer = DistributedTrainer(
+        nn.Linear(2, 2), nn.MSELoss(), torch.optim.SGD, callbacks=[RayReport()]
+    )
+    return raised(trainer.fit, _X, _Y, _config())
+
+
+def _ray_report_without_ray() -> BaseException:
+    import sys
+
+    saved = {k: v for k, v in sys.modules.items() if k.split(".")[0] == "ray"}
+    for name in {"ray", "ray.train", *saved}:  # as if not installed
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        trainer = DistributedTrainer(
+            nn.Linear(2, 2), nn.MSELoss(), torch.optim.SGD, callbacks=[RayReport()]
+        )
+        return raised(trainer.fit, _X, _Y, _config())
+    finally:
+        for name in {"ray", "ray.train", *saved}:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+class _RayCheckpoint:
+    """What rankwise_checkpoint reads of a ray.train.Checkpoint: its path, as a folder."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    @contextlib.contextmanager
+    def as_directory(self) -> Iterator[str]:
+        yield self.path
 
 
 def _epoch(**values: object) -> BaseException:
@@ -447,6 +486,10 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "history-not-json": lambda: _history_file("{not json"),
     "history-not-history": lambda: _history_file('{"losses": [0.5]}'),
     "history-plot-matplotlib": _plot_without_matplotlib,
+    "ray-report-outside-ray": _ray_report_outside_ray,
+    "ray-report-without-ray": _ray_report_without_ray,
+    "ray-checkpoint-dir-relative": lambda: warned(check_checkpoint_dir, "checkpoints"),
+    "ray-checkpoint-not-rankwise": lambda: raised(rankwise_checkpoint, _RayCheckpoint(_folder())),
     "history-number": lambda: _epoch(val_loss=torch.tensor(0.5)),
     "history-fraction": lambda: _epoch(train_acc=95.0),
     "logger-every-type": lambda: raised(TrainingLogger, None, False, 2.5, True),

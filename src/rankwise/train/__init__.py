@@ -3,6 +3,7 @@
 ``DistributedTrainer`` trains, ``DistributedTrainingConfig`` says what a run does,
 ``DistributedTrainingHistory`` records what it did, ``TrainingLogger`` prints and logs it on
 rank 0; ``AuditLog`` (opt-in) records which samples each rank consumed per step;
+``RayReport`` reports each epoch's metrics and checkpoint to Ray Train (``rankwise[ray]``);
 ``ConfigTree`` reads a script's own nested YAML settings. ``TrainState`` is where training is
 (``trainer.state``: what a checkpoint holds, what ``broadcast_state`` sends to another rank);
 ``SaveStats`` what background checkpoint saves cost the loop. See ``docs/train.md``.
@@ -35,6 +36,7 @@ from rankwise.train.config import DistributedTrainingConfig, parse_overrides
 from rankwise.train.config_tree import ConfigKeyError, ConfigTree
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
+from rankwise.train.ray_report import RayReport, rankwise_checkpoint
 from rankwise.train.state import TrainState, broadcast_state
 from rankwise.train.trainer import DistributedTrainer
 
@@ -51,6 +53,7 @@ __all__ = [
     "DistributedTrainer",
     "DistributedTrainingConfig",
     "DistributedTrainingHistory",
+    "RayReport",
     "SaveStats",
     "TrainState",
     "TrainingLogger",
@@ -62,6 +65,7 @@ __all__ = [
     "model_state_dict",
     "optimizer_state_dict",
     "parse_overrides",
+    "rankwise_checkpoint",
     "read_audit",
     "rng_state",
     "save_file",

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import rankwise.distributed as rd
 from rankwise.train.checkpoint import Checkpointer
@@ -35,6 +35,8 @@ from rankwise.train.loggers import TrainingLogger
 from rankwise.train.state import TrainState
 from rankwise.train.step import StepEnv, accumulation_windows, micro_batch_count, train_step
 from rankwise.train.sums import EpochResult, LossReadout
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -81,10 +83,10 @@ def run_epoch(state: TrainState, run: FitRun, source: Any) -> EpochResult:
             regroup = continuing.lost_peer(exc)
 
 
-def between_epochs(run: FitRun, what: Callable[[], None]) -> None:
+def between_epochs(run: FitRun, what: Callable[[], T]) -> T:
     """``what()`` between epochs or after the last (a checkpoint save, the wait for the last
-    one); under continue mode a peer lost in it is recovered from and ``what`` runs again in
-    the new group (the state is at the last mark: an epoch's last step)."""
+    one), and its answer; under continue mode a peer lost in it is recovered from and ``what``
+    runs again in the new group (the state is at the last mark: an epoch's last step)."""
     continuing = run.continuing
     reason: str | None = None
     while True:

@@ -82,9 +82,11 @@ class DistributedTrainer:
     - ``device`` (``"cpu"``, ``"cuda:1"``, a CUDA index): default ``rd.device()``. A model
       that comes wrapped (DDP, DataParallel, FSDP2) is trained as it is, never wrapped twice.
     - ``callbacks``: objects with any of ``on_fit_start(trainer)``, ``on_epoch_end(trainer,
-      epoch, metrics)``, ``on_checkpoint_saved(trainer, path)``, ``on_fit_end(trainer,
-      history)``, ``on_batch(trainer, epoch, step, sample_ids)``, ``before_backward`` (the
-      same, after the forward: before this micro-batch's gradient reaches the other ranks).
+      epoch, metrics)``, ``on_epoch_saved(trainer, epoch, metrics, path)`` (after the
+      epoch's checkpoint, if it has one, is durable: ``path`` is None when it has none),
+      ``on_checkpoint_saved(trainer, path)``, ``on_fit_end(trainer, history)``,
+      ``on_batch(trainer, epoch, step, sample_ids)``, ``before_backward`` (the same, after
+      the forward: before this micro-batch's gradient reaches the other ranks).
 
     ``trainer.on_batch`` (None by default) is the same per-micro-batch hook without a callback
     object: ``sample_ids`` are the dataset indices of this rank's micro-batch when the trainer
@@ -246,6 +248,7 @@ class DistributedTrainer:
         if continuing is not None and continuing.join_if_waiting():  # a restarted process
             self._regrouped()
         samples, train_seconds = 0, 0.0
+        reports = any(hasattr(cb, "on_epoch_saved") for cb in self.callbacks)
         for epoch in range(state.epoch, cfg.epochs):
             t0 = time.perf_counter()
             state.epoch = epoch
@@ -256,8 +259,12 @@ class DistributedTrainer:
             train_seconds += time.perf_counter() - t0
             metrics = self._end_epoch(epoch, result, val_set, t0)
             self._call("on_epoch_end", self, epoch, metrics)
-            # every N epochs, or a step save deferred to the epoch's end
-            between_epochs(run, functools.partial(checkpointer.after_epoch, state, epoch))
+            # every N epochs, or a step save deferred to the epoch's end; durable before
+            # on_epoch_saved hands it on (Ray's report), which then costs the write's wait
+            save = functools.partial(checkpointer.after_epoch, state, epoch, durable=reports)
+            saved = between_epochs(run, save)
+            if reports:
+                self._call("on_epoch_saved", self, epoch, metrics, saved)
         # a last save unless the last step is saved; fit returns once it is durable
         between_epochs(run, functools.partial(checkpointer.at_end, state))
         return samples, train_seconds

@@ -24,7 +24,7 @@ import torch
 
 from rankwise.testing import child_env, run_distributed
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
-from rankwise.train.checkpoint import CheckpointManager, set_fault_hook
+from rankwise.train.checkpoint import CheckpointManager, set_fault_hook, verify_file
 
 
 def _trainer(**kwargs: Any) -> DistributedTrainer:
@@ -123,6 +123,38 @@ def test_fit_returns_only_once_the_last_checkpoint_is_durable(tmp_path, fault_ho
     trainer.fit(*_data(), _config(tmp_path, epochs=2, checkpoint_every_n_epochs=1))
     assert _pointer_step(tmp_path) == 16
     assert [p.name for p in saved] == ["ckpt-e000001-s000000008.pt", "ckpt-e000002-s000000016.pt"]
+
+
+def test_on_epoch_saved_comes_once_the_epochs_checkpoint_is_durable(tmp_path, fault_hook):
+    # What RayReport builds on: a background write is waited for before the callback hears of
+    # the epoch, so the path it hands on (to Ray) is a verified checkpoint of that very epoch.
+    # An epoch that saves nothing is told so (None); the others keep overlapping their writes.
+    events: list[tuple[str, Any]] = []
+
+    class Reporter:
+        def on_checkpoint_saved(self, trainer: DistributedTrainer, path: Path) -> None:
+            events.append(("saved", path.name))
+
+        def on_epoch_saved(self, trainer: Any, epoch: int, metrics: Any, path: Any) -> None:
+            if path is not None:
+                assert verify_file(path) and _pointer_step(tmp_path) == trainer.global_step
+            events.append((f"epoch {epoch}", None if path is None else path.name))
+            assert metrics["train_loss"] > 0
+
+    def slow_pointer(point: str) -> None:
+        if point == "before-pointer":
+            time.sleep(0.3)
+
+    fault_hook(slow_pointer)
+    trainer = _trainer(callbacks=[Reporter()])
+    trainer.fit(*_data(), _config(tmp_path, epochs=3, checkpoint_every_n_epochs=2))
+    assert events == [
+        ("epoch 0", None),
+        ("saved", "ckpt-e000002-s000000016.pt"),
+        ("epoch 1", "ckpt-e000002-s000000016.pt"),
+        ("epoch 2", None),
+        ("saved", "ckpt-e000003-s000000024.pt"),  # the end of fit's save
+    ]
 
 
 def test_an_exception_in_the_loop_still_lets_the_write_in_flight_land(tmp_path, fault_hook):

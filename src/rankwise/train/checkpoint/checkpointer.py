@@ -86,13 +86,24 @@ class Checkpointer:
         else:
             self.save(state)
 
-    def after_epoch(self, state: Savable, epoch: int) -> None:
+    def after_epoch(self, state: Savable, epoch: int, *, durable: bool = False) -> Location | None:
         """Once ``epoch`` is closed (``state`` is at the next one's start): a save every
-        ``checkpoint_every_n_epochs`` epochs, or the step save deferred by :meth:`after_step`."""
+        ``checkpoint_every_n_epochs`` epochs, or the step save deferred by :meth:`after_step`.
+        Returns the save's path, or None when the epoch saved nothing.
+
+        ``durable``: the save has landed when this returns, on every rank (a background write
+        is waited for, as at the end of ``fit``), for a callback that hands the epoch's
+        checkpoint on (``on_epoch_saved``: Ray's report). Then None also when the write
+        failed past the store's retries (a warning, on the writing rank; training goes on).
+        """
         every = self.every_n_epochs
+        path = None
         if (every and (epoch + 1) % every == 0) or self._step_save_due:
-            self.save(state)
+            path = self.save(state)
         self._step_save_due = False
+        if durable and path is not None and self.writer is not None and self.writer.background:
+            path = self.writer.settle(state)
+        return path
 
     def at_end(self, state: Savable) -> None:
         """After the last epoch: a save unless the last step is saved already, then return once
@@ -103,15 +114,17 @@ class Checkpointer:
         if self.writer is not None:
             self.writer.finish(state)
 
-    def save(self, state: Savable) -> None:
-        """Save the training state where it is (mid-epoch: with the cursor and the sums)."""
+    def save(self, state: Savable) -> Location | None:
+        """Save the training state where it is (mid-epoch: with the cursor and the sums);
+        return the checkpoint's path (in the background: where it is being written)."""
         if self.writer is None:
-            return
+            return None
         if self.progress is not None:
             self.progress.mark(f"the checkpoint save at step {state.step}")
-        self.writer.save(state)
+        path = self.writer.save(state)
         self.saved_at = state.step
         self.regrouped()  # a write in flight now: SIGTERM waits for it
+        return path
 
     def check_folder(self) -> None:
         """Before the first step (a collective): the folder is writable, or every rank stops

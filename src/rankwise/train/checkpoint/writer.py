@@ -189,6 +189,29 @@ class CheckpointWriter:
         self._agree(self._wait_for_write(time.perf_counter(), final=True))  # all learn it
         self._report_in_flight()
 
+    def settle(self, state: Savable) -> Location | None:
+        """Mid-fit: return once the background save in flight is durable, on every rank (the
+        writing rank waits for its write, the others at a barrier; ``saved`` runs as at the
+        next save); a collective. Returns its path: None when nothing was in flight, or on
+        the writing rank when the store failed past its retries (a warning, as at the next
+        save: training goes on). Under ``--on-failure continue`` a save whose writer was lost
+        is made again from ``state`` by the new rank 0, as :meth:`finish` does."""
+        started = time.perf_counter()
+        if self._in_flight is not None and self._writer_lost():
+            self._in_flight = None
+            self.save(state)
+        if self._in_flight is None:
+            return None
+        path = self._in_flight
+        # The writing rank waits (a store down past its retries is a warning here, a failed
+        # local write stops every rank); the others learn that it is done.
+        self._agree(self._wait_for_write(started))
+        self.stats.blocked_seconds += time.perf_counter() - started
+        if self._in_flight is None:  # the write failed (its warning is given)
+            return None
+        self._report_in_flight()
+        return path
+
     def drain(self) -> None:
         """After an exception or on SIGTERM: wait for the write in flight (it stays a valid
         checkpoint); its own error, if any, is reported as a warning, not raised over the

@@ -1,0 +1,152 @@
+"""``DistributedTrainer.fit`` inside Ray Train's ``TorchTrainer``, on a real local Ray cluster.
+
+The example's trainer (examples/ray_train.py: digits, 2 workers, 2 epochs, step checkpoints,
+an ``AuditLog``, ``RayReport``) runs on Ray and must train each sample exactly once, end with
+the weights (bit for bit) and last loss of the same config on 2 spawned gloo ranks, and hand
+Ray one report per epoch whose pointer names that epoch's rankwise checkpoint. A run whose
+rank 1 dies mid-epoch (``os._exit``) is restarted by Ray's ``FailureConfig`` and resumes from
+rankwise's checkpoint: still exactly once, the same weights, no epoch reported twice. (It dies
+a few of Ray's polls after epoch 0's report: a report Ray has not collected yet dies with its
+worker, a limit of Ray's that docs/ray.md names.)
+
+Ray starts once for the module (about 10 s; each ``TorchTrainer.fit`` adds about 25-40 s of
+worker start-up on 2 cores) and is shut down at its end, with a check that none of its
+processes outlives it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from helpers import ray_runs
+from helpers.paths import EXAMPLES, REPO
+from rankwise.testing import assert_exactly_once, run_distributed
+from rankwise.train import rankwise_checkpoint
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
+psutil = pytest.importorskip("psutil")
+
+EPOCHS = 2
+SAMPLES = 1500  # the example trains on digits[:1500]
+POLL_VAR, POLL_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", 0.5
+
+
+def _ray_processes(folder: str) -> list[Any]:
+    """Processes of the Ray cluster whose session lives under ``folder`` (their command lines
+    name it): GCS, raylet, workers, agents."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(folder in part for part in proc.info["cmdline"] or ()):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    """A local Ray cluster of 2 CPUs for this module, its processes gone at the end."""
+    # Short: Ray's unix sockets live under it (a socket path has at most 107 characters).
+    folder = tempfile.mkdtemp(prefix="rw-ray-", dir="/tmp")
+    # Ray's controller collects reports (and notices that a run ended) at this interval, 2 s
+    # by default; the driver's value reaches the controller. Restored at the end.
+    saved = os.environ.get(POLL_VAR)
+    os.environ[POLL_VAR] = str(POLL_S)
+    paths = [str(REPO / "tests"), str(EXAMPLES), str(REPO / "src")]
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _temp_dir=folder,
+        runtime_env={"env_vars": {"PYTHONPATH": ":".join(paths), "OMP_NUM_THREADS": "1"}},
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if saved is None:
+            os.environ.pop(POLL_VAR, None)
+        else:
+            os.environ[POLL_VAR] = saved
+        deadline = time.monotonic() + 20
+        while (left := _ray_processes(folder)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for proc in left:  # ours (they name our folder): do not leave them to the machine
+            proc.kill()
+        shutil.rmtree(folder, ignore_errors=True)
+        assert not left, f"Ray processes outlived ray.shutdown(): {[p.pid for p in left]}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The example's config on 2 spawned gloo ranks, without Ray."""
+    out = tmp_path_factory.mktemp("spawned")
+    ranks = run_distributed(ray_runs.spawn_run, 2, args=(str(out), EPOCHS), timeout=300)
+    assert_exactly_once(out / "audit", attempts=1, num_samples=SAMPLES, epochs=EPOCHS)
+    return ranks[0]
+
+
+def _same_weights(path: str, reference: dict[str, Any]) -> None:
+    weights = torch.load(path, weights_only=True)["model"]
+    assert weights.keys() == reference["weights"].keys()
+    for name, tensor in reference["weights"].items():
+        assert torch.equal(weights[name], tensor), name
+
+
+def _reported_epochs(result: Any) -> list[int]:
+    """The epochs of the reports Ray kept a checkpoint of, in order."""
+    return sorted(metrics["epoch"] for _, metrics in result.best_checkpoints)
+
+
+def test_fit_under_ray_trains_each_sample_once_like_spawned_ranks(ray_cluster, reference, tmp_path):
+    result = ray_runs.example().run(tmp_path, workers=2, max_failures=0, epochs=EPOCHS)
+    assert result.error is None
+    assert assert_exactly_once(tmp_path / "audit", 1, SAMPLES, EPOCHS) == [0]
+    # One report per epoch, each with a pointer to that epoch's (durable) checkpoint.
+    assert _reported_epochs(result) == [0, 1]
+    for checkpoint, metrics in result.best_checkpoints:
+        path = rankwise_checkpoint(checkpoint)
+        assert path == metrics["rankwise_checkpoint"] and Path(path).is_absolute()
+        assert Path(path).parent == tmp_path / "checkpoints" and Path(path).exists()
+    last = result.metrics
+    assert last["epoch"] == EPOCHS - 1 and last["step"] == reference["steps"]
+    assert last["train_loss"] == reference["loss"]  # the same run, to the last bit
+    assert set(last) >= {"train_accuracy", "epoch_seconds", "rankwise_checkpoint"}
+    assert "val_loss" not in last  # no validation data: a None metric is left out
+    _same_weights(rankwise_checkpoint(result.checkpoint), reference)
+
+
+def test_a_ray_restart_resumes_from_the_rankwise_checkpoint_exactly_once(
+    ray_cluster, reference, tmp_path
+):
+    per_epoch = reference["steps"] // EPOCHS  # 24: 1500 samples, 2 workers of batch 32
+    crash_step = per_epoch + 15  # in epoch 1; checkpoints every 10 steps and at epoch ends
+    result = ray_runs.example().run(
+        tmp_path,
+        workers=2,
+        max_failures=1,
+        train_loop=ray_runs.train_crashing_once,
+        epochs=EPOCHS,
+        crash_step=crash_step,
+        crash_after_s=6 * POLL_S,  # Ray has collected epoch 0's report by then
+    )
+    assert (tmp_path / "crashed").exists()  # rank 1 did die, and Ray restarted the group
+    assert result.error is None
+    starts = assert_exactly_once(tmp_path / "audit", 2, SAMPLES, EPOCHS)
+    # Resumed inside epoch 1 (from the epoch's end at the least): epoch 0 was not trained again.
+    assert starts[0] == 0 and per_epoch <= starts[1] < crash_step, starts
+    _same_weights(rankwise_checkpoint(result.checkpoint), reference)
+    # Epoch 0 was reported before the crash and epoch 1 after it: each once.
+    assert _reported_epochs(result) == [0, 1]
+    assert result.metrics["step"] == reference["steps"]
