@@ -1,8 +1,10 @@
 """``--on-failure continue`` through its own failure paths (issue 23, findings 4-7, 9, 10),
 end to end on tests/scripts/continue_worker.py (3 gloo ranks unless said, 2 epochs of 8 steps,
 global batch 24): every scenario ends, exactly once, well within its bound, never by waiting
-out the 30-minute collective timeout. The collective timeout is lowered to 60 s so that the
-behaviour before the fixes (a wait in a gloo set-up) fails the test instead of hanging it."""
+out the 30-minute collective timeout. The collective timeout is lowered to 120 s so that the
+behaviour before the fixes (a wait in a gloo set-up) fails the test instead of hanging it,
+and no scenario here waits for it: a run that takes that long failed (a loaded CI machine
+stretches a 25 s run to 65 s, so the bound is not tighter)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 WORKER = SCRIPTS / "continue_worker.py"
 NUM_SAMPLES, EPOCHS = 192, 2
-BOUNDED = {"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "60000"}
+BOUNDED = {"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "120000"}
 
 
 def launch(out: Path, *args: str, restarts: int = 1, nproc: int = 3):
@@ -68,7 +70,7 @@ def test_generation_0_forms_without_a_crashed_rank_and_a_lost_joiner_is_not_wait
     # Slot 2 raises before rankwise.distributed starts: slots 0 and 1 form generation 0 once
     # the launcher marks it dead, on the launched global batch (2 x 12). Its first restart
     # asks to join in step 3 and is SIGKILLed 0.5 s later: let in or not by then, the members
-    # never wait for it in a gloo set-up (before: the 60 s collective timeout here, 30 min
+    # never wait for it in a gloo set-up (before: the 120 s collective timeout here, 30 min
     # by default, then every rank died). Its second restart joins after step 6 (3 x 8).
     result, seconds = launch(
         tmp_path, "--crash-before-init", "2", "--joiner-dies-waiting",
@@ -85,7 +87,7 @@ def test_generation_0_forms_without_a_crashed_rank_and_a_lost_joiner_is_not_wait
     report = read_audit(tmp_path / "audit")
     starts = assert_exactly_once(tmp_path / "audit", len(report.attempts), NUM_SAMPLES, EPOCHS)
     assert starts[0] == 0 and starts[-1] == 6, starts  # [0, 3, 6] where it was let in first
-    assert seconds < 55, seconds  # nowhere near the collective timeout
+    assert seconds < 110, seconds  # short of the collective timeout
 
 
 def test_a_write_that_fails_later_stops_every_rank_once(tmp_path):
