@@ -76,6 +76,36 @@ def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
     return tensor
 
 
+def broadcast_bytes(data: bytes | None, src: int = 0) -> bytes:
+    """Rank ``src``'s ``data`` on every rank (the others pass None); a collective.
+
+    The bytes travel as a uint8 tensor after their length: nothing from a peer is unpickled,
+    so what arrives is data, never code (decode it as text or JSON).
+
+    >>> broadcast_bytes(b'{"wandb": "1x2y3z"}')  # world of one: unchanged
+    b'{"wandb": "1x2y3z"}'
+    """
+    _check_src(src)
+    if not _distributed():
+        if data is None:
+            raise ValueError("broadcast_bytes in a world of one needs the data, got None.")
+        return bytes(data)
+    on_src = dist.get_rank() == src
+    if on_src and data is None:
+        raise ValueError(f"broadcast_bytes: the source rank {src} must pass the data, got None.")
+    where = collective_device()
+    size = torch.tensor([len(data) if on_src and data is not None else 0], device=where)
+    dist.broadcast(size, src=src)
+    buffer = torch.empty(int(size.item()), dtype=torch.uint8)
+    if not buffer.numel():
+        return b""
+    if on_src and data is not None:
+        buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    buffer = buffer.to(where)
+    dist.broadcast(buffer, src=src)
+    return buffer.cpu().numpy().tobytes()
+
+
 def scatter(
     tensor: torch.Tensor,
     scatter_list: Sequence[torch.Tensor] | None = None,
