@@ -2,7 +2,8 @@
 
 ``DistributedTrainer`` trains, ``DistributedTrainingConfig`` says what a run does,
 ``DistributedTrainingHistory`` records what it did, ``TrainingLogger`` prints and logs it on
-rank 0; ``AuditLog`` (opt-in) records which samples each rank consumed per step;
+rank 0 (CSV, TensorBoard, and the experiment trackers of :mod:`rankwise.train.trackers`: W&B,
+MLflow; a failing one gives a ``TrackerWarning``); ``AuditLog`` (opt-in) records which samples each rank consumed per step;
 ``ConfigTree`` reads a script's own nested YAML settings. ``TrainState`` is where training is
 (``trainer.state``: what a checkpoint holds, what ``broadcast_state`` sends to another rank);
 ``SaveStats`` what background checkpoint saves cost the loop. See ``docs/train.md``.
@@ -36,6 +37,7 @@ from rankwise.train.config_tree import ConfigKeyError, ConfigTree
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
 from rankwise.train.state import TrainState, broadcast_state
+from rankwise.train.trackers import TrackerWarning
 from rankwise.train.trainer import DistributedTrainer
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "DistributedTrainingConfig",
     "DistributedTrainingHistory",
     "SaveStats",
+    "TrackerWarning",
     "TrainState",
     "TrainingLogger",
     "broadcast_state",

@@ -221,7 +221,8 @@ class DistributedTrainer:
             run_ids = self.logger.start_run(self._run_config(cfg), state.trackers)
             # every rank holds the ids (a new rank 0 goes on with them); a process waiting
             # to rejoin gets them with the state it is sent
-            state.trackers = share_run_ids(run_ids) if logs or member is None else {}
+            joining = member is not None and member.pending
+            state.trackers = {} if joining else share_run_ids(run_ids)
         started = time.perf_counter()
         saved: list[Any] = [None]  # the last checkpoint: its manifest is a tracker artifact
 
