@@ -51,7 +51,10 @@ BAD_VALUES: list[tuple[dict[str, Any], list[str]]] = [
     ({"gradient_checkpointing": "on"}, ["gradient_checkpointing ('on')", "True or False"]),
     ({"async_checkpoints": 1}, ["async_checkpoints (1)", "True or False"]),
     ({"log_dir": b"logs"}, ["log_dir (b'logs')", "path"]),
-    ({"loggers": ["csv", "wandbb"]}, ["unknown logger 'wandbb'", "did you mean 'wandb'", "'mlflow'"]),
+    (
+        {"loggers": ["csv", "wandbb"]},
+        ["unknown logger 'wandbb'", "did you mean 'wandb'", "'mlflow'"],
+    ),
     ({"loggers": "neptune"}, ["loggers ('neptune')", "unknown logger 'neptune'", "'csv'"]),
     ({"loggers": {"wandb": True}}, ["loggers ({'wandb': True})", "list of logger names"]),
     ({"loggers": ["csv"]}, ["loggers (['csv'])", "log_dir is None", "set log_dir"]),
