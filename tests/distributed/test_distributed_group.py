@@ -100,6 +100,7 @@ def _collectives_on_every_rank() -> dict[str, object]:
     received = torch.zeros(1)
     pieces = [torch.tensor([100.0 + r]) for r in range(world)] if rank == 0 else None
     out["scatter"] = rd.scatter(received, pieces, src=0).item()
+    out["plain"] = rd.broadcast_plain({"run": "a\x00\xff"} if rank == src else None, src=src)
     # rank r reports value r with weight r+1: the exact mean is sum(r*(r+1)) / sum(r+1)
     out["metrics"] = rd.reduce_metrics({"v": float(rank), "c": 1.0}, weight=rank + 1)
     rd.barrier()
@@ -121,6 +122,7 @@ def test_collectives_on_real_ranks(world: int) -> None:
         assert res["gather"] == [[r, r * 10.0] for r in range(world)]
         assert res["broadcast"] == world - 1
         assert res["scatter"] == 100.0 + rank
+        assert res["plain"] == {"run": "a\x00\xff"}
         expected = sum(r * w for r, w in zip(range(world), weights, strict=True)) / sum(weights)
         assert res["metrics"] == pytest.approx({"v": expected, "c": 1.0})
         assert res["master"] == (rank == 0)

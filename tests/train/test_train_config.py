@@ -51,6 +51,25 @@ BAD_VALUES: list[tuple[dict[str, Any], list[str]]] = [
     ({"gradient_checkpointing": "on"}, ["gradient_checkpointing ('on')", "True or False"]),
     ({"async_checkpoints": 1}, ["async_checkpoints (1)", "True or False"]),
     ({"log_dir": b"logs"}, ["log_dir (b'logs')", "path"]),
+    (
+        {"loggers": ["csv", "wandbb"]},
+        ["unknown logger 'wandbb'", "did you mean 'wandb'", "'mlflow'"],
+    ),
+    ({"loggers": "neptune"}, ["loggers ('neptune')", "unknown logger 'neptune'", "'csv'"]),
+    ({"loggers": {"wandb": True}}, ["loggers ({'wandb': True})", "list of logger names"]),
+    ({"loggers": ["csv"]}, ["loggers (['csv'])", "log_dir is None", "set log_dir"]),
+    ({"logger_options": ["wandb"]}, ["logger_options ('list')", "dict of options per tracker"]),
+    ({"logger_options": {"neptune": {}}}, ["logger_options ('neptune')", "'wandb', 'mlflow'"]),
+    ({"logger_options": {"wandb": "p"}}, ["logger_options ('wandb: str')", "must map to a dict"]),
+    ({"logger_options": {"wandb": {"project": "p"}}}, ["logger_options ('wandb')", "add 'wandb'"]),
+    (
+        {"loggers": ["wandb"], "logger_options": {"wandb": {"settings": print}}},
+        ["logger_options (\"wandb['settings']\")", "plain values"],
+    ),
+    (
+        {"loggers": ["mlflow"], "logger_options": {"mlflow": {"token": "***"}}},
+        ["logger_options ('mlflow')", "redacted", "MLFLOW_TRACKING_TOKEN"],
+    ),
     ({"check_sync_every_n_steps": 0}, ["check_sync_every_n_steps (0)", ">= 1", "None for no"]),
     ({"check_sync_every_n_steps": 2.5}, ["check_sync_every_n_steps (2.5)", "integer"]),
     ({"compile": "yes"}, ["compile ('yes')", "True or False"]),
@@ -132,6 +151,8 @@ def test_defaults_are_the_agreed_ones() -> None:
         "pin_memory": True,
         "prefetch_factor": None,
         "checkpoint_storage_options": None,
+        "loggers": None,
+        "logger_options": {},
     }
 
 
@@ -200,6 +221,8 @@ def test_yaml_round_trip_keeps_every_field(tmp_path: Path) -> None:
         pin_memory=False,
         num_workers=2,
         prefetch_factor=4,
+        loggers=["csv", "wandb"],
+        logger_options={"wandb": {"project": "mnist", "tags": ["a", "b"]}},
     )
     path = config.to_yaml(tmp_path / "run.yaml")
     assert DistributedTrainingConfig.from_yaml(path) == config
@@ -215,6 +238,19 @@ def test_yaml_overrides_are_yaml_scalars(tmp_path: Path) -> None:
     assert (config.epochs, config.precision, config.grad_clip_norm) == (5, "bf16", None)
     assert (config.resume, config.shuffle) == ("auto", False)
     assert config.batch_size == 32  # not in the file: the default
+
+
+def test_loggers_from_a_command_line_and_logger_credentials_never_in_a_dump() -> None:
+    config = DistributedTrainingConfig(log_dir="logs").with_overrides("loggers=csv,mlflow")
+    assert config.loggers == ["csv", "mlflow"]
+    assert config.logger_names() == ("csv", "mlflow")
+    assert DistributedTrainingConfig(log_dir="logs").logger_names() == ("csv", "tensorboard")
+    assert DistributedTrainingConfig().logger_names() == ()
+    keyed = DistributedTrainingConfig(
+        loggers=["wandb"], logger_options={"wandb": {"project": "p", "api_key": "k-123456"}}
+    )
+    assert keyed.to_dict()["logger_options"] == {"wandb": {"project": "p", "api_key": "***"}}
+    assert keyed.logger_options["wandb"]["api_key"] == "k-123456"  # still used
 
 
 def test_empty_yaml_file_gives_the_defaults(tmp_path: Path) -> None:

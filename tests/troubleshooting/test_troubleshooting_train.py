@@ -409,7 +409,45 @@ def _optimizer_groups_differ() -> BaseException:
     return raised(load_optimizer_state_dict, model, split, saved)
 
 
+# -- experiment trackers ----------------------------------------------------------------------
+
+
+def _tracker_package_missing() -> BaseException:
+    """wandb made unimportable, as on a machine without it."""
+    import sys
+
+    saved = sys.modules.get("wandb")
+    sys.modules["wandb"] = None  # type: ignore[assignment]
+    try:
+        return raised(_trainer(loss=nn.MSELoss()).fit, _X, _Y, _config(loggers=["wandb"]))
+    finally:
+        if saved is None:
+            del sys.modules["wandb"]
+        else:
+            sys.modules["wandb"] = saved
+
+
+def _tracker_unreachable() -> BaseException:
+    """MLflow at a port where nobody listens; MLflow's own variables make it give up at once."""
+    import os
+
+    from rankwise.testing import free_port
+
+    saved = dict(os.environ)
+    os.environ["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{free_port()}"
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "5"
+    try:
+        return warned(_trainer(loss=nn.MSELoss()).fit, _X, _Y, _config(loggers=["mlflow"]))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 TRIGGERS: dict[str, Callable[[], BaseException]] = {
+    "config-loggers": lambda: raised(_config, loggers=["csv", "neptune"], log_dir="logs"),
+    "tracker-package-missing": _tracker_package_missing,
+    "tracker-failed": _tracker_unreachable,
     "checkpoint-manifest-unreadable": lambda: _manifest("{not json"),
     "checkpoint-manifest-newer": lambda: _manifest('{"size": 1, "blake9": "00"}'),
     "checkpoint-not-plain": lambda: raised(save_file, {"step": np.float64(1.0)}, "x.pt"),

@@ -2,7 +2,8 @@
 
 ``DistributedTrainer`` trains, ``DistributedTrainingConfig`` says what a run does,
 ``DistributedTrainingHistory`` records what it did, ``TrainingLogger`` prints and logs it on
-rank 0; ``AuditLog`` (opt-in) records which samples each rank consumed per step;
+rank 0 (CSV, TensorBoard, and the experiment trackers of :mod:`rankwise.train.trackers`:
+W&B, MLflow; a failing one gives a ``TrackerWarning``); ``AuditLog`` (opt-in) records which samples each rank consumed per step;
 ``RayReport`` reports each epoch's metrics and checkpoint to Ray Train (``rankwise[ray]``);
 ``ConfigTree`` reads a script's own nested YAML settings. ``TrainState`` is where training is
 (``trainer.state``: what a checkpoint holds, what ``broadcast_state`` sends to another rank);
@@ -38,6 +39,7 @@ from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
 from rankwise.train.ray_report import RayReport, rankwise_checkpoint
 from rankwise.train.state import TrainState, broadcast_state
+from rankwise.train.trackers import TrackerWarning
 from rankwise.train.trainer import DistributedTrainer
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "DistributedTrainingHistory",
     "RayReport",
     "SaveStats",
+    "TrackerWarning",
     "TrainState",
     "TrainingLogger",
     "broadcast_state",

@@ -43,6 +43,7 @@ RANK_LOCAL_FIELDS = frozenset(
         "checkpoint_dir",
         "resume",
         "checkpoint_storage_options",  # the same on every rank, but may hold credentials
+        "logger_options",  # rank 0's trackers' (may hold credentials); loggers is compared
     }
 )
 

@@ -121,6 +121,27 @@ def check_choice(name: str, value: Any, choices: tuple[str | None, ...]) -> str 
 _PLAIN_OPTION = (str, int, float, bool, type(None))
 
 
+def check_plain(name: str, item: Any, where: str) -> None:
+    """Refuse anything in ``item`` (nested) but what YAML holds: string keys; strings,
+    numbers, booleans, None, lists and dicts. ``where`` names the place in errors."""
+    if isinstance(item, Mapping):
+        for key, inner in item.items():
+            if not isinstance(key, str):
+                fail(name, where, f"has a key {key!r}; option names are strings")
+            check_plain(name, inner, f"{where}[{key!r}]")
+    elif isinstance(item, list | tuple):
+        for i, inner in enumerate(item):
+            check_plain(name, inner, f"{where}[{i}]")
+    elif not isinstance(item, _PLAIN_OPTION):
+        # the type only: the value may be a credential
+        fail(
+            name,
+            where,
+            f"holds a {type(item).__name__}; options are plain values (strings, numbers, "
+            "booleans, None, lists, dicts) so a config stays a YAML file",
+        )
+
+
 def check_storage_options(value: Any) -> dict[str, Any] | None:
     """``checkpoint_storage_options`` as a plain dict (string keys; strings, numbers, booleans,
     None, lists and nested dicts: what YAML holds), or None.
@@ -139,26 +160,7 @@ def check_storage_options(value: Any) -> dict[str, Any] | None:
             "{'endpoint_url': 'https://s3.example.com'}, or None (the AWS_* variables and the "
             "provider's own files)",
         )
-
-    def check(item: Any, where: str) -> None:
-        if isinstance(item, Mapping):
-            for key, inner in item.items():
-                if not isinstance(key, str):
-                    fail(name, where, f"has a key {key!r}; option names are strings")
-                check(inner, f"{where}[{key!r}]")
-        elif isinstance(item, list | tuple):
-            for i, inner in enumerate(item):
-                check(inner, f"{where}[{i}]")
-        elif not isinstance(item, _PLAIN_OPTION):
-            # the type only: the value may be a credential
-            fail(
-                name,
-                where,
-                f"holds a {type(item).__name__}; options are plain values (strings, numbers, "
-                "booleans, None, lists, dicts) so a config stays a YAML file",
-            )
-
-    check(value, "options")
+    check_plain(name, value, "options")
     options = dict(value)
     if REDACTED in _values(options):
         fail(
@@ -168,6 +170,78 @@ def check_storage_options(value: Any) -> dict[str, Any] | None:
             "value (or leave it out and use the AWS_* variables / the provider's files)",
         )
     return options
+
+
+# The loggers a run may write to: rankwise's own files, and the experiment trackers
+# (rankwise.train.trackers), each configured by its own variables plus logger_options.
+LOGGERS = ("csv", "tensorboard", "wandb", "mlflow")
+TRACKERS = ("wandb", "mlflow")  # the loggers that take logger_options
+
+
+def check_loggers(value: Any) -> list[str] | None:
+    """``loggers`` as a list of names from :data:`LOGGERS` (repeats dropped), or None.
+
+    A string is a comma-separated list (``loggers=csv,wandb`` on a command line).
+
+    >>> check_loggers("csv, wandb"), check_loggers(["MLflow", "csv", "mlflow"])
+    (['csv', 'wandb'], ['mlflow', 'csv'])
+    """
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        fail("loggers", value, f"must be a list of logger names from {LOGGERS}, or None")
+    names: list[str] = []
+    for item in items:
+        name = item.strip().lower() if isinstance(item, str) else item
+        if name not in LOGGERS:
+            close = difflib.get_close_matches(str(name).lower(), LOGGERS, n=1)
+            guess = f" (did you mean {close[0]!r}?)" if close else ""
+            choices = ", ".join(repr(c) for c in LOGGERS)
+            fail(
+                "loggers",
+                value,
+                f"has an unknown logger {item!r}{guess}; the loggers are {choices} (None: "
+                "'csv' and 'tensorboard' when log_dir is set)",
+            )
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def check_logger_options(value: Any) -> dict[str, Any]:
+    """``logger_options`` as ``{tracker: {option: plain value}}`` for the trackers in
+    :data:`TRACKERS` (W&B's ``wandb.init`` arguments, MLflow's experiment and run names).
+
+    >>> check_logger_options({"wandb": {"project": "mnist"}})
+    {'wandb': {'project': 'mnist'}}
+    """
+    name = "logger_options"
+    if value is None:
+        return {}
+    example = "e.g. {'wandb': {'project': 'mnist'}, 'mlflow': {'experiment_name': 'mnist'}}"
+    if not isinstance(value, Mapping):
+        fail(name, type(value).__name__, f"must be a dict of options per tracker, {example}")
+    for tracker, options in value.items():
+        if tracker not in TRACKERS:
+            trackers = ", ".join(repr(t) for t in TRACKERS)
+            fail(
+                name,
+                tracker,
+                f"is not a tracker that takes options; the keys are {trackers} ({example})",
+            )
+        if not isinstance(options, Mapping):
+            fail(name, f"{tracker}: {type(options).__name__}", f"must map to a dict, {example}")
+        check_plain(name, options, tracker)
+        if REDACTED in _values(options):
+            fail(
+                name,
+                tracker,
+                f"holds {REDACTED!r}, a credential redacted from a saved config: give the real "
+                "value, or leave it out and use the tracker's own variables (WANDB_API_KEY, "
+                "MLFLOW_TRACKING_TOKEN, ...)",
+            )
+    return {tracker: dict(options) for tracker, options in value.items()}
 
 
 def _values(options: Mapping[str, Any]) -> list[Any]:
@@ -264,7 +338,7 @@ _BOOLS = (
 _OPTIONAL_PATHS: dict[str, str] = {
     "checkpoint_dir": "None turns checkpoints off",
     "resume": "None starts fresh, 'auto' resumes from the newest checkpoint in checkpoint_dir",
-    "log_dir": "None turns the CSV and TensorBoard logs off",
+    "log_dir": "None turns the CSV and TensorBoard logs off (the trackers in loggers still log)",
 }
 _MAX_SEED = 2**64 - 1  # torch.manual_seed's range
 
@@ -313,6 +387,10 @@ class DistributedTrainingConfig:
     compression: str | None = None  # None | "fp16" | "bf16" | "powersgd"
     gradient_checkpointing: bool = False
     log_dir: str | None = None  # CSV (+ TensorBoard if installed); None = off
+    # "csv", "tensorboard", "wandb", "mlflow"; None = csv + tensorboard when log_dir is set
+    loggers: list[str] | None = None
+    # per tracker: {"wandb": {"project": ...}, "mlflow": {"experiment_name": ...}}
+    logger_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     check_sync_every_n_steps: int | None = None  # compare parameters across ranks; None = off
     async_checkpoints: bool = True  # write checkpoints in the background (False: on the loop)
     compile: bool = False  # torch.compile the model after wrapping (parallel.compile_model)
@@ -347,6 +425,8 @@ class DistributedTrainingConfig:
             setattr(self, name, check_choice(name, getattr(self, name), choices))
         self.compile_options = check_compile_options(self.compile_options)
         self.checkpoint_storage_options = check_storage_options(self.checkpoint_storage_options)
+        self.loggers = check_loggers(self.loggers)
+        self.logger_options = check_logger_options(self.logger_options)
         self.check_combinations()
         return self
 
@@ -401,6 +481,22 @@ class DistributedTrainingConfig:
                 "compare and the check would pass without checking anything; set "
                 "check_sync_every_n_steps=None, or use strategy='ddp' to check replicas",
             )
+        for name in ("csv", "tensorboard"):
+            if self.loggers is not None and name in self.loggers and self.log_dir is None:
+                fail(
+                    "loggers",
+                    self.loggers,
+                    f"lists {name!r}, which writes into log_dir, but log_dir is None; set "
+                    f"log_dir or leave {name!r} out",
+                )
+        for tracker in self.logger_options:
+            if tracker not in self.logger_names():
+                fail(
+                    "logger_options",
+                    tracker,
+                    f"configures a tracker that loggers ({self.loggers!r}) does not list; add "
+                    f"{tracker!r} to loggers or drop its options",
+                )
         if continue_mode and self.strategy == "fsdp":
             fail(
                 "strategy",
@@ -412,6 +508,19 @@ class DistributedTrainingConfig:
                 "with --on-failure restart and checkpoint_dir set (the world restarts from the "
                 "last checkpoint)",
             )
+
+    def logger_names(self) -> tuple[str, ...]:
+        """The loggers this run writes to: ``loggers``, or (None) ``csv`` and ``tensorboard``
+        when ``log_dir`` is set.
+
+        >>> DistributedTrainingConfig(log_dir="logs").logger_names()
+        ('csv', 'tensorboard')
+        >>> DistributedTrainingConfig(loggers=["mlflow"]).logger_names()
+        ('mlflow',)
+        """
+        if self.loggers is not None:
+            return tuple(self.loggers)
+        return ("csv", "tensorboard") if self.log_dir is not None else ()
 
     def check_refit(self, earlier: DistributedTrainingConfig) -> None:
         """A later ``fit`` of the same trainer keeps the first fit's wrapping and compiling
@@ -453,7 +562,7 @@ class DistributedTrainingConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values by field name (what ``to_yaml`` writes and checkpoints keep), with the
-        credentials in ``checkpoint_storage_options`` shown as ``"***"``: they never reach a
+        credentials in ``checkpoint_storage_options`` and ``logger_options`` shown as ``"***"``: they never reach a
         file, a log or a checkpoint.
 
         >>> DistributedTrainingConfig(checkpoint_storage_options={"secret": "abc123"}
@@ -463,6 +572,7 @@ class DistributedTrainingConfig:
         values = dataclasses.asdict(self)
         if self.checkpoint_storage_options is not None:
             values["checkpoint_storage_options"] = redacted(self.checkpoint_storage_options)
+        values["logger_options"] = redacted(self.logger_options)
         return values
 
     @classmethod

@@ -10,7 +10,13 @@ multiplied by the world size:
   ``epoch 2/10 step 40/113 loss 0.4312 1,234 samples/s``;
 - an epoch summary line;
 - ``log_dir/metrics.csv``: one row per logged step and per epoch end, flushed as written;
-- TensorBoard event files in ``log_dir`` when ``torch.utils.tensorboard`` imports.
+- TensorBoard event files in ``log_dir`` when ``torch.utils.tensorboard`` imports;
+- the same rows to the experiment trackers (W&B, MLflow: :mod:`rankwise.train.trackers`),
+  with the run's config at its start and the history and final checkpoint's manifest at its
+  end, one tracker run across restarts and a new rank 0.
+
+``loggers`` picks among ``"csv"``, ``"tensorboard"``, ``"wandb"`` and ``"mlflow"``; None is
+today's default: the CSV and, when installed, TensorBoard, both when ``log_dir`` is set.
 
 Epochs are passed counted from 0 (as the sampler and checkpoints count them) and shown counted
 from 1, in the console, the CSV and TensorBoard alike.
@@ -23,9 +29,11 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any, TextIO
+
+from rankwise.train.trackers import TrackerSet, build_trackers
 
 # The CSV's columns. Epoch metrics under other names go to "extra" as "name=value;...".
 STEP_COLUMNS = ("loss", "samples_per_second")
@@ -59,7 +67,10 @@ class TrainingLogger:
     every N steps of an epoch (0: none). ``is_master``: False makes every method a no-op.
     ``progress_bar``: None shows the bar when stderr is a terminal; True / False force it.
     ``epochs``: the run's epoch count, shown as ``epoch 2/10``. ``stream``: where lines go
-    (default: stdout at the time of writing).
+    (default: stdout at the time of writing). ``loggers``: the names of what to write to
+    (None: ``csv`` and ``tensorboard`` if installed, with ``log_dir``); ``logger_options``:
+    the trackers' own (``{"wandb": {"project": ...}}``). A tracker's package missing raises
+    ``ImportError`` here, on every rank (before the first step), naming the extra.
 
     >>> import io
     >>> out = io.StringIO()
@@ -86,6 +97,8 @@ class TrainingLogger:
         progress_bar: bool | None = None,
         epochs: int | None = None,
         stream: TextIO | None = None,
+        loggers: Iterable[str] | None = None,
+        logger_options: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(log_every_n_batches, bool) or not isinstance(log_every_n_batches, int):
             raise ValueError(
@@ -110,10 +123,34 @@ class TrainingLogger:
         self._csv: Any = None  # csv.writer
         self._tb: Any = None  # torch.utils.tensorboard.SummaryWriter
         self._global_step: int | None = None  # the last one step() saw, for epoch rows
+        names = ("csv", "tensorboard") if loggers is None else tuple(loggers)
+        self._csv_wanted = "csv" in names and self.log_dir is not None
+        # None: today's default, TensorBoard when it imports; True: asked for by name
+        self._tb_wanted: bool | None = None if loggers is None else "tensorboard" in names
+        options = dict(logger_options or {})
+        self.trackers = TrackerSet(build_trackers(names, options), options)  # checks packages
+        self._run_config: dict[str, Any] = {}
+        self._csv_through: int | None = None  # the last global step an existing CSV holds
         if self.enabled and self.log_dir is not None:
             self._open_logs(self.log_dir)
 
     # -- the trainer's calls ----------------------------------------------------------------
+
+    def start_run(self, config: Mapping[str, Any], run_ids: Mapping[str, str]) -> dict[str, str]:
+        """Start the trackers' runs with ``config`` (the hyper-parameters), or go on with the
+        runs in ``run_ids`` (from a checkpoint); return ``{tracker: run id}`` ({} but on the
+        logging rank; :func:`~rankwise.train.trackers.share_run_ids` tells the others)."""
+        self._run_config = dict(config)
+        if not self.enabled or not self.trackers:
+            return {}
+        return self.trackers.start(config, run_ids, logged_through=self._csv_through)
+
+    def log_artifacts(self, paths: Iterable[str | os.PathLike[str]]) -> None:
+        """Upload each existing file in ``paths`` to every tracker (the logging rank only)."""
+        if self.enabled:
+            for path in paths:
+                if Path(path).is_file():
+                    self.trackers.log_artifact(Path(path))
 
     def start_epoch(self, epoch: int, total_steps: int) -> None:
         """An epoch of ``total_steps`` micro-batches (0: unknown) begins; opens its bar."""
@@ -172,13 +209,22 @@ class TrainingLogger:
             if loss is not None:
                 self._tb.add_scalar("step/loss", loss, global_step)
             self._tb.add_scalar("step/samples_per_second", samples_per_second, global_step)
+        self.trackers.log_metrics(
+            global_step, {"step/loss": loss, "step/samples_per_second": samples_per_second}
+        )
 
-    def end_epoch(self, epoch: int, metrics: Mapping[str, float | None]) -> None:
-        """The epoch is over: close its bar, print a summary, log ``metrics`` (None: skipped)."""
+    def end_epoch(
+        self, epoch: int, metrics: Mapping[str, float | None], global_step: int | None = None
+    ) -> None:
+        """The epoch is over: close its bar, print a summary, log ``metrics`` (None: skipped).
+        ``global_step``: the optimizer steps done (the trackers' step for the epoch's row;
+        default: the last one :meth:`step` saw)."""
         if not self.enabled:
             return
         self._close_bar()
         self._epoch = epoch
+        if global_step is not None:
+            self._global_step = global_step
         shown = {_ALIASES.get(k, k): v for k, v in metrics.items() if v is not None}
         if self.verbose:
             summary = " ".join(f"{name} {_format(name, v)}" for name, v in shown.items())
@@ -188,16 +234,24 @@ class TrainingLogger:
             for name, value in shown.items():
                 self._tb.add_scalar(f"epoch/{name}", value, epoch + 1)
             self._tb.flush()
+        rows = {"epoch/epoch": epoch + 1, **{f"epoch/{k}": v for k, v in shown.items()}}
+        self.trackers.log_metrics(self._global_step or 0, rows)
 
     def info(self, message: str) -> None:
         """Print one line on rank 0 when verbose (for the trainer's own notes)."""
         if self.enabled and self.verbose:
             self._print(message)
 
-    def follow(self, is_master: bool, global_step: int | None = None) -> None:
+    def follow(
+        self,
+        is_master: bool,
+        global_step: int | None = None,
+        run_ids: Mapping[str, str] | None = None,
+    ) -> None:
         """Become the logging rank, or stop being it (``--on-failure continue``: after a
         regroup rank 0 may be another process; a restarted process logs nothing until it has
-        joined). Log files are opened in append mode, so the new rank 0 continues them.
+        joined). Log files are opened in append mode, so the new rank 0 continues them, and
+        the trackers go on with the runs in ``run_ids`` (the state every rank holds).
         ``global_step``: where training is (the next epoch row's step)."""
         if global_step is not None:
             self._global_step = global_step
@@ -207,10 +261,19 @@ class TrainingLogger:
         self.enabled = bool(is_master)
         if self.enabled and self.log_dir is not None:
             self._open_logs(self.log_dir)
+        if self.enabled and self.trackers:
+            self.trackers.start(
+                self._run_config,
+                dict(run_ids or {}),
+                logged_through=self._csv_through,
+                resume_only=True,
+            )
 
-    def close(self) -> None:
-        """Close the bar and the log files (safe to call twice)."""
+    def close(self, failed: bool = False) -> None:
+        """Close the bar, the log files and the trackers' runs (``failed``: the fit raised);
+        safe to call twice."""
         self._close_bar()
+        self.trackers.finish(failed)
         if self._csv_file is not None:
             self._csv_file.close()
             self._csv_file = self._csv = None
@@ -246,18 +309,15 @@ class TrainingLogger:
 
     def _open_logs(self, log_dir: Path) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        path = _csv_path(log_dir)
-        fresh = not path.exists() or path.stat().st_size == 0
-        # Appending: a resumed run continues the same log (it may repeat the steps since the
-        # checkpoint it resumed from; "global_step" tells them apart).
-        self._csv_file = path.open("a", newline="")
-        self._csv = csv.writer(self._csv_file)
-        if fresh:
-            self._csv.writerow(CSV_COLUMNS)
-            self._csv_file.flush()
+        if self._csv_wanted:
+            self._open_csv(log_dir)
+        if self._tb_wanted is False:
+            return
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
+            if self._tb_wanted:  # asked for by name: trackers.require checked the package
+                raise
             if self.verbose:
                 self._print(
                     "rankwise: tensorboard is not installed, so only the CSV log is written "
@@ -265,6 +325,19 @@ class TrainingLogger:
                 )
             return
         self._tb = SummaryWriter(log_dir=str(log_dir))
+
+    def _open_csv(self, log_dir: Path) -> None:
+        path = _csv_path(log_dir)
+        fresh = not path.exists() or path.stat().st_size == 0
+        # Appending: a resumed run continues the same log (it may repeat the steps since the
+        # checkpoint it resumed from; "global_step" tells them apart). The last step it holds
+        # tells a resumed tracker run that cannot say it which steps it has already.
+        self._csv_through = None if fresh else _last_global_step(path)
+        self._csv_file = path.open("a", newline="")
+        self._csv = csv.writer(self._csv_file)
+        if fresh:
+            self._csv.writerow(CSV_COLUMNS)
+            self._csv_file.flush()
 
     def _write_row(
         self, kind: str, step: int | None, global_step: int | None, **values: float | None
@@ -300,6 +373,19 @@ def _csv_path(log_dir: Path) -> Path:
                 break
         path, n = log_dir / f"metrics-{n}.csv", n + 1
     return path
+
+
+def _last_global_step(path: Path, tail: int = 1 << 16) -> int | None:
+    """The largest ``global_step`` in the last rows of the CSV at ``path`` (None: no row)."""
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - tail))
+        lines = f.read().decode(errors="replace").splitlines()[1:]  # the first may be cut
+    at = CSV_COLUMNS.index("global_step")
+    steps = []
+    for row in csv.reader(lines):
+        if len(row) == len(CSV_COLUMNS) and row[at].isdigit():
+            steps.append(int(row[at]))
+    return max(steps, default=None)
 
 
 def _loss(value: float | None) -> str:

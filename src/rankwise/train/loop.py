@@ -117,7 +117,9 @@ def train_epoch(state: TrainState, run: FitRun, source: Any) -> EpochResult:
     # Rank 0 starts a copy of its recent losses to the host every `every` micro-batches and
     # shows the ones that have landed; the other ranks never do.
     every = (
-        (cfg.log_every_n_batches or 10) if rd.is_master() and (cfg.verbose or cfg.log_dir) else 0
+        (cfg.log_every_n_batches or 10)
+        if rd.is_master() and (cfg.verbose or cfg.logger_names())
+        else 0
     )
     readout, started = LossReadout(env.device), time.perf_counter()
     logged = first = len(sums.losses)  # the sums may hold the epoch's earlier micro-batches

@@ -16,7 +16,7 @@ world size. What is done with those values is a function over them:
     format, model, optimizer, scheduler, precision, sampler (the cursor), epoch (the one to
     run next: the current one mid-epoch), step, rng (rank 0's), config, world_size,
     global_batch_size, history, trainer: {epoch_sums (the world's, so far), lr_scaled,
-    comm (a compression hook's state), rng_per_rank}
+    comm (a compression hook's state), rng_per_rank, trackers (tracker name: run id)}
 
 >>> net = torch.nn.Linear(2, 1)
 >>> state = TrainState(net, torch.optim.SGD(net.parameters(), lr=0.1))
@@ -90,6 +90,9 @@ class TrainState:
     history: DistributedTrainingHistory = field(default_factory=DistributedTrainingHistory)
     lr_scaled: bool = False
     restored: Restored | None = None
+    # The experiment trackers' run ids ({"wandb": "1x2y3z"}): a resumed or continued job
+    # logs into the same runs (rankwise.train.trackers). On every rank, in every checkpoint.
+    trackers: dict[str, str] = field(default_factory=dict)
 
     def hold_prepared(
         self,
@@ -115,6 +118,7 @@ class TrainState:
         self.epoch, self.step, self.sums = 0, 0, None
         self.history = DistributedTrainingHistory()
         self.restored = None
+        self.trackers = {}  # a new run for each tracker
 
     def state_dict(self, *, sharded: bool = False) -> dict[str, Any]:
         """The state as plain values (tensors on the CPU, numbers, strings, lists, dicts).
@@ -159,6 +163,7 @@ class TrainState:
                 "lr_scaled": self.lr_scaled,
                 "comm": comm_state_dict(self.model),
                 "rng_per_rank": rngs,
+                "trackers": dict(self.trackers),
             },
         }
 
@@ -195,6 +200,7 @@ class TrainState:
         if extra.get("comm"):
             load_comm_state_dict(self.model, extra["comm"])
         self.lr_scaled = bool(extra.get("lr_scaled", False))
+        self.trackers = {str(k): str(v) for k, v in (extra.get("trackers") or {}).items()}
         rngs = extra.get("rng_per_rank") or [state["rng"]]
         # Each rank continues its own random stream when the world is the same; otherwise every
         # rank takes rank 0's (there is no right answer for a rank that did not exist).

@@ -17,6 +17,7 @@ exactly, rank 0 prints and writes checkpoints. See ``docs/train.md``.
 from __future__ import annotations
 
 import functools
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -64,6 +65,7 @@ from rankwise.train.setup import (
 from rankwise.train.state import TrainState
 from rankwise.train.step import StepEnv, epoch_scheduler_step
 from rankwise.train.sums import EpochResult, EpochSums
+from rankwise.train.trackers import require, run_artifacts, share_run_ids
 
 OptimizerSpec = torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -189,6 +191,7 @@ class DistributedTrainer:
         """
         cfg, train, val_data = parse_fit_args(args, config, val)
         self.config = cfg.validate()
+        require(cfg.logger_names())  # a tracker's package missing: fail before anything runs
         train_set, val_set = fit_datasets(train, val_data, cfg)
         self.fit_count += 1
         self.progress = checks.begin_fit(
@@ -208,32 +211,81 @@ class DistributedTrainer:
         member = rd.membership()  # a restarted process waiting to rejoin logs nothing yet
         logs = rd.is_master() and (member is None or not member.pending)
         self.logger = TrainingLogger(
-            cfg.log_dir, cfg.verbose, cfg.log_every_n_batches, logs, epochs=cfg.epochs
+            cfg.log_dir,
+            cfg.verbose,
+            cfg.log_every_n_batches,
+            logs,
+            epochs=cfg.epochs,
+            loggers=cfg.loggers,
+            logger_options=cfg.logger_options,
         )
+        if self.logger.trackers:  # the same on every rank: loggers is compared (checks.py)
+            run_ids = self.logger.start_run(self._run_config(cfg), state.trackers)
+            # every rank holds the ids (a new rank 0 goes on with them); a process waiting
+            # to rejoin gets them with the state it is sent
+            joining = member is not None and member.pending
+            state.trackers = {} if joining else share_run_ids(run_ids)
         started = time.perf_counter()
+        saved: list[Any] = [None]  # the last checkpoint: its manifest is a tracker artifact
+
+        def on_saved(path: Any) -> None:
+            saved[0] = path
+            self._call("on_checkpoint_saved", self, path)
+
         checkpointer = self._checkpointer = Checkpointer(
             manager,
             cfg,
-            on_saved=lambda path: self._call("on_checkpoint_saved", self, path),
+            on_saved=on_saved,
             progress=self.progress,
             saved_at=state.step if resumed else None,  # the end does not save it again
         )
         checkpointer.check_folder()  # writable, before the first step
+        finished = False
         try:
             # SIGTERM or an exception: the checkpoint write in flight still lands
             with checkpointer.draining():
                 samples, train_seconds = self._epochs(cfg, val_set, checkpointer)
+            finished = True
         except RuntimeError as exc:
             if (error := self.progress.explain(exc)) is None:  # a stall names the late rank
                 raise
             raise error from exc
         finally:
-            self.logger.close()
+            if not finished:
+                self.logger.close(failed=True)  # the trackers' runs end as failed
         self.history.total_time_seconds += time.perf_counter() - started
         if samples:  # a resume with nothing left to do keeps the recorded throughput
             self.history.samples_per_second = samples / train_seconds
+        self._log_artifacts(cfg, saved[0])
+        self.logger.close()
         self._call("on_fit_end", self, self.history)
         return self.history
+
+    def _run_config(self, cfg: DistributedTrainingConfig) -> dict[str, Any]:
+        """What the trackers record as the run's hyper-parameters: the config (credentials
+        redacted), the world and what was trained."""
+        world = rd.get_world_size()
+        values = cfg.to_dict()
+        values.update(world_size=world, global_batch_size=cfg.effective_batch_size(world))
+        values["model"] = type(self.module).__name__
+        if self.optimizer is not None:
+            values["optimizer"] = type(self.optimizer).__name__
+            values["lr"] = self.optimizer.param_groups[0].get("lr")
+        return values
+
+    def _log_artifacts(self, cfg: DistributedTrainingConfig, checkpoint: Any) -> None:
+        """The history and the final checkpoint's manifest to the trackers (rank 0)."""
+        if not (self.logger.enabled and self.logger.trackers.running):
+            return
+        with tempfile.TemporaryDirectory(prefix="rankwise-artifacts-") as folder:
+            try:
+                files = run_artifacts(
+                    self.history, checkpoint, cfg.checkpoint_storage_options, Path(folder)
+                )
+            except Exception as exc:  # never fails the fit: the trackers are extras
+                self.logger.info(f"rankwise: no tracker artifacts ({exc})")
+                return
+            self.logger.log_artifacts(files)
 
     def _epochs(
         self, cfg: DistributedTrainingConfig, val_set: Any, checkpointer: Checkpointer
@@ -332,13 +384,13 @@ class DistributedTrainer:
             "val_accuracy": val_acc,
             "epoch_seconds": seconds,
         }
-        self.logger.end_epoch(epoch, metrics)
+        self.logger.end_epoch(epoch, metrics, self.state.step)
         return metrics
 
     def _regrouped(self) -> None:
         """The world changed under ``--on-failure continue`` (continuing.py): rank 0 logs, and
         the callbacks hear of it (``on_regroup``)."""
-        self.logger.follow(rd.is_master(), self.state.step)
+        self.logger.follow(rd.is_master(), self.state.step, self.state.trackers)
         if self._checkpointer is not None:
             self._checkpointer.regrouped()  # SIGTERM is caught where a write can be in flight
         self._call("on_regroup", self)

@@ -1,0 +1,129 @@
+"""TrackerSet: the fan-out's rules, with a tracker written here that keeps what it is given (the
+real W&B and MLflow runs are in tests/integrations/test_trackers.py).
+
+Pure: no process group, no tracker package needed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rankwise.train import DistributedTrainingHistory, TrackerWarning, save_file
+from rankwise.train.trackers import TrackerSet, require, run_artifacts
+
+
+class Notebook:
+    """A tracker that writes into lists; ``fail_on`` names the call that raises."""
+
+    title, fix = "Notebook", "check the notebook"
+
+    def __init__(self, name: str, last_step: int | None = None, fail_on: str = "") -> None:
+        self.name, self.held, self.fail_on = name, last_step, fail_on
+        self.last_step: int | None = None
+        self.rows: list[tuple[int, dict[str, float]]] = []
+        self.started: list[str | None] = []
+        self.finished: list[bool] = []
+
+    def _maybe_fail(self, call: str) -> None:
+        if call == self.fail_on:
+            raise ConnectionError(f"{self.name} is down (token=s3cr3t-value)")
+
+    def start(self, config: Mapping[str, Any], run_id: str | None) -> str:
+        self._maybe_fail("start")
+        self.started.append(run_id)
+        self.last_step = self.held if run_id is not None else None
+        return run_id or f"{self.name}-1"
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._maybe_fail("log")
+        self.rows.append((step, dict(metrics)))
+
+    def log_artifact(self, path: Path) -> None:
+        self._maybe_fail("artifact")
+
+    def finish(self, failed: bool = False) -> None:
+        self.finished.append(failed)
+
+
+def caught_warnings(fn: Any, *args: Any) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn(*args)
+    return [str(w.message) for w in caught if issubclass(w.category, TrackerWarning)]
+
+
+def test_a_failing_tracker_warns_once_is_switched_off_and_the_others_go_on() -> None:
+    broken, fine = Notebook("broken", fail_on="log"), Notebook("fine")
+    trackers = TrackerSet([broken, fine], {"broken": {"token": "s3cr3t-value"}})
+    assert trackers.start({"lr": 0.1}, {}) == {"broken": "broken-1", "fine": "fine-1"}
+
+    def steps() -> None:
+        for step in range(1, 4):
+            trackers.log_metrics(step, {"step/loss": 1.0 / step, "step/pending": None})
+
+    [message] = caught_warnings(steps)
+    assert "the Notebook tracker (broken) failed to log metrics (ConnectionError" in message
+    assert "training goes on without it" in message and "Fix: check the notebook." in message
+    assert "s3cr3t-value" not in message  # a credential in the library's text is scrubbed
+    assert [step for step, _ in fine.rows] == [1, 2, 3]
+    assert fine.rows[0][1] == {"step/loss": 1.0}  # None: left out
+    assert trackers.failed == {"broken"}
+    trackers.finish()
+    assert (broken.finished, fine.finished) == ([], [False])
+    # Off for the rest of the process: a new rank 0's start does not bring it back.
+    assert trackers.start({}, {"broken": "b", "fine": "f"}, resume_only=True) == {"fine": "f"}
+
+
+def test_a_tracker_that_cannot_start_warns_and_the_fit_goes_on() -> None:
+    down = Notebook("down", fail_on="start")
+    trackers = TrackerSet([down])
+    [message] = caught_warnings(trackers.start, {}, {})
+    assert "failed to start a run" in message
+    assert not trackers and trackers.running == []
+    trackers.log_metrics(1, {"step/loss": 1.0})  # nothing to send to: no error, no warning
+
+
+def test_steps_a_resumed_run_holds_are_not_sent_again() -> None:
+    asked = Notebook("asked", last_step=7)  # the run says how far it got
+    offline = Notebook("offline")  # it cannot say: rankwise's own CSV tells (8)
+    fresh = Notebook("fresh")  # a new run: nothing to skip
+    trackers = TrackerSet([asked, offline, fresh])
+    ids = trackers.start({}, {"asked": "a", "offline": "o"}, logged_through=8)
+    assert ids == {"asked": "a", "offline": "o", "fresh": "fresh-1"}
+    for step in range(6, 11):
+        trackers.log_metrics(step, {"step/loss": 0.5})
+    assert [s for s, _ in asked.rows] == [8, 9, 10]
+    assert [s for s, _ in offline.rows] == [9, 10]
+    assert [s for s, _ in fresh.rows] == [6, 7, 8, 9, 10]
+
+
+def test_a_new_rank_0_resumes_only_the_runs_it_has_ids_for() -> None:
+    kept, lost = Notebook("kept"), Notebook("lost")
+    trackers = TrackerSet([kept, lost])
+    assert trackers.start({}, {"kept": "k"}, resume_only=True) == {"kept": "k"}
+    assert (kept.started, lost.started) == (["k"], [])
+
+
+def test_run_artifacts_are_the_history_and_the_final_manifest(tmp_path: Path) -> None:
+    history = DistributedTrainingHistory()
+    history.append_epoch(0.5, 0.75, None, None, 1.0)
+    checkpoint = save_file({"w": torch.ones(2)}, tmp_path / "ckpt.pt")
+    files = run_artifacts(history, checkpoint, None, tmp_path / "out")
+    names = [f.name for f in files]
+    assert names[0] == "history.json" and names[-1] == "ckpt.pt.sha256.json"
+    assert all(f.is_file() for f in files)
+
+
+def test_require_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as on a machine without it
+    with pytest.raises(ImportError, match=r"pip install 'rankwise\[wandb\]'"):
+        require(["csv", "wandb"])
+    require(["csv", "tensorboard"])  # installed with the dev extra
