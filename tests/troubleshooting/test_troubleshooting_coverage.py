@@ -91,16 +91,13 @@ _RACE = (
 INTERNAL.update(
     {
         ("testing/s3server.py", "no pair of free ports (p, p + 10000)"): _TESTING,
-        ("testing/mlflowserver.py", "unreachable"): _TESTING,
-        ("testing/mlflowserver.py", "did not answer within {} s; log"): _TESTING,
-        ("testing/mlflowserver.py", "mlflow server exited with {} before {} answered"): _TESTING,
         ("train/trackers.py", "rank 0 sent tracker run ids that are not names and ids"): (
             _INVARIANT
         ),
-        ("testing/s3server.py", "unreachable"): _TESTING,
         ("testing/s3server.py", "binary was not found; the object-storage tests"): _TESTING,
-        ("testing/s3server.py", "did not answer within {} s; log"): _TESTING,
-        ("testing/s3server.py", "before its S3 endpoint {} answered; log"): _TESTING,
+        ("testing/servers.py", "did not answer within {} s; log"): _TESTING,
+        ("testing/servers.py", "exited with {} before {} answered; log"): _TESTING,
+        ("testing/servers.py", "attempts must be >= 1"): _TESTING,
         ("train/checkpoint/storage_errors.py", "unreachable"): _INVARIANT,
         ("train/checkpoint/remote.py", "is a manifest's or the pointer's name"): _STORAGE_API,
         ("train/checkpoint/remote.py", "keep_last ({}) must be an integer >= 1."): _STORAGE_API,

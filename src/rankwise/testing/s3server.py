@@ -6,7 +6,7 @@ benchmarks/checkpoint.py.
 process. Every one of its ports is set to a free one (each with its gRPC port at +10000, the
 offset SeaweedFS assumes in places even when told otherwise), so pytest-xdist workers and other
 sessions on the machine never collide. It listens on 127.0.0.1 only, sends no telemetry, and is
-stopped through its own process group.
+stopped through its own process group (:class:`~rankwise.testing.servers.ServerProcess`).
 
 >>> server = start_server(tmp_dir)  # doctest: +SKIP
 >>> server.endpoint  # doctest: +SKIP
@@ -20,18 +20,17 @@ With ``credentials=(key, secret)`` the server has one admin identity and refuses
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import sysconfig
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
+
+from rankwise.testing.servers import ServerProcess, start_retrying
 
 # Each component's http port; its gRPC port is set to http + _GRPC_OFFSET.
 _COMPONENTS = ("master", "volume", "filer", "s3", "admin")
@@ -78,28 +77,23 @@ def _port_pair(taken: set[int]) -> int:
 
 
 @dataclass
-class S3Server:
+class S3Server(ServerProcess):
     """A running ``weed mini``; :meth:`stop` ends it, :meth:`start` starts it again on the same
     ports and data folder (a server lost mid-run and back)."""
 
-    directory: Path
-    ports: dict[str, int]
+    ports: dict[str, int] = field(default_factory=dict)
     config: Path | None = None
-    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    name: ClassVar[str] = "weed mini"
+    log_name: ClassVar[str] = "weed.log"
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.ports['s3']}"
 
     @property
-    def log(self) -> Path:
-        return self.directory / "weed.log"
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+    def url(self) -> str:
+        return self.endpoint
 
     def command(self) -> list[str]:
         args = [
@@ -123,59 +117,18 @@ class S3Server:
             args.append(f"-s3.config={self.config}")
         return args
 
+    def answers(self) -> bool:
+        try:
+            urllib.request.urlopen(self.endpoint, timeout=1).close()
+        except urllib.error.HTTPError:  # it answered: 403 when identities are configured
+            return True
+        except OSError:
+            return False
+        return True
+
     def start(self, timeout: float = START_TIMEOUT) -> S3Server:
-        """Start the server and wait until its S3 endpoint answers (any HTTP status)."""
         (self.directory / "data").mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own group: stop() ends it and any child
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"weed mini exited with {self.process.returncode} before its S3 endpoint "
-                    f"{self.endpoint} answered; log {self.log}:\n{self.log_tail()}"
-                )
-            try:
-                urllib.request.urlopen(self.endpoint, timeout=1).close()
-                return self
-            except urllib.error.HTTPError:  # it answered: 403 when identities are configured
-                return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(
-            f"weed mini's S3 endpoint {self.endpoint} did not answer within {timeout:.0f} s; "
-            f"log {self.log}:\n{self.log_tail()}"
-        )
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """End the server's process group: SIGTERM, then SIGKILL after ``timeout``."""
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                process.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-
-    def kill(self) -> None:
-        """SIGKILL the server's process group: a server lost without warning."""
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+        return super().start(timeout)
 
 
 def start_server(
@@ -183,8 +136,8 @@ def start_server(
 ) -> S3Server:
     """Start ``weed mini`` with its data and log in ``directory`` on free ports.
 
-    A port taken between choosing it and the server binding it makes the server exit; that is
-    retried on new ports (``attempts`` in all).
+    A port taken between choosing it and the server binding it is retried on new ports
+    (``attempts`` in all).
     """
     directory.mkdir(parents=True, exist_ok=True)
     config = None
@@ -197,14 +150,9 @@ def start_server(
             "actions": ["Admin", "Read", "List", "Tagging", "Write"],
         }
         config.write_text(json.dumps({"identities": [identity]}))
-    for attempt in range(attempts):
+
+    def make() -> S3Server:
         taken: set[int] = set()
-        ports = {name: _port_pair(taken) for name in _COMPONENTS}
-        server = S3Server(directory, ports, config)
-        try:
-            return server.start()
-        except RuntimeError:
-            server.stop()
-            if attempt == attempts - 1:
-                raise
-    raise AssertionError("unreachable")
+        return S3Server(directory, {name: _port_pair(taken) for name in _COMPONENTS}, config)
+
+    return start_retrying(make, START_TIMEOUT, attempts)
