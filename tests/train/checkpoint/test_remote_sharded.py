@@ -22,7 +22,7 @@ from torch import nn
 import rankwise.distributed as rd
 from helpers.trainer_stops import Stop, fit_starts, stop_in_step
 from rankwise.distributed.config import MemberConfig
-from rankwise.testing import assert_exactly_once, run_distributed
+from rankwise.testing import RankFailedError, assert_exactly_once, run_distributed
 from rankwise.testing.s3server import S3_KEY, S3_SECRET, S3Server
 from rankwise.train import AuditLog, DistributedTrainer, DistributedTrainingConfig
 from rankwise.train import checkpoint as ck
@@ -332,6 +332,33 @@ def test_a_torn_or_unfinished_folder_in_the_bucket_is_never_trusted(s3_bucket: s
     manager.save(_state_after(net, optimizer, 4).state_dict(sharded=True), epoch=0, step=4)
     assert unfinished not in manager.checkpoints()
     assert manager.latest() == f"{url}/ckpt-e000000-s000000004.dcp"
+
+
+@pytest.mark.slow  # a process of its own, killed
+def test_a_kill_mid_shard_upload_leaves_the_previous_folder_and_is_cleaned(
+    s3_bucket: str,
+) -> None:
+    """A real SIGKILL after the first part of a shard's 3-part upload: the folder gets no
+    manifest, the previous folder is the latest, the next manager's start aborts the upload."""
+    url = f"{s3_bucket}/mpu"
+    with pytest.raises(RankFailedError, match=r"without a result"):
+        run_distributed(_save_twice_killed_mid_shard, 1, args=(url,), timeout=60)
+    store = Storage.for_url(url)
+    manager = RemoteCheckpointManager(store, sharded=True)
+    assert MANIFEST not in store.child("ckpt-e000000-s000000002.dcp").names()
+    assert manager.latest() == f"{url}/ckpt-e000000-s000000001.dcp"
+    assert manager.start() == ["ckpt-e000000-s000000002.dcp/__0_0.distcp"]
+    assert store.abort_uploads() == []
+
+
+def _save_twice_killed_mid_shard(url: str) -> None:
+    from rankwise.testing import kill_at_checkpoint
+
+    manager = RemoteCheckpointManager(Storage.for_url(url, part_size=5 << 20), sharded=True)
+    plain = {"optimizer": {"state": {}, "param_groups": []}, "world_size": 1}
+    manager.save({**plain, "model": {"w": torch.zeros(4)}}, epoch=0, step=1)
+    kill_at_checkpoint("mid-upload", after=1)  # .metadata goes up, the shard is cut
+    manager.save({**plain, "model": {"w": torch.zeros(3 << 20)}}, epoch=0, step=2)  # 12 MiB
 
 
 def _raise_at(point: str) -> Any:

@@ -181,12 +181,19 @@ def _failure(error: BaseException | None) -> Failure | None:
 
 
 def _upload(folder: Storage, local: Path) -> dict[str, Any]:
-    """Hash and upload every file of ``local`` into ``folder``; return their manifest entries."""
+    """Hash and upload every file of ``local`` into ``folder``; return their manifest entries.
+    Fault point ``mid-upload``: once each file's first part is up (the whole object, for one
+    part)."""
     files = sharded.file_entries(local)
-    for i, name in enumerate(files):
-        folder.put(local / name, name)
-        if i == 0:
-            fault_point("mid-upload")
+    for name in files:
+        first = [True]
+
+        def uploaded(_: int, first: list[bool] = first) -> None:
+            if first[0]:
+                first[0] = False
+                fault_point("mid-upload")
+
+        folder.put(local / name, name, uploaded=uploaded)
     return files
 
 
