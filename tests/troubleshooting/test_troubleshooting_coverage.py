@@ -104,6 +104,7 @@ INTERNAL.update(
         ("train/checkpoint/remote_manager.py", "is a local folder: use CheckpointManager"): (
             _STORAGE_API
         ),
+        ("train/checkpoint/remote_sharded.py", "could not write its part of {}: {}"): _WRAPPER,
         ("train/checkpoint/storage.py", "part_size ({}) must be >= 5 MiB"): _STORAGE_API,
         ("train/checkpoint/storage.py", "is remote storage; it has no local path."): _STORAGE_API,
         ("train/checkpoint/storage.py", "is a local folder: use the local checkpoint files"): (

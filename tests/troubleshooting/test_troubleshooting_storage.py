@@ -10,12 +10,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import torch
 
 from helpers.troubleshooting_table import check_row, raised
 from rankwise.testing import free_port
 from rankwise.testing.s3server import S3_KEY, S3_SECRET
-from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import (
     RemoteCheckpointManager,
     RetryPolicy,
@@ -27,17 +25,6 @@ from rankwise.train.checkpoint.writer import CheckpointWriter
 
 pytestmark = pytest.mark.timeout(60)
 _BUCKET: list[str] = []  # the test's bucket (s3://NAME), for the triggers
-
-
-def _fit(url: str, **fields: Any) -> BaseException:
-    model = torch.nn.Linear(2, 2)
-    trainer = DistributedTrainer(
-        model, torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1)
-    )
-    cfg = DistributedTrainingConfig(
-        epochs=1, batch_size=4, verbose=False, checkpoint_dir=url, **fields
-    )
-    return raised(trainer.fit, torch.zeros(8, 2), torch.zeros(8, 2), cfg)
 
 
 def _missing_s3fs() -> BaseException:
@@ -137,7 +124,6 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "checkpoint-upload-lost": lambda: _writer_lost_upload(final=False),
     "checkpoint-last-not-durable": lambda: _writer_lost_upload(final=True),
     "checkpoint-url-no-file": lambda: raised(read_checkpoint, f"{_BUCKET[0]}/"),
-    "config-fsdp-remote": lambda: _fit(f"{_BUCKET[0]}/run", strategy="fsdp"),
 }
 
 

@@ -188,7 +188,7 @@ def broadcast_plain(value: Any, src: int = 0, group: dist.ProcessGroup | None = 
     """
     if not _distributed():
         return value
-    device = collective_device()
+    device = _device_of(group)
     mine = _encode(value) if dist.get_rank() == src else torch.empty(0, dtype=torch.uint8)
     size = torch.tensor([mine.numel()], dtype=torch.int64, device=device)
     dist.broadcast(size, src=src, group=group)
@@ -199,25 +199,35 @@ def broadcast_plain(value: Any, src: int = 0, group: dist.ProcessGroup | None = 
     return _decode(data)
 
 
-def all_gather_plain(value: Any) -> list[Any]:
-    """Every rank's ``value`` (plain values, as :func:`broadcast_plain`), in rank order; never
-    a peer's pickle. A collective.
+def all_gather_plain(value: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
+    """Every rank's ``value`` (plain values, as :func:`broadcast_plain`), in rank order of
+    ``group`` (default: the whole world); never a peer's pickle. A collective.
 
     >>> all_gather_plain(7)  # world of one
     [7]
     """
     if not _distributed():
         return [value]
-    device = collective_device()
+    device = _device_of(group)
     mine = _encode(value).to(device)
-    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.int64, device=device))
+    count = dist.get_world_size(group)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(count)]
+    size = torch.tensor([mine.numel()], dtype=torch.int64, device=device)
+    dist.all_gather(sizes, size, group=group)
     longest = max(int(s.item()) for s in sizes)
     padded = torch.zeros(longest, dtype=torch.uint8, device=device)
     padded[: mine.numel()] = mine
     parts = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in sizes]
-    dist.all_gather(parts, padded)
+    dist.all_gather(parts, padded, group=group)
     return [_decode(part[: int(s.item())]) for part, s in zip(parts, sizes, strict=True)]
+
+
+def _device_of(group: dist.ProcessGroup | None) -> torch.device:
+    """Where ``group``'s collectives take their tensors: the CPU for a gloo group (a
+    background group beside an NCCL world), else :func:`collective_device`."""
+    if group is not None and dist.get_backend(group) == "gloo":
+        return torch.device("cpu")
+    return collective_device()
 
 
 def _encode(value: Any) -> torch.Tensor:

@@ -446,14 +446,21 @@ class DistributedTrainer:
         rd.barrier()
         return Path(path)
 
-    def load_checkpoint(self, path: str | Path) -> None:
+    def load_checkpoint(
+        self, path: str | Path, *, storage_options: dict[str, Any] | None = None
+    ) -> None:
         """Load model, optimizer, scheduler and precision state from ``path`` (collective);
         the next ``fit`` continues from the checkpoint's epoch, step and data position.
 
         Works before the first ``fit`` too (e.g. to evaluate a saved model); an optimizer or
-        scheduler given as a factory is then built fresh by ``fit``.
+        scheduler given as a factory is then built fresh by ``fit``. ``path`` may be an
+        object's URL (``s3://...``), reached with ``storage_options`` (the fsspec options, as
+        ``checkpoint_storage_options``; default: the last ``fit``'s config's).
         """
-        self.state.load_state_dict(read_checkpoint(path), path)
+        if storage_options is None and self.config is not None:
+            storage_options = self.config.checkpoint_storage_options
+        state = read_checkpoint(path, storage_options=storage_options)
+        self.state.load_state_dict(state, path)
 
     def _call(self, name: str, *args: Any) -> None:
         for cb in self.callbacks:

@@ -1,7 +1,8 @@
 """``fit`` with ``checkpoint_dir`` in object storage, against a real S3 server (SeaweedFS):
 background uploads, retention after the pointer, resume from the bucket mid-epoch and
 bit-identical, the store lost and back mid-run, a last checkpoint that cannot be made durable,
-failures at start named before the first step, and credentials kept out of every dump."""
+failures at start named before the first step, credentials kept out of every dump, and
+``trainer.load_checkpoint(URL)`` reaching the store with the storage options."""
 
 from __future__ import annotations
 
@@ -112,6 +113,31 @@ def test_fit_saves_to_the_bucket_and_resumes_mid_epoch_bit_identical(s3_bucket: 
     trainer.fit(x, y, _cfg(url, resume=f"{url}/ckpt-e000002-s000000012.pt"))
     for name, value in reference.items():
         assert torch.equal(model.state_dict()[name], value), name
+
+
+def test_load_checkpoint_from_a_url_uses_the_storage_options(
+    s3_bucket: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+):
+    # The endpoint and the credentials only in the options, none in the environment.
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    options = {"endpoint_url": s3_server.endpoint, "key": S3_KEY, "secret": S3_SECRET}
+    url = f"{s3_bucket}/options"
+    x, y = _data()
+    model, trainer = _trainer()
+    trainer.fit(x, y, _cfg(url, checkpoint_storage_options=options, epochs=1))
+    saved = f"{url}/ckpt-e000001-s000000006.pt"
+    trainer.load_checkpoint(saved)  # the last fit's options
+    assert trainer.global_step == 6
+    fresh_model, fresh = _trainer()
+    fresh.load_checkpoint(saved, storage_options=options)  # no fit yet: given here
+    assert fresh.global_step == 6
+    for name, value in _params(model).items():
+        assert torch.equal(fresh_model.state_dict()[name], value), name
+    wrong = {**options, "secret": "wrong-" + S3_SECRET}
+    with pytest.raises(StorageError) as e:
+        fresh.load_checkpoint(saved, storage_options=wrong)
+    assert e.value.reason == "refused" and S3_SECRET not in str(e.value)
 
 
 def test_fit_fails_before_the_first_step_when_the_store_cannot_be_used(s3_bucket: str):

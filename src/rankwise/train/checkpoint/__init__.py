@@ -22,12 +22,13 @@ here, never from the modules below (their shared names are the package's interna
   buffers (:func:`snapshot`, ``staging.py``); :class:`SaveStats` is what that cost the loop.
   :func:`manager_for` and :func:`load_resume` (``resume.py``) are where ``fit`` saves and what
   it resumes from.
-- Object storage (``storage.py``, ``storage_errors.py``, ``remote.py``, ``remote_manager.py``):
-  :class:`Storage` reaches any fsspec URL (``s3://``, ``gs://``, ``az://``, ``memory://``)
-  with retries and errors that name the URL, never a credential; ``remote`` writes a
-  checkpoint as data, then manifest, then pointer (there is no rename) and trusts only what
-  verifies; :class:`RemoteCheckpointManager` is the bucket's :class:`CheckpointManager`, which
-  ``fit`` uses when ``checkpoint_dir`` is a URL.
+- Object storage (``storage.py``, ``storage_errors.py``, ``remote.py``, ``remote_sharded.py``,
+  ``remote_manager.py``): :class:`Storage` reaches any fsspec URL (``s3://``, ``gs://``,
+  ``az://``, ``memory://``) with retries and errors that name the URL, never a credential;
+  ``remote`` writes a checkpoint as data, then manifest, then pointer (there is no rename) and
+  trusts only what verifies; ``remote_sharded`` does the same for FSDP2's DCP folders, each
+  rank uploading its own shards; :class:`RemoteCheckpointManager` is the bucket's
+  :class:`CheckpointManager`, which ``fit`` uses when ``checkpoint_dir`` is a URL.
 
 >>> import tempfile
 >>> manager = CheckpointManager(tempfile.mkdtemp(), keep_last=2)

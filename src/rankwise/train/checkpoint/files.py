@@ -52,8 +52,8 @@ _PARALLEL_HASH = 1 << 20  # bytes; below this a thread hand-off costs more than 
 # "before-manifest": the data has its final name, the manifest is not written yet;
 # "before-pointer" / "before-prune": CheckpointManager.save's later steps.
 # In object storage (remote.py): "mid-upload", after the first part (or the whole object, when
-# it is one part) of the data is uploaded; then "before-manifest", "before-pointer" and
-# "before-prune" as on disk.
+# it is one part) of the data is uploaded (remote_sharded.py: of each file a rank uploads);
+# then "before-manifest" (remote_sharded.py), "before-pointer" and "before-prune" as on disk.
 FAULT_POINTS = (
     "mid-write",
     "before-rename",

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rankwise.train.checkpoint import remote, sharded
+from rankwise.train.checkpoint import remote, remote_sharded, sharded
 from rankwise.train.checkpoint.files import (
     TMP_MARK,
     CheckpointError,
@@ -342,17 +342,21 @@ def read_checkpoint(
     folder's plain part whose ``"dcp"`` entry names the folder; ``TrainState.load_state_dict``
     reads its shards into the model. ``verify_shards=False`` checks a folder's shards by size
     only (a rank loading what rank 0 verified in full). ``path`` may be an object's URL
-    (``s3://bucket/run/ckpt-e000001-s000000300.pt``), reached with ``storage_options``: it is
-    downloaded, verified against its manifest and loaded."""
+    (``s3://bucket/run/ckpt-e000001-s000000300.pt``, or a sharded folder's ``...300.dcp``),
+    reached with ``storage_options``: it is downloaded, verified against its manifest and
+    loaded (a folder's local copy is deleted once its shards are loaded)."""
     if is_remote_url(path):
-        folder, _, name = split_url(os.fspath(path))[1].rpartition("/")
-        url = os.fspath(path)
-        if not folder or not name or sharded.is_sharded_path(name):
+        url = os.fspath(path).rstrip("/")
+        folder, _, name = split_url(url)[1].rpartition("/")
+        if not folder or not name:
             raise CheckpointError(
-                f"checkpoint URL {url} names no checkpoint file; pass the URL of one "
-                "(e.g. s3://BUCKET/RUN/ckpt-e000001-s000000300.pt), or resume='auto'."
+                f"checkpoint URL {os.fspath(path)} names no checkpoint; pass the URL of one "
+                "(e.g. s3://BUCKET/RUN/ckpt-e000001-s000000300.pt, or a sharded checkpoint's "
+                "...300.dcp folder), or resume='auto'."
             )
         storage = Storage.for_url(url.rpartition("/")[0], storage_options)
+        if sharded.is_sharded_path(name):
+            return remote_sharded.fetch(storage, name)
         return remote.load(storage, name)
     if sharded.is_sharded_path(path):
         return sharded.read_state(path, verify_shards=verify_shards)

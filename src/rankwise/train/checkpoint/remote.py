@@ -223,10 +223,11 @@ def pointer_target(storage: Storage, prefix: str = "ckpt") -> str | None:
         return None
 
 
-def candidates(storage: Storage, prefix: str = "ckpt") -> list[str]:
+def candidates(storage: Storage, prefix: str = "ckpt", names: list[str] | None = None) -> list[str]:
     """The checkpoints in the order a resume tries them: the pointer's target, then those
-    older than it newest first, then newer ones (a save killed before its pointer moved)."""
-    names = checkpoints(storage, prefix)
+    older than it newest first, then newer ones (a save killed before its pointer moved).
+    ``names``: the checkpoints to order (default: :func:`checkpoints`, the files)."""
+    names = checkpoints(storage, prefix) if names is None else names
     target = pointer_target(storage, prefix)
     if target is None or target not in names:
         return names[::-1]
@@ -236,11 +237,12 @@ def candidates(storage: Storage, prefix: str = "ckpt") -> list[str]:
 
 
 def first_valid(
-    storage: Storage, prefix: str, take: Callable[[str], Any]
+    storage: Storage, prefix: str, take: Callable[[str], Any], names: list[str] | None = None
 ) -> tuple[str, Any] | None:
-    """``(name, take(name))`` for the first of :func:`candidates` whose ``take`` does not
-    raise :class:`CheckpointError`; each skipped one is named by a :class:`CheckpointWarning`."""
-    for name in candidates(storage, prefix):
+    """``(name, take(name))`` for the first of :func:`candidates` (of ``names``) whose
+    ``take`` does not raise :class:`CheckpointError`; each skipped one is named by a
+    :class:`CheckpointWarning`."""
+    for name in candidates(storage, prefix, names):
         try:
             return name, take(name)
         except CheckpointError as e:

@@ -6,7 +6,9 @@ on a store with no rename (see ``remote.py``): a save writes the state to a loca
 file exactly as on disk (``save_file``: the manifest's checksum is computed while writing),
 uploads it (multipart, parts in parallel), then its manifest, then moves the pointer, then
 prunes. :meth:`~RemoteCheckpointManager.save_async` runs all of that on the one background
-thread, the loop held only for the snapshot. Staging to a local file rather than streaming
+thread, the loop held only for the snapshot. With ``sharded=True`` (``strategy="fsdp"``) a
+save is a DCP folder that every rank writes its shards to (``remote_sharded.py``); the manager
+finds, verifies and loads both kinds. Staging to a local file rather than streaming
 ``torch.save`` into the upload: the write to local disk is quick next to the upload, the
 checksum is known before the first byte goes up, and a failed upload is retried from the file
 without touching the training state again.
@@ -26,11 +28,17 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rankwise.train.checkpoint import remote
-from rankwise.train.checkpoint.files import check_plain, manifest_path, save_file
+from rankwise.train.checkpoint import remote, remote_sharded, sharded
+from rankwise.train.checkpoint.files import (
+    CheckpointError,
+    check_plain,
+    manifest_path,
+    save_file,
+)
 from rankwise.train.checkpoint.manager import check_naming, check_position, name_pattern
 from rankwise.train.checkpoint.staging import BackgroundSaves
 from rankwise.train.checkpoint.storage import Storage
@@ -45,12 +53,18 @@ class RemoteCheckpointManager:
 
     :meth:`start` checks that the store is reachable and writable and aborts the multipart
     uploads a killed writer left (call it once, before the first save). One writer per URL and
-    prefix. Sharded (DCP) checkpoints are not written to object storage.
+    prefix. ``sharded``: saves write DCP folders and are collectives, called on every rank
+    (each uploads its shards; rank 0 the rest and the manifest, and moves the pointer).
     """
 
-    sharded = False
-
-    def __init__(self, storage: Storage, keep_last: int | None = 3, prefix: str = "ckpt") -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        keep_last: int | None = 3,
+        prefix: str = "ckpt",
+        *,
+        sharded: bool = False,
+    ) -> None:
         check_naming(keep_last, prefix)
         if not storage.is_remote:
             raise ValueError(
@@ -60,7 +74,9 @@ class RemoteCheckpointManager:
         self.storage = storage
         self.keep_last = keep_last
         self.prefix = prefix
+        self.sharded = sharded
         self._name = name_pattern(prefix)
+        self._dcp = remote_sharded.RemoteShardedWriter(storage, prefix, keep_last)
         self._background: BackgroundSaves[str] = BackgroundSaves()
 
     def __repr__(self) -> str:
@@ -90,21 +106,27 @@ class RemoteCheckpointManager:
         return None
 
     def name_for(self, epoch: int, step: int) -> str:
-        return f"{self.prefix}-e{epoch:06d}-s{step:09d}.pt"
+        suffix = sharded.SUFFIX if self.sharded else ".pt"
+        return f"{self.prefix}-e{epoch:06d}-s{step:09d}{suffix}"
 
     def path_for(self, epoch: int, step: int) -> str:
         """The URL a save at ``(epoch, step)`` writes."""
         return self.storage.url_of(self.name_for(epoch, step))
 
     def checkpoints(self) -> list[str]:
-        """Every checkpoint name of this prefix, valid or not, oldest first."""
-        return [n for n in remote.checkpoints(self.storage, self.prefix) if self._name.match(n)]
+        """Every checkpoint name of this prefix (files and sharded folders), valid or not,
+        oldest first."""
+        names = remote.checkpoints(self.storage, self.prefix)
+        names += remote_sharded.folders(self.storage, self.prefix)
+        return sorted(n for n in names if self._name.match(n))
 
     def save(self, state: dict[str, Any], *, epoch: int, step: int) -> str:
         """Write ``state`` as the checkpoint of ``(epoch, step)``; return its URL once data,
-        manifest and pointer are in the store (then prune)."""
+        manifest and pointer are in the store (then prune). Sharded: on every rank."""
         check_position(epoch, step)
         name = self.name_for(epoch, step)
+        if self.sharded:
+            return self._start_sharded(state, epoch, step, background=False)()
         with tempfile.TemporaryDirectory(prefix="rankwise-upload-") as folder:
             local = save_file(state, Path(folder) / name, meta={"epoch": epoch, "step": step})
             manifest = json.loads(manifest_path(local).read_text())
@@ -124,11 +146,22 @@ class RemoteCheckpointManager:
     ) -> concurrent.futures.Future[str]:
         """Copy ``state``'s tensors, then :meth:`save` them on the background thread (one
         save in flight; see ``CheckpointManager.save_async``)."""
+        if self.sharded:  # every rank; DCP stages the tensors (cached buffers)
+            self.wait()
+            check_position(epoch, step)
+            finish = self._start_sharded(state, epoch, step, background=True)
+            return self._background.submit(lambda _: finish(), None, copy=False)
         check_position(epoch, step)
         check_plain(state, "state")  # here, not as an error on the background thread
         return self._background.submit(
             lambda snapshot: self.save(snapshot, epoch=epoch, step=step), state
         )
+
+    def _start_sharded(
+        self, state: dict[str, Any], epoch: int, step: int, *, background: bool
+    ) -> Callable[[], str]:
+        meta = {"epoch": epoch, "step": step, "world_size": state.get("world_size")}
+        return self._dcp.start(state, self.name_for(epoch, step), meta, background=background)
 
     def pending(self) -> concurrent.futures.Future[str] | None:
         return self._background.pending()
@@ -140,19 +173,34 @@ class RemoteCheckpointManager:
 
     def latest(self) -> str | None:
         """The URL of the newest checkpoint that verifies, or ``None``."""
-        found = remote.first_valid(
-            self.storage, self.prefix, lambda name: remote.verify(self.storage, name)
-        )
+        found = remote.first_valid(self.storage, self.prefix, self._verify, self.checkpoints())
         return None if found is None else self.storage.url_of(found[0])
 
     def load_latest(self) -> tuple[str, dict[str, Any]] | None:
-        """``(url, state)`` of the newest valid checkpoint (downloaded and verified once)."""
-        found = remote.first_valid(
-            self.storage, self.prefix, lambda name: remote.load(self.storage, name)
-        )
+        """``(url, state)`` of the newest valid checkpoint (downloaded and verified once; a
+        sharded folder's state names its local copy, which loading it deletes)."""
+        found = remote.first_valid(self.storage, self.prefix, self._load, self.checkpoints())
         return None if found is None else (self.storage.url_of(found[0]), found[1])
 
     def read(self, url: str) -> dict[str, Any]:
         """The state of the checkpoint at ``url`` (one of this manager's), verified."""
-        name = url.rpartition("/")[2]
+        return self._load(url.rstrip("/").rpartition("/")[2])
+
+    def _verify(self, name: str) -> Any:
+        if name.endswith(sharded.SUFFIX):
+            return _found(remote_sharded.verify, self.storage, name)
+        return remote.verify(self.storage, name)
+
+    def _load(self, name: str) -> dict[str, Any]:
+        if name.endswith(sharded.SUFFIX):
+            return _found(remote_sharded.fetch, self.storage, name)
         return remote.load(self.storage, name)
+
+
+def _found(take: Callable[[Storage, str], dict[str, Any]], storage: Storage, name: str) -> Any:
+    """``take(storage, name)``; a folder listed but empty (a store that keeps the name of a
+    pruned folder, as ``memory://`` does) is a checkpoint that is not there: skipped."""
+    try:
+        return take(storage, name)
+    except FileNotFoundError as e:
+        raise CheckpointError(str(e)) from None

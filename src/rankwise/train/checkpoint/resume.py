@@ -27,7 +27,8 @@ Manager = CheckpointManager | RemoteCheckpointManager
 
 def manager_for(cfg: DistributedTrainingConfig) -> Manager | None:
     """The checkpoint folder's manager (one folder per rank unless rank 0 alone saves);
-    under ``strategy="fsdp"`` it writes sharded DCP folders, every rank its shards. Per-rank
+    under ``strategy="fsdp"`` it writes sharded DCP folders, every rank its shards (to a
+    local folder or a bucket). Per-rank
     folders are a process's own: by slot under ``--on-failure continue`` (a restarted slot 2
     writes ``rank-2/`` again, not ``rank-0/`` of its world of one). A relative folder is
     refused for a continue job on more than one node (rank 0 moves between nodes: the folder
@@ -42,17 +43,11 @@ def manager_for(cfg: DistributedTrainingConfig) -> Manager | None:
     who = member.cfg.slot if member is not None else rd.get_rank()
     per_rank = "" if cfg.save_on_master_only else f"rank-{who}"
     keep = cfg.keep_last_checkpoints
+    sharded = cfg.strategy == "fsdp"
     if is_remote_url(cfg.checkpoint_dir):
-        if cfg.strategy == "fsdp":
-            raise ValueError(
-                f"checkpoint_dir={cfg.checkpoint_dir!r}: strategy='fsdp' writes sharded (DCP) "
-                "checkpoints, which rankwise does not write to object storage yet; use a "
-                "shared local folder (a network filesystem every rank mounts) for "
-                "checkpoint_dir, or strategy='ddp'."
-            )
         url = cfg.checkpoint_dir.rstrip("/") + (f"/{per_rank}" if per_rank else "")
         storage = Storage.for_url(url, cfg.checkpoint_storage_options)
-        manager = RemoteCheckpointManager(storage, keep_last=keep)
+        manager = RemoteCheckpointManager(storage, keep_last=keep, sharded=sharded)
         if per_rank or rd.is_master():  # the writer cleans its own URL
             manager.start()
         else:
@@ -68,7 +63,6 @@ def manager_for(cfg: DistributedTrainingConfig) -> Manager | None:
             "'/shared/run1/ckpt')."
         )
     folder = base / per_rank if per_rank else base
-    sharded = cfg.strategy == "fsdp"
     return CheckpointManager(folder, keep_last=keep, sharded=sharded)
 
 

@@ -67,8 +67,10 @@ __all__ = [
     "REST",
     "SUFFIX",
     "ShardedWriter",
+    "file_entries",
     "is_sharded_path",
     "load_shards",
+    "new_manifest",
     "read_state",
     "remove_folder",
     "sharded_state_dicts",
@@ -128,19 +130,22 @@ class ShardedWriter:
         self._stager: Any = None
 
     def start(
-        self, state: dict[str, Any], final: Path, *, background: bool
+        self, state: dict[str, Any], final: Path, *, background: bool, tmp: Path | None = None
     ) -> tuple[Path, concurrent.futures.Future[Any], dict[str, Any] | None]:
         """Begin writing ``state`` towards ``final``; a collective on every rank.
 
         Returns the temporary folder, this rank's write (a future: in the background it is
-        done once the shards are on disk, on rank 0 once every rank's are) and, on rank 0, a
-        copy of the plain rest that :func:`publish` writes.
+        done once the shards are on disk, on every rank once every rank's are: DCP's last
+        step gathers them and rank 0 writes ``.metadata``) and, on rank 0, a copy of the plain
+        rest that :func:`publish` writes. ``tmp``: this rank's own (local) folder to write to,
+        instead of one beside ``final`` that rank 0 names for all (object storage uploads each
+        rank's files from its own folder).
         """
         import torch.distributed.checkpoint as dcp
 
         tensors, rest = _split(state)
         check_plain(rest, "state")  # here, not as an error on the background thread
-        tmp = _shared_tmp(final)
+        tmp = _shared_tmp(final) if tmp is None else tmp
         storage = dcp.FileSystemWriter(str(tmp))
         no_dist = _no_dist()
         written: concurrent.futures.Future[Any]
@@ -148,7 +153,7 @@ class ShardedWriter:
             response = dcp.async_save(
                 tensors,
                 storage_writer=storage,
-                process_group=self._background_group(),
+                process_group=self.background_group(),
                 async_stager=self._staging(),
                 no_dist=no_dist,
             )
@@ -160,9 +165,10 @@ class ShardedWriter:
             written.set_result(dcp.save(tensors, storage_writer=storage, no_dist=no_dist))
         return tmp, written, snapshot(rest) if rd.is_master() else None
 
-    def _background_group(self) -> dist.ProcessGroup | None:
-        # DCP's collectives run on its writer thread; on the default group they would
-        # interleave with the loop's. gloo: DCP's async save needs a CPU group.
+    def background_group(self) -> dist.ProcessGroup | None:
+        """The gloo group of the background writes (None in a world of one); made on first use,
+        a collective then. DCP's collectives run on its writer thread; on the default group
+        they would interleave with the loop's. gloo: DCP's async save needs a CPU group."""
         if self._group is None and in_group():
             self._group = dist.new_group(backend="gloo")
         return self._group
@@ -212,11 +218,27 @@ def publish(tmp: Path, final: Path, rest: dict[str, Any], meta: dict[str, Any]) 
     ``tmp`` renamed to ``final`` and the parent folder fsynced."""
     write_atomic(tmp / REST, lambda f: torch.save(rest, f))
     fault_point("before-manifest")
+    write_json_atomic(tmp / MANIFEST, new_manifest(file_entries(tmp), meta))
+    fault_point("before-rename")
+    if final.exists():  # the same step saved again: the old folder goes first (a kill in
+        remove_folder(final)  # between leaves neither, and the previous checkpoint is used)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def file_entries(folder: Path) -> dict[str, dict[str, Any]]:
+    """``{name: {"size", "xxh3_128"}}`` of every file under ``folder`` (names relative, with
+    ``/``): what a folder's manifest lists."""
     files = {}
-    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-        name = path.relative_to(tmp).as_posix()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        name = path.relative_to(folder).as_posix()
         files[name] = {"size": path.stat().st_size, "xxh3_128": checksum_of(path)}
-    manifest = {
+    return files
+
+
+def new_manifest(files: dict[str, dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """A sharded folder's manifest: every file's size and XXH3-128 (``files``), and ``meta``."""
+    return {
         "version": _VERSION,
         "layout": "dcp",
         "files": files,
@@ -224,12 +246,6 @@ def publish(tmp: Path, final: Path, rest: dict[str, Any], meta: dict[str, Any]) 
         "torch": torch.__version__,
         "meta": meta,
     }
-    write_json_atomic(tmp / MANIFEST, manifest)
-    fault_point("before-rename")
-    if final.exists():  # the same step saved again: the old folder goes first (a kill in
-        remove_folder(final)  # between leaves neither, and the previous checkpoint is used)
-    os.replace(tmp, final)
-    fsync_dir(final.parent)
 
 
 def remove_folder(folder: Path) -> None:
@@ -243,53 +259,64 @@ def remove_folder(folder: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def verify_folder(folder: str | os.PathLike[str], *, shards: bool = True) -> dict[str, Any]:
+def verify_folder(
+    folder: str | os.PathLike[str], *, shards: bool = True, source: str | None = None
+) -> dict[str, Any]:
     """Check a sharded checkpoint folder against its manifest; return the manifest or raise
     :class:`CheckpointError` naming the folder, the file and the fault. ``shards=False``
     checks every file's size but only ``train_state.pt``'s checksum (for ranks that load a
-    folder rank 0 has verified in full)."""
-    folder = Path(folder)
-    if not folder.exists():
-        raise FileNotFoundError(f"checkpoint {folder} does not exist.")
+    folder rank 0 has verified in full). ``source``: what messages name instead of
+    ``folder`` (the URL a downloaded copy came from)."""
+    path = Path(folder)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {source or path} does not exist.")
+    return _verify(path, source or str(path), shards)
+
+
+def _verify(folder: Path, shown: str, shards: bool) -> dict[str, Any]:
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
         files = {str(k): (int(v["size"]), str(v["xxh3_128"])) for k, v in manifest["files"].items()}
     except FileNotFoundError:
         raise CheckpointError(
-            f"checkpoint {folder} has no manifest ({MANIFEST}): its save did not finish, or "
+            f"checkpoint {shown} has no manifest ({MANIFEST}): its save did not finish, or "
             "it was copied without it; it cannot be verified, so it is not used. Copy the "
             f"whole folder, or {USE_ANOTHER}."
         ) from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(
-            f"checkpoint {folder}: its manifest {MANIFEST} is unreadable ({e})."
+            f"checkpoint {shown}: its manifest {MANIFEST} is unreadable ({e})."
         ) from e
     for name, (size, digest) in sorted(files.items()):
         path = folder / name
         if not path.is_file():
             raise CheckpointError(
-                f"checkpoint {folder} lacks {name}, which its manifest lists (a file lost or "
+                f"checkpoint {shown} lacks {name}, which its manifest lists (a file lost or "
                 f"not copied); it is not used: {USE_ANOTHER}."
             )
         # Without ``shards`` a size that differs still fails here, with the full message.
         if shards or name == REST or path.stat().st_size != size:
-            check_bytes(path, size, digest, "xxh3_128", f"checkpoint {folder}: {name}")
+            check_bytes(path, size, digest, "xxh3_128", f"checkpoint {shown}: {name}")
     if REST not in files:
-        raise CheckpointError(f"checkpoint {folder}: its manifest lists no {REST}.")
+        raise CheckpointError(f"checkpoint {shown}: its manifest lists no {REST}.")
     return dict(manifest)
 
 
-def read_state(folder: str | os.PathLike[str], *, verify_shards: bool = True) -> dict[str, Any]:
+def read_state(
+    folder: str | os.PathLike[str], *, verify_shards: bool = True, source: str | None = None
+) -> dict[str, Any]:
     """The plain part of a verified sharded checkpoint, with ``"dcp"`` naming the folder whose
-    shards :func:`load_shards` reads (``TrainState.load_state_dict`` does)."""
+    shards :func:`load_shards` reads (``TrainState.load_state_dict`` does). ``source``: what
+    messages name instead of ``folder`` (see :func:`verify_folder`)."""
     folder = Path(folder)
-    verify_folder(folder, shards=verify_shards)
+    shown = source or str(folder)
+    verify_folder(folder, shards=verify_shards, source=source)
     try:
         state = torch.load(folder / REST, map_location="cpu", weights_only=True)
     except Exception as e:  # verified bytes that do not unpickle
-        raise CheckpointError(f"checkpoint {folder}: {REST} verifies but does not load: {e}") from e
+        raise CheckpointError(f"checkpoint {shown}: {REST} verifies but does not load: {e}") from e
     if not isinstance(state, dict) or not isinstance(state.get("dcp"), dict):
-        raise CheckpointError(f"checkpoint {folder}: {REST} is not a rankwise training state.")
+        raise CheckpointError(f"checkpoint {shown}: {REST} is not a rankwise training state.")
     state["dcp"] = {**state["dcp"], "folder": str(folder)}
     return state
 
@@ -314,7 +341,11 @@ def load_shards(
     if optimizer is not None and with_optimizer:
         # DCP creates the state it fills (a zero step); every entry is overwritten below.
         target["optimizer"] = get_optimizer_state_dict(view, optimizer)["state"]
-    dcp.load(target, checkpoint_id=info["folder"], no_dist=_no_dist())
+    try:
+        dcp.load(target, checkpoint_id=info["folder"], no_dist=_no_dist())
+    finally:
+        if info.get("downloaded"):  # a bucket's folder, fetched for this load only
+            shutil.rmtree(info["folder"], ignore_errors=True)
     set_model_state_dict(view, target["model"])
     if optimizer is None:
         return

@@ -22,6 +22,7 @@ one (endpoint unreachable, connection lost, a 5xx) is retried with exponential b
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import functools
 import importlib
@@ -288,8 +289,9 @@ class Storage:
         fs = self._remote()
         return bool(self.call("stat", key, lambda: fs.exists(self._full(key))))
 
-    def names(self) -> list[str]:
-        """The names of the objects directly under the URL, sorted (no sub-folders)."""
+    def names(self, *, folders: bool = False) -> list[str]:
+        """The names of the objects directly under the URL, sorted (no sub-folders); with
+        ``folders``, the names of the sub-folders instead (prefixes holding objects)."""
         fs = self._remote()
         try:
             # refresh: another writer may have added objects since a cached listing
@@ -297,10 +299,23 @@ class Storage:
         except FileNotFoundError:  # nothing under the prefix yet (a missing bucket is an error)
             return []
         return sorted(
-            str(info["name"]).rsplit("/", 1)[-1]
+            str(info["name"]).rstrip("/").rsplit("/", 1)[-1]
             for info in found
-            if info.get("type") != "directory"
+            if (info.get("type") == "directory") == folders
         )
+
+    def child(self, name: str) -> Storage:
+        """The storage of the sub-folder ``name`` (same filesystem, retries and secrets).
+
+        >>> Storage.for_url("memory://rankwise-doc/run").child("ckpt.dcp").url
+        'memory://rankwise-doc/run/ckpt.dcp'
+        """
+        self._remote()
+        child = copy.copy(self)
+        child.url = f"{self.url.rstrip('/')}/{name}"
+        child.path = self._full(name)
+        child._in_outage = False
+        return child
 
     def delete(self, *keys: str) -> None:
         """Delete ``keys`` (missing ones are fine)."""
