@@ -173,14 +173,18 @@ class JobStore:
         self._stop = threading.Event()
         beats = _client(host, self.port)  # the heartbeat thread's own connection
         # The thread holds no reference to this handle: dropping it drops a hosted store.
-        threading.Thread(
+        self._beating = threading.Thread(
             target=_beat, args=(beats, f"launch/hb/{node}", self._stop),
             name="rankwise-launcher-beat", daemon=True,
-        ).start()  # fmt: skip
+        )  # fmt: skip
+        self._beating.start()
 
     def close(self) -> None:
-        """Stop this launcher's heartbeat (the others then count its node gone)."""
+        """Stop this launcher's heartbeat (the others then count its node gone) and wait for
+        its thread: a thread left inside a store call while the process exits and the hosted
+        store goes away aborts the process ("terminate called without an active exception")."""
         self._stop.set()
+        self._beating.join(CONNECT_S + HEARTBEAT_S)
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the store, or None once it is lost (said once, naming the fix)."""

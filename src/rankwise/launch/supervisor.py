@@ -206,6 +206,8 @@ def run_continue(args: argparse.Namespace) -> int:
         except _Stopped as stopped:
             code = _stop_all(jobs, slots, stopped.signum, stop)
             jobs.set(f"launch/done/{node}", str(code))
+        finally:
+            jobs.close()  # the heartbeat thread out of the store before the process ends
     return code
 
 
