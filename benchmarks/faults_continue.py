@@ -67,11 +67,12 @@ def pick_strikes(rng: random.Random) -> list[str]:
 
 
 def steps_log(out: Path) -> list[tuple[int, int, int, float]]:
-    """``(slot, generation, step, time)`` of every micro-batch every process trained."""
+    """``(slot, generation, step, time)`` of every micro-batch every process trained (a line
+    being written, read while the run goes on, is left out)."""
     rows = []
     for path in out.glob("steps-*"):
         slot = int(path.name.split("-")[1])
-        for line in path.read_text().splitlines():
+        for line in path.read_text().split("\n")[:-1]:  # complete lines only
             gen, step, t = line.split()
             rows.append((slot, int(gen), int(step), float(t)))
     return rows
