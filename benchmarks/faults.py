@@ -43,8 +43,9 @@ starts). K counts strikes (K/3 launches). Per strike and per launch it reports:
 benchmarks/faults_classes.py): per fault class ``--trials`` (2) real ``rankwise launch
 --on-failure continue`` jobs of tests/scripts/continue_worker.py (3 gloo ranks unless said,
 2 epochs x 8 optimizer steps, global batch 24, ``--max-restarts 1`` unless said, collective
-timeout 3 s so that a hang shows as an error), one at a time, each with exactly one fault of
-that class at a random step (or slot):
+timeout 3 s so that a hang shows as an error, background checkpoints every 3 steps in classes
+1-3, 6 and 7, whose newest must then hold the final weights exactly), one at a time, each with
+exactly one fault of that class at a random step (or slot):
 
 1. preemption: SIGTERM to the launcher (background checkpoints every 3 steps,
    ``resume="auto"``), then the same command again: the launcher drains and exits 143 within
@@ -72,8 +73,10 @@ that class at a random step (or slot):
 7. own-timeout-error: a slot's own code raises a timeout error mid-step (a DataLoader's
    ``RuntimeError: ... timed out``, or a ``TimeoutError``): its own failure, never taken for
    a lost peer (``rankwise.distributed.classify``). As docs/continue.md says, that rank exits
-   with its error, the others go on without it at once, the launcher restarts it and it
-   rejoins: the job finishes.
+   with its error (its traceback printed), the others go on without it once its process is
+   gone (or its heartbeat, stopped at exit, stood still for ``RANKWISE_STALE_S``: then the
+   launcher ends the exiting process), the launcher restarts it and it rejoins: the job
+   finishes.
 
 Per class it reports the outcome (``finished``, or the error a job stopped with, read from
 its output), the time to that end against the class's bound, exactly-once violations

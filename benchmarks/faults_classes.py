@@ -25,7 +25,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from faults_continue import ENV, NAN, NUM_SAMPLES, STEP_DELAY, TIMEOUT_MS, WORKER, steps_log
+import torch
+from faults_continue import (
+    ENV,
+    NAN,
+    NUM_SAMPLES,
+    STEP_DELAY,
+    TIMEOUT_MS,
+    WORKER,
+    stale_final_checkpoint,
+    steps_log,
+)
 
 from rankwise.distributed.config import DistributedConfig, MemberConfig
 from rankwise.launch.jobstore import HEARTBEAT_S
@@ -33,10 +43,12 @@ from rankwise.launch.supervisor import STOP_WAIT_S
 from rankwise.testing import child_env, free_port
 from rankwise.train import AuditReport, read_audit
 from rankwise.train.audit import read_audit_files
+from rankwise.train.checkpoint import CheckpointManager
 
 EPOCHS, STEPS_PER_EPOCH, EVERY = 2, 8, 3  # 192 samples, global batch 24; a save every 3 steps
 STEPS = EPOCHS * STEPS_PER_EPOCH
 RESTARTS = ["--max-restarts", "1"]
+CHECKPOINTS = ("--checkpoint-every", EVERY)  # background saves, written by whoever is rank 0
 LAUNCH_TIMEOUT_S = 300.0  # a launch still running then is reported as a hang (and killed)
 TIMEOUT_S = TIMEOUT_MS / 1000  # the collective timeout the jobs run with
 STALE_S = next(f.default for f in dataclasses.fields(MemberConfig) if f.name == "stale_s")
@@ -237,6 +249,13 @@ def finish(trial: Trial, out: Path, code: int | None, stderr: str, finished: boo
     return trial
 
 
+def check_final_checkpoint(trial: Trial, out: Path) -> None:
+    """A finished run with checkpoints: its newest one holds exactly the final weights."""
+    final = out / "final.pt"
+    stale = stale_final_checkpoint(out, torch.load(final)) if final.exists() else "no final.pt"
+    check(trial, stale or "the final checkpoint holds the final weights", not stale)
+
+
 def final_world(out: Path) -> int:
     path = out / "final-world"
     return int(path.read_text()) if path.exists() else 0
@@ -248,7 +267,7 @@ def final_world(out: Path) -> int:
 def preemption(out: Path, rng: random.Random, trial: int) -> Trial:
     step = rng.randint(2, STEPS - 1)
     t = Trial(f"SIGTERM to the launcher in step {step}; relaunch (resume='auto')")
-    args = ("--checkpoint-every", EVERY, "--resume")
+    args = (*CHECKPOINTS, "--resume")
     first = launch(out, *args, name="launch-1")
     second: Job | None = None
     try:
@@ -265,9 +284,16 @@ def preemption(out: Path, rng: random.Random, trial: int) -> Trial:
         check(t, "no rank SIGKILLed after the drain's bound", "ending it with SIGKILL" not in err)
         ranks = [pid for slot in range(3) for pid in pids(out, slot)]
         check(t, "every rank ended", not any(alive(pid) for pid in ranks))
+        left = CheckpointManager(out / "ckpt").latest()
+        held = int(re.sub(r"\D", "", left.name.split("-s")[-1])) if left is not None else 0
         second = launch(out, *args, name="launch-2")
         code = second.wait()
         check(t, "the relaunch finished", code == 0 and (out / "final.pt").exists())
+        report = audit(out)
+        starts = [a.start_step for a in report.attempts] if report else []
+        check(t, f"the relaunch went on from the drained checkpoint (step {held}; attempts "
+              f"started at {starts})", held in starts[1:])  # fmt: skip
+        check_final_checkpoint(t, out)
         t.outcome = "exit 143, relaunch " + stopped_with(code, second.stderr)
         return finish(t, out, code, second.stderr, code == 0)
     finally:
@@ -279,7 +305,7 @@ def preemption(out: Path, rng: random.Random, trial: int) -> Trial:
 def crash_before_init(out: Path, rng: random.Random, trial: int) -> Trial:
     slot, join = rng.randrange(3), rng.randint(1, STEPS_PER_EPOCH - 1)
     t = Trial(f"slot {slot} raises in its set-up; its restart joins in step {join}")
-    job = launch(out, "--crash-before-init", slot, "--await-joiner-step", join)
+    job = launch(out, "--crash-before-init", slot, "--await-joiner-step", join, *CHECKPOINTS)
     try:
         code = job.wait()
         crashed = mark_time(out / f"error-{slot}")
@@ -293,6 +319,7 @@ def crash_before_init(out: Path, rng: random.Random, trial: int) -> Trial:
             t, "the restart rejoined", f"slot(s) [{slot}] rejoined; continuing on 3" in job.stdout
         )
         check(t, "finished on 3 ranks", code == 0 and final_world(out) == 3)
+        check_final_checkpoint(t, out)
         return finish(t, out, code, job.stderr, code == 0)
     finally:
         job.end()
@@ -309,7 +336,7 @@ def joiner_killed_waiting(out: Path, rng: random.Random, trial: int) -> Trial:
     job = launch(
         out, "--kill-slot", slot, "--kill-step", killed, "--joiner-dies-waiting",
         "--joiner-dies-after", after, "--await-joiner-death", waits,
-        "--await-joiner-step", rejoins, launch_args=["--max-restarts", "2"],
+        "--await-joiner-step", rejoins, *CHECKPOINTS, launch_args=["--max-restarts", "2"],
     )  # fmt: skip
     try:
         code = job.wait()
@@ -324,6 +351,7 @@ def joiner_killed_waiting(out: Path, rng: random.Random, trial: int) -> Trial:
         check(t, "the next restart rejoined", f"slot(s) [{slot}] rejoined" in job.stdout)
         check(t, "3 processes in the slot", len(pids(out, slot)) == 3)
         check(t, "finished on 3 ranks", code == 0 and final_world(out) == 3)
+        check_final_checkpoint(t, out)
         return finish(t, out, code, job.stderr, code == 0)
     finally:
         job.end()
@@ -433,7 +461,7 @@ def fill_method() -> str | None:
 
 
 def disk_full(out: Path, rng: random.Random, trial: int) -> Trial:
-    step, how = rng.randint(2, STEPS - 2 * EVERY), fill_method()
+    step, how = rng.randint(2, STEPS - EVERY), fill_method()  # saves still to come
     ckpt = out / "ckpt"
     ckpt.mkdir(parents=True)
     t = Trial(
@@ -445,7 +473,7 @@ def disk_full(out: Path, rng: random.Random, trial: int) -> Trial:
     if how == "tmpfs":
         subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(ckpt)],
                        check=True)  # fmt: skip
-    job = launch(out, "--checkpoint-every", EVERY)
+    job = launch(out, *CHECKPOINTS)
     try:
         filled = wait_step(out, step, job)
         if how == "tmpfs":
@@ -496,7 +524,7 @@ def own_timeout_error(out: Path, rng: random.Random, trial: int) -> Trial:
               f"restart joins in step {rejoins}")  # fmt: skip
     job = launch(
         out, "--own-error", f"{slot}:{step}", "--own-error-kind", kind,
-        "--await-joiner-step", rejoins,
+        "--await-joiner-step", rejoins, *CHECKPOINTS,
     )  # fmt: skip
     try:
         gone = exit_time(job, out, slot)
@@ -507,11 +535,17 @@ def own_timeout_error(out: Path, rng: random.Random, trial: int) -> Trial:
         t.detail = f"its process exited {gone - raised:.2f} s after the error"
         err = job.stderr
         check(t, "its error in the output", OWN_ERRORS[kind] in err)
-        check(t, "the rank failed and was restarted (not taken for a lost peer)",
-              f"slot {slot} exited with exit code 1; restarting it (1/1)" in err)  # fmt: skip
+        # Its process exits with its error; one whose exit (the interpreter's teardown, after
+        # finalize stopped its heartbeat) outlasts RANKWISE_STALE_S is left out of the next
+        # generation and SIGKILLed by the launcher on its way out. Either way it is restarted.
+        exited = re.search(rf"slot {slot} exited with (.+?); restarting it \(1/1\)", err)
+        check(t, "the launcher restarted it", exited is not None)
+        if exited is not None and "SIGKILL" in exited.group(1):
+            t.detail += ", SIGKILLed by the launcher on its way out (left out of a generation)"
         check(t, "the others went on", "continuing on 2 rank(s) (was 3)" in job.stdout)
         check(t, "the restart rejoined", f"slot(s) [{slot}] rejoined" in job.stdout)
         check(t, "finished on 3 ranks", code == 0 and final_world(out) == 3)
+        check_final_checkpoint(t, out)
         t.outcome = f"slot {slot} failed and restarted; {stopped_with(code, err)}"
         return finish(t, out, code, err, code == 0)
     finally:
