@@ -389,25 +389,12 @@ def launcher_killed(out: Path, rng: random.Random, trial: int) -> Trial:
         [sys.executable, "-m", "rankwise.cli", "store", "--host", "127.0.0.1", "--port", str(port),
          "--nnodes", "2", "--launcher-stale-s", str(LAUNCHER_STALE_S)], out, "store", ENV,
     )  # fmt: skip
+    joined = ["--nnodes", "2", "--store-endpoint", f"127.0.0.1:{port}", "--job-token-file"]
     nodes = [
-        launch(
-            out,
-            nproc=2,
-            name=f"node-{n}",
-            launch_args=[
-                *RESTARTS,
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(n),
-                "--store-endpoint",
-                f"127.0.0.1:{port}",
-                "--job-token-file",
-                str(token),
-            ],
-        )
+        launch(out, nproc=2, name=f"node-{n}",
+               launch_args=[*RESTARTS, *joined, str(token), "--node-rank", str(n)])
         for n in range(2)
-    ]
+    ]  # fmt: skip
     other = nodes[1 - victim]
     try:
         sent = wait_step(out, step, nodes[victim])
@@ -418,14 +405,23 @@ def launcher_killed(out: Path, rng: random.Random, trial: int) -> Trial:
             os.killpg(nodes[victim].proc.pid, signal.SIGKILL)
         else:
             os.kill(nodes[victim].proc.pid, signal.SIGKILL)
-        code, ends = other.wait(), store.wait()
-        orphans = [pid for s in (2 * victim, 2 * victim + 1) for pid in pids(out, s)]
+        named = f"node(s) [{victim}]: no heartbeat from their launcher for {LAUNCHER_STALE_S:.0f} s"
+        said = NAN  # when the store named the node gone (then it exits)
         deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+        while (other.poll() is None or store.poll() is None) and time.monotonic() < deadline:
+            if math.isnan(said) and named in store.stderr:
+                said = time.time()
+            time.sleep(0.02)
+        code, ends = other.wait(0), store.wait(0)
+        orphans = [pid for s in (2 * victim, 2 * victim + 1) for pid in pids(out, s)]
         while any(alive(pid) for pid in orphans) and time.monotonic() < deadline:
             time.sleep(0.1)
-        t.seconds = store.ended - sent
-        t.bound = max(LAUNCHER_STALE_S + HEARTBEAT_S + 1.0, other.ended - sent + 1.0)
-        named = f"node(s) [{victim}]: no heartbeat from their launcher for {LAUNCHER_STALE_S:.0f} s"
+        # The store names the node once its launcher's beat stood still for --launcher-stale-s
+        # (the store reads the beats every 0.5 s; a beat every HEARTBEAT_S) and every other
+        # node is done: the other node's end, when that comes later.
+        t.seconds = said - sent
+        t.bound = max(LAUNCHER_STALE_S + HEARTBEAT_S + 0.5, other.ended - sent + 0.5)
+        t.detail = f"the store exited {store.ended - sent:.2f} s after the kill"
         check(t, f"the other node's launcher exits 0 (got {code})", code == 0)
         check(
             t,
@@ -562,7 +558,8 @@ CLASSES = [
     FaultClass("slow-rank0-after-fit", slow_rank0_after_fit, "finished",
                "rank 0's file written -> launcher exit <= a process's exit"),
     FaultClass("launcher-killed", launcher_killed, "finished on the other node; store exit 1",
-               "kill -> the store's exit <= max(--launcher-stale-s + a beat, other node's end)"),
+               "kill -> the store names the node gone <= max(--launcher-stale-s + a beat + its "
+               "0.5 s poll, the other node's end)"),
     FaultClass("disk-full", disk_full, "stopped: CheckpointWriteError",
                "disk full -> every rank stopped <= 2 save intervals + the collective timeout"),
     FaultClass("own-timeout-error", own_timeout_error, "finished (the rank restarted)",
