@@ -71,7 +71,8 @@ exactly one fault of that class at a random step (or slot):
    with the same ``CheckpointWriteError`` naming the file and the OS error; no regroup; each
    restart gives up at once.
 7. own-timeout-error: a slot's own code raises a timeout error mid-step (a DataLoader's
-   ``RuntimeError: ... timed out``, or a ``TimeoutError``): its own failure, never taken for
+   ``RuntimeError: ... timed out``, or a ``TimeoutError``: trials alternate), while fetching
+   its data: its own failure, never taken for
    a lost peer (``rankwise.distributed.classify``). As docs/continue.md says, that rank exits
    with its error (its traceback printed), the others go on without it once its process is
    gone (or its heartbeat, stopped at exit, stood still for ``RANKWISE_STALE_S``: then the
