@@ -33,8 +33,8 @@ from rankwise.train.checkpoint import remote
 from rankwise.train.checkpoint.files import check_plain, manifest_path, save_file
 from rankwise.train.checkpoint.manager import check_naming, check_position, name_pattern
 from rankwise.train.checkpoint.staging import BackgroundSaves
-from rankwise.train.checkpoint.storage_errors import StorageError
 from rankwise.train.checkpoint.storage import Storage
+from rankwise.train.checkpoint.storage_errors import StorageError
 
 __all__ = ["RemoteCheckpointManager"]
 
