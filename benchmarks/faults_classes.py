@@ -256,6 +256,12 @@ def check_final_checkpoint(trial: Trial, out: Path) -> None:
     check(trial, stale or "the final checkpoint holds the final weights", not stale)
 
 
+def rejoined(slot: int) -> str:
+    """What rank 0 says when ``slot`` came back into a world of 2 (the joiner says it when it
+    is rank 0 again)."""
+    return f"slot(s) [{slot}] rejoined; continuing on 3 rank(s) (was 2)"
+
+
 def final_world(out: Path) -> int:
     path = out / "final-world"
     return int(path.read_text()) if path.exists() else 0
@@ -315,9 +321,7 @@ def crash_before_init(out: Path, rng: random.Random, trial: int) -> Trial:
         check(t, "its error named", "failed in its set-up" in job.stderr)
         worlds = [a.world_size for a in report.attempts] if report else []
         check(t, f"generation 0 of 2 ranks (worlds {worlds})", worlds[:1] == [2])
-        check(
-            t, "the restart rejoined", f"slot(s) [{slot}] rejoined; continuing on 3" in job.stdout
-        )
+        check(t, "the restart rejoined", rejoined(slot) in job.stdout)
         check(t, "finished on 3 ranks", code == 0 and final_world(out) == 3)
         check_final_checkpoint(t, out)
         return finish(t, out, code, job.stderr, code == 0)
@@ -348,7 +352,7 @@ def joiner_killed_waiting(out: Path, rng: random.Random, trial: int) -> Trial:
         admitted = [h for h in heads if (h.get("slot"), h.get("incarnation")) == (slot, 1)]
         check(t, "the dead joiner never let in (no audit file of restart 1)", not admitted)
         check(t, "no joiner lost on its way in", "the joiner was lost" not in job.stdout)
-        check(t, "the next restart rejoined", f"slot(s) [{slot}] rejoined" in job.stdout)
+        check(t, "the next restart rejoined", rejoined(slot) in job.stdout)
         check(t, "3 processes in the slot", len(pids(out, slot)) == 3)
         check(t, "finished on 3 ranks", code == 0 and final_world(out) == 3)
         check_final_checkpoint(t, out)
@@ -540,7 +544,7 @@ def own_timeout_error(out: Path, rng: random.Random, trial: int) -> Trial:
         if exited is not None and "SIGKILL" in exited.group(1):
             t.detail += ", SIGKILLed by the launcher on its way out (left out of a generation)"
         check(t, "the others went on", "continuing on 2 rank(s) (was 3)" in job.stdout)
-        check(t, "the restart rejoined", f"slot(s) [{slot}] rejoined" in job.stdout)
+        check(t, "the restart rejoined", rejoined(slot) in job.stdout)
         check(t, "finished on 3 ranks", code == 0 and final_world(out) == 3)
         check_final_checkpoint(t, out)
         t.outcome = f"the slot failed and restarted; {stopped_with(code, err)}"
