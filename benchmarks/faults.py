@@ -70,14 +70,13 @@ exactly one fault of that class at a random step (or slot):
    the folder is made read-only instead, EACCES): every rank stops once, at the next save,
    with the same ``CheckpointWriteError`` naming the file and the OS error; no regroup; each
    restart gives up at once.
-7. own-timeout-error: a slot's own code raises a timeout error mid-step (a DataLoader's
-   ``RuntimeError: ... timed out``, or a ``TimeoutError``: trials alternate), while fetching
-   its data: its own failure, never taken for
-   a lost peer (``rankwise.distributed.classify``). As docs/continue.md says, that rank exits
-   with its error (its traceback printed), the others go on without it once its process is
-   gone (or its heartbeat, stopped at exit, stood still for ``RANKWISE_STALE_S``: then the
-   launcher ends the exiting process), the launcher restarts it and it rejoins: the job
-   finishes.
+7. own-timeout-error: a slot's own code raises a timeout error mid-step, while fetching its
+   data (a DataLoader's ``RuntimeError: ... timed out``, or a ``TimeoutError``: trials
+   alternate): its own failure, never taken for a lost peer (``rankwise.distributed.classify``).
+   As docs/continue.md says, that rank exits with its error (its traceback printed), the
+   others go on without it once its process is gone (or its heartbeat, stopped at exit, stood
+   still for ``RANKWISE_STALE_S``: then the launcher ends the exiting process), the launcher
+   restarts it and it rejoins: the job finishes.
 
 Per class it reports the outcome (``finished``, or the error a job stopped with, read from
 its output), the time to that end against the class's bound, exactly-once violations
