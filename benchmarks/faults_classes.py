@@ -40,7 +40,7 @@ from faults_continue import (
 from rankwise.distributed.config import DistributedConfig, MemberConfig
 from rankwise.launch.jobstore import HEARTBEAT_S
 from rankwise.launch.supervisor import STOP_WAIT_S
-from rankwise.testing import child_env, free_port
+from rankwise.testing import child_env, free_port, process_alive
 from rankwise.train import AuditReport, read_audit
 from rankwise.train.audit import read_audit_files
 from rankwise.train.checkpoint import CheckpointManager
@@ -161,19 +161,10 @@ def exit_time(job: Job, out: Path, slot: int) -> float:
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
     while job.poll() is None and time.monotonic() < deadline:
         pid = pid or next(iter(pids(out, slot)), None)
-        if pid is not None and math.isnan(ended) and not alive(pid):
+        if pid is not None and math.isnan(ended) and not process_alive(pid):
             ended = time.time()
         time.sleep(0.01)
     return ended
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie nobody reaped does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def pids(out: Path, slot: int) -> list[int]:
@@ -289,7 +280,7 @@ def preemption(out: Path, rng: random.Random, trial: int) -> Trial:
         check(t, "SIGTERM forwarded", "SIGTERM received: forwarding SIGTERM" in err)
         check(t, "no rank SIGKILLed after the drain's bound", "ending it with SIGKILL" not in err)
         ranks = [pid for slot in range(3) for pid in pids(out, slot)]
-        check(t, "every rank ended", not any(alive(pid) for pid in ranks))
+        check(t, "every rank ended", not any(process_alive(pid) for pid in ranks))
         left = CheckpointManager(out / "ckpt").latest()
         held = int(re.sub(r"\D", "", left.name.split("-s")[-1])) if left is not None else 0
         second = launch(out, *args, name="launch-2")
@@ -418,7 +409,7 @@ def launcher_killed(out: Path, rng: random.Random, trial: int) -> Trial:
             time.sleep(0.02)
         code, ends = other.wait(0), store.wait(0)
         orphans = [pid for s in (2 * victim, 2 * victim + 1) for pid in pids(out, s)]
-        while any(alive(pid) for pid in orphans) and time.monotonic() < deadline:
+        while any(process_alive(pid) for pid in orphans) and time.monotonic() < deadline:
             time.sleep(0.1)
         # The store names the node once its launcher's beat stood still for --launcher-stale-s
         # (the store reads the beats every 0.5 s; a beat every HEARTBEAT_S) and every other
@@ -433,7 +424,7 @@ def launcher_killed(out: Path, rng: random.Random, trial: int) -> Trial:
             ends == 1 and named in store.stderr,
         )
         check(t, "training finished", (out / "final.pt").exists())
-        check(t, "no process left running", not any(alive(pid) for pid in orphans))
+        check(t, "no process left running", not any(process_alive(pid) for pid in orphans))
         if whole:
             check(t, "the survivors regrouped", "continuing on 2 rank(s) (was 4)" in other.stdout)
         t.outcome = f"the other node {stopped_with(code, other.stderr)}; store exit {ends}"
