@@ -39,9 +39,57 @@ starts). K counts strikes (K/3 launches). Per strike and per launch it reports:
 - steps redone: steps trained in the struck generation past the step the next one went on
   from (goal 0: the partial step is dropped, never a completed one).
 
+``--classes [NAME,...]`` (issue 23, beside the random sweeps; implemented in
+benchmarks/faults_classes.py): per fault class ``--trials`` (2) real ``rankwise launch
+--on-failure continue`` jobs of tests/scripts/continue_worker.py (3 gloo ranks unless said,
+2 epochs x 8 optimizer steps, global batch 24, ``--max-restarts 1`` unless said, collective
+timeout 3 s so that a hang shows as an error, background checkpoints every 3 steps in classes
+1-3, 6 and 7, whose newest must then hold the final weights exactly), one at a time, each with
+exactly one fault of that class at a random step (or slot):
+
+1. preemption: SIGTERM to the launcher (background checkpoints every 3 steps,
+   ``resume="auto"``), then the same command again: the launcher drains and exits 143 within
+   its 30 s bound, every rank ended; the relaunch finishes, exactly once across both.
+2. crash-before-init: a slot raises in its set-up, before ``rankwise.distributed`` starts:
+   generation 0 forms from the other two (once the launcher marks it dead, not after the
+   rendezvous timeout), its restart joins, the job finishes on 3 ranks.
+3. joiner-killed-waiting: a slot is SIGKILLed in a step; its restart asks to join and is
+   SIGKILLed while it waits (the members hold that step until the launcher has marked it
+   dead): it is never let in, the members go on at once (within ``RANKWISE_STALE_S``), the
+   slot's next restart (``--max-restarts 2``) joins and the job finishes on 3 ranks.
+4. slow-rank0-after-fit: rank 0 works 21-25 s after ``fit`` (past the 20 s the launcher used
+   to give) before it writes its file; the others exit at once: the launcher waits, the file
+   exists, exit 0.
+5. launcher-killed: two launchers on this machine (``--nnodes 2``, 2 ranks each) and a
+   ``rankwise store --launcher-stale-s 5`` apart; one node's launcher is SIGKILLed, alone
+   (its ranks train on) or with its ranks (a lost node: the others regroup), trials
+   alternating: the other node finishes (exit 0) and the store ends within its bound with
+   ``node(s) [N]: no heartbeat from their launcher``, no hang.
+6. disk-full: the checkpoint folder (saves every 3 steps) is a 1 MiB tmpfs that the sweep
+   fills to ENOSPC mid-run (as root, who ignores file modes but may mount; as another user
+   the folder is made read-only instead, EACCES): every rank stops once, at the next save,
+   with the same ``CheckpointWriteError`` naming the file and the OS error; no regroup; each
+   restart gives up at once.
+7. own-timeout-error: a slot's own code raises a timeout error mid-step, while fetching its
+   data (a DataLoader's ``RuntimeError: ... timed out``, or a ``TimeoutError``: trials
+   alternate): its own failure, never taken for a lost peer (``rankwise.distributed.classify``).
+   As docs/continue.md says, that rank exits with its error (its traceback printed), the
+   others go on without it once its process is gone (or its heartbeat, stopped at exit, stood
+   still for ``RANKWISE_STALE_S``: then the launcher ends the exiting process), the launcher
+   restarts it and it rejoins: the job finishes.
+
+Per class it reports the outcome (``finished``, or the error a job stopped with, read from
+its output), the time to that end against the class's bound, exactly-once violations
+(``read_audit``; for a job that stops, over what it committed: every epoch it went through,
+nothing twice in the last) and the work lost (optimizer steps trained past the step the next
+attempt went on from). A trial is as expected when all its class's checks hold, its time is
+within the bound and it has no violation.
+
     python benchmarks/faults.py --k 100 --jobs 6                        # restart, as before
     python benchmarks/faults.py --on-failure both --k 100 --jobs 2       # the two tables
     python benchmarks/faults.py --on-failure both --k 100 --restart-k 30 --jobs 2  # shorter
+    python benchmarks/faults.py --classes --trials 2                     # the fault classes
+    python benchmarks/faults.py --classes disk-full,preemption --trials 1
 """
 
 from __future__ import annotations
@@ -57,7 +105,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from faults_continue import continue_sweep  # beside this file
+from faults_classes import NAMES, class_sweep  # beside this file
+from faults_continue import continue_sweep
 
 from rankwise.testing import run_script
 from rankwise.train import FAULT_POINTS, read_audit
@@ -144,7 +193,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restart-k", type=int, help="trials of the restart sweep (default: --k)")
     p.add_argument("--reference", type=Path, help="final.pt of an uninterrupted run (reused)")
     p.add_argument("--workdir", type=Path, help="where runs go (default: a temporary folder)")
+    p.add_argument(
+        "--classes",
+        nargs="?",
+        const=",".join(NAMES),
+        help="run the fault-class sweep instead (see above): every class, or those named, "
+        f"comma-separated, of: {', '.join(NAMES)}",
+    )
+    p.add_argument("--trials", type=int, default=2, help="--classes: trials per class")
     args = p.parse_args(argv)
+    if args.classes is not None:
+        args.classes = [c.strip() for c in args.classes.split(",") if c.strip()]
+        unknown = sorted(set(args.classes) - set(NAMES))
+        if unknown or not args.classes or args.trials < 1:
+            p.error(f"--classes takes names of {', '.join(NAMES)} (got {unknown or 'none'}) "
+                    f"and --trials ({args.trials}) must be >= 1")  # fmt: skip
+        workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rankwise-faults-"))
+        ok, line = class_sweep(args, workdir / "classes")
+        print(f"\n{line}")
+        return 0 if ok else 1
     if args.k < 1 or args.jobs < 1:
         p.error(f"--k ({args.k}) and --jobs ({args.jobs}) must be >= 1")
     if args.restart_k is not None and args.restart_k < 1:

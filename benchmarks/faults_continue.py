@@ -67,11 +67,12 @@ def pick_strikes(rng: random.Random) -> list[str]:
 
 
 def steps_log(out: Path) -> list[tuple[int, int, int, float]]:
-    """``(slot, generation, step, time)`` of every micro-batch every process trained."""
+    """``(slot, generation, step, time)`` of every micro-batch every process trained (a line
+    being written, read while the run goes on, is left out)."""
     rows = []
     for path in out.glob("steps-*"):
         slot = int(path.name.split("-")[1])
-        for line in path.read_text().splitlines():
+        for line in path.read_text().split("\n")[:-1]:  # complete lines only
             gen, step, t = line.split()
             rows.append((slot, int(gen), int(step), float(t)))
     return rows
@@ -120,14 +121,23 @@ def run_launch(out: Path, specs: list[str], reference: dict[str, torch.Tensor]) 
     params = torch.load(out / "final.pt")
     launch.max_diff = max((params[k] - reference[k]).abs().max().item() for k in reference)
     launch.violations = len(read_audit(out / "audit").violations(NUM_SAMPLES, EPOCHS))
+    stale = stale_final_checkpoint(out, params)
+    if stale:
+        launch.corrupt += 1
+        launch.note = stale
+    return launch
+
+
+def stale_final_checkpoint(out: Path, params: dict[str, torch.Tensor]) -> str:
+    """What is wrong with the newest checkpoint in ``out/ckpt`` against the final weights
+    ``params`` (empty: it holds them exactly)."""
     from rankwise.train.checkpoint import CheckpointManager, read_checkpoint
 
     latest = CheckpointManager(out / "ckpt").latest()
     saved = read_checkpoint(latest)["model"] if latest is not None else {}
     if saved.keys() != params.keys() or any(not torch.equal(saved[k], params[k]) for k in params):
-        launch.corrupt += 1
-        launch.note = f"the final checkpoint {latest} does not hold the final weights"
-    return launch
+        return f"the final checkpoint {latest} does not hold the final weights"
+    return ""
 
 
 def reference_run(workdir: Path) -> dict[str, torch.Tensor]:

@@ -29,9 +29,22 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
   starts (generation 0 must form without it), on its first start only.
 - ``--own-error S:K``: slot S's dataset raises its own error whose text says "timed out" (as a
   DataLoader's does) when asked for a sample of optimizer step K or later, on its first start
-  only: that rank fails, the others go on without it.
-- ``--joiner-dies-waiting``: a slot's first restart SIGKILLs itself 0.5 s after it is on the
-  store's waiting list (a joiner lost while it waits to be let in, or on its way in).
+  only: that rank fails, the others go on without it. ``--own-error-kind timeout``: a plain
+  ``TimeoutError`` from the user's code instead (``dataloader``, the default: the
+  ``RuntimeError`` a DataLoader raises).
+- ``--joiner-dies-waiting``: a slot's first restart SIGKILLs itself ``--joiner-dies-after``
+  seconds (0.5) after it is on the store's waiting list (a joiner lost while it waits to be let
+  in, or on its way in), writing ``OUT/joiner-died-<slot>`` (its time) first.
+- ``--await-joiner-death K``: in optimizer step K, a member of a smaller world than it started
+  with waits (up to 120 s) until a restarted process is on the waiting list and the launcher
+  has marked it dead (a joiner killed while it waits: the members reach their next boundary
+  only after its death, so it must not be let in).
+- ``--master-after-fit SECONDS``: after ``fit`` the master works this long before it writes
+  ``OUT/final.pt`` (a test set, an export), while the other ranks exit at once.
+- ``--resume``: ``resume="auto"`` (with ``--checkpoint-every``: a relaunch goes on from the
+  last checkpoint).
+- A first start that raises (its set-up's crash, or ``fit``) writes ``OUT/error-<slot>``
+  (``time type``) first.
 - ``--disk-full-at K``: every checkpoint write of step K or later fails with ENOSPC.
 - ``--hold-slot S --hold-step K --hold-seconds T``: slot S sleeps T seconds in step K, after
   its gradient went out (the others block in the next collective), once, writing
@@ -79,7 +92,12 @@ p.add_argument("--step-delay", type=float, default=0.0)
 p.add_argument("--await-joiners", action="store_true")
 p.add_argument("--crash-before-init", type=int, default=-1)
 p.add_argument("--own-error", default="", help="S:K")
+p.add_argument("--own-error-kind", choices=("dataloader", "timeout"), default="dataloader")
 p.add_argument("--joiner-dies-waiting", action="store_true")
+p.add_argument("--joiner-dies-after", type=float, default=0.5)
+p.add_argument("--await-joiner-death", type=int, default=-1)
+p.add_argument("--master-after-fit", type=float, default=0.0)
+p.add_argument("--resume", action="store_true")
 p.add_argument("--disk-full-at", type=int, default=-1)
 p.add_argument("--hold-slot", type=int, default=-1)
 p.add_argument("--hold-step", type=int, default=-1)
@@ -102,6 +120,22 @@ def await_joiner(member: Membership, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not member.joiners() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def await_joiner_death(member: Membership, timeout: float = 120.0) -> None:
+    """Wait until a restarted process asked to join and the launcher marked it dead (the
+    leader's own reading of the waiting list and the dead marks)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(member._joiner_dead(s) for s in member._listed()):
+            return
+        time.sleep(0.02)
+
+
+def error_mark(exc: BaseException) -> None:
+    """A first start's own failure: when, and what (the harness times the others by it)."""
+    if first_start:
+        (args.out / f"error-{slot}").write_text(f"{time.time()} {type(exc).__name__}\n")
 
 
 def strike(i: int, kind: str, sig: signal.Signals) -> None:
@@ -149,6 +183,8 @@ class Fault:
         smaller = member is not None and member.world_size < member.cfg.world_size
         if str(step + 1) in args.await_joiner_step.split(",") and smaller:
             await_joiner(member)
+        if step + 1 == args.await_joiner_death and smaller:
+            await_joiner_death(member)
         if slot == args.kill_slot and step + 1 == args.kill_step:
             if args.kill_group:
                 node_records(step + 1)
@@ -188,22 +224,28 @@ class OwnError(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         if first_start and slot == self.slot and trainer.state.step + 1 >= self.step:
+            if args.own_error_kind == "timeout":
+                raise TimeoutError("the feature store did not answer within 5 seconds")
             raise RuntimeError("DataLoader worker (pid 4242) timed out after 5 seconds")
         return x[i], y[i]
 
 
 def die_once_waiting() -> None:
-    """A first restart: SIGKILL itself 0.5 s after it is on the waiting list."""
+    """A first restart: SIGKILL itself ``--joiner-dies-after`` s after it is on the waiting
+    list."""
     member = rd.membership()
     while member is not None:
         if member.store.check(["waiting"]) and str(slot) in member.store.get("waiting").decode():
-            time.sleep(0.5)  # the members see it ask, and may let it in
+            time.sleep(args.joiner_dies_after)  # the members see it ask, and may let it in
+            (args.out / f"joiner-died-{slot}").write_text(f"{time.time()}\n")
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(0.02)
 
 
 if first_start and slot == args.crash_before_init:
-    raise RuntimeError(f"slot {slot} failed in its set-up (a test's crash before init)")
+    crash = RuntimeError(f"slot {slot} failed in its set-up (a test's crash before init)")
+    error_mark(crash)
+    raise crash
 x, y = data()
 # Fault first: its kills in on_batch come after the backward sent the gradient but before any
 # later hook; AuditLog records before the backward, so the micro-batch is on record.
@@ -226,12 +268,18 @@ cfg = DistributedTrainingConfig(
     checkpoint_every_n_epochs=1 if every else 0,
     log_dir=args.log_dir,
     log_every_n_batches=1,
+    resume="auto" if args.resume else None,
 )
-if args.own_error:
-    trainer.fit(OwnError(args.own_error), config=cfg)
-else:
-    trainer.fit(x, y, cfg)
+try:
+    if args.own_error:
+        trainer.fit(OwnError(args.own_error), config=cfg)
+    else:
+        trainer.fit(x, y, cfg)
+except BaseException as exc:
+    error_mark(exc)
+    raise
 if rd.is_master():
+    time.sleep(args.master_after_fit)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     torch.save(state, args.out / "final.pt")
     (args.out / "final-world").write_text(f"{rd.get_world_size()}\n")

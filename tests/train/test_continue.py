@@ -180,7 +180,8 @@ def test_checkpoints_go_on_when_the_writing_rank_is_lost(reference, tmp_path):
         assert (tmp_path / f"struck-{i}").read_text().split()[:2] == [point, "0"]
     said = result.stdout
     assert "continuing on 2 rank(s) (was 3)" in said, said
-    assert "slot(s) [0] rejoined" in said, said
+    # Said by the joiner (rank 0 again), which names the world it joined (was: "(was ?)").
+    assert "slot(s) [0] rejoined; continuing on 3 rank(s) (was 2) from optimizer step 13" in said
     assert "continuing on 2 rank(s) (was 3) from optimizer step 16" in said, said
     assert len(pids(tmp_path, 0)) == 2  # --max-restarts 1: the second loss is not restarted
     # (Whether the survivors kept their PIDs is asserted by the simpler scenarios above and

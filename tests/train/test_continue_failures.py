@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from helpers.paths import SCRIPTS
-from rankwise.testing import assert_exactly_once, child_env, run_script
+from rankwise.testing import assert_exactly_once, child_env, process_alive, run_script
 from rankwise.train import read_audit
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -127,7 +127,7 @@ def test_sigterm_ends_a_writer_blocked_in_a_collective_at_once(tmp_path):
         pid = int((tmp_path / "pids-0").read_text().split()[0])
         os.kill(pid, signal.SIGTERM)
         sent = time.monotonic()
-        while _alive(pid) and time.monotonic() - sent < 20:
+        while process_alive(pid) and time.monotonic() - sent < 20:
             time.sleep(0.02)
         took = time.monotonic() - sent
         print(f"SIGTERM to exit: {took:.2f} s")
@@ -135,11 +135,3 @@ def test_sigterm_ends_a_writer_blocked_in_a_collective_at_once(tmp_path):
     finally:
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

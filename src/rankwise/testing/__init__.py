@@ -51,6 +51,7 @@ __all__ = [
     "free_port",
     "hygiene",
     "kill_at_checkpoint",
+    "process_alive",
     "rank_env",
     "run_by_hand",
     "run_distributed",
@@ -71,6 +72,16 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (Linux's ``/proc``): a zombie nobody reaped yet, as
+    the orphans of a killed launcher may stay, does not."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def src_path() -> str:

@@ -258,7 +258,9 @@ class Continuing:
         self.cap.count(mark.step)
         module = self._unwrap()
         state.optimizer.zero_grad(set_to_none=True)  # the partial step's gradients
-        old_world = rd.get_world_size() if rd.has_group() else None
+        # The generation it was in, also where that generation's group never formed (a
+        # failure in its set-up, recovered from in turn): torch's group is gone by then.
+        old_world = self.membership.world_size
         self.membership.regroup()
         world = self._check_split("left")
         state.model = rewrap(module, self.cfg, self.device)
@@ -304,7 +306,10 @@ class Continuing:
         said = (
             f"slot(s) {m.joined} rejoined" if m.joined else "the joiner was lost before it came in"
         )
-        self._say(said, old_world, state.step)
+        # A joiner that is rank 0 of the new generation says it: the members it joined.
+        self._say(
+            said, len(m.members) - len(m.joined) if old_world is None else old_world, state.step
+        )
 
     def _unwrap(self) -> torch.nn.Module:
         self.membership.arrive()  # first: the collection below starves the heartbeat thread
@@ -318,11 +323,11 @@ class Continuing:
         check_split(self.global_batch, world, self.cfg.grad_accum_steps, which)
         return world
 
-    def _say(self, what: str, old_world: int | None, step: int) -> None:
+    def _say(self, what: str, old_world: int, step: int) -> None:
         if rd.is_master():
             world = self.membership.world_size
             print(
-                f"rankwise: {what}; continuing on {world} rank(s) (was {old_world or '?'}) "
+                f"rankwise: {what}; continuing on {world} rank(s) (was {old_world}) "
                 f"from optimizer step {step}, global batch {self.global_batch} = "
                 f"{shares_text(self.global_batch, world, self.cfg.grad_accum_steps)}",
                 flush=True,

@@ -403,6 +403,7 @@ class SigtermDrain:
     def _await_write(self) -> None:
         """Wait for the write in flight (without taking it from the manager); say if it
         failed: the process is ending anyway."""
+        # A local manager's future holds a Path, a remote one's a URL: either way one write.
         pending: concurrent.futures.Future[Any] | None = self.writer.manager.pending()
         if pending is None:
             return
