@@ -127,3 +127,25 @@ def test_require_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ImportError, match=r"pip install 'rankwise\[wandb\]'"):
         require(["csv", "wandb"])
     require(["csv", "tensorboard"])  # installed with the dev extra
+
+
+def test_default_loggers_do_not_need_tensorboard(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    # loggers=None writes TensorBoard files only where tensorboard is installed (the demo extra
+    # does not bring it): a fit on a machine without it trains and writes the CSV.
+    import sys
+
+    from rankwise.train import DistributedTrainer, DistributedTrainingConfig
+
+    for name in ("tensorboard", "torch.utils.tensorboard"):
+        monkeypatch.setitem(sys.modules, name, None)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    trainer = DistributedTrainer(
+        model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1)
+    )
+    cfg = DistributedTrainingConfig(epochs=1, batch_size=8, log_dir=str(tmp_path / "logs"))
+    cfg.checkpoint_dir = None
+    cfg.verbose = False
+    trainer.fit(torch.randn(32, 4), torch.randint(0, 2, (32,)), cfg)
+    assert (tmp_path / "logs" / "metrics.csv").is_file()
+    assert not list((tmp_path / "logs").glob("events.out.tfevents.*"))

@@ -21,7 +21,7 @@ continue``) logs into the same runs. Steps are never logged twice: a resumed run
 the last global step it holds, and the steps up to it, which the resumed job trains again,
 are not sent to it (rows at a global step are sent only past that step).
 
->>> require(["csv", "tensorboard"])  # nothing to check for rankwise's own files
+>>> require(["csv"])  # nothing to check for rankwise's own CSV
 >>> TrackerSet([]).start({"lr": 0.1}, {})
 {}
 """
@@ -276,10 +276,10 @@ _KINDS: dict[str, type[WandbTracker] | type[MlflowTracker]] = {
 
 def build_trackers(names: Iterable[str], options: Mapping[str, Any]) -> list[Tracker]:
     """The trackers among the logger ``names``, each with its ``options[name]`` (none is
-    started yet); checks every package first (:func:`require`)."""
-    names = list(names)
+    started yet); checks their packages first (:func:`require`)."""
+    names = [n for n in names if n in _KINDS]
     require(names)
-    return [_KINDS[n](options.get(n)) for n in names if n in _KINDS]
+    return [_KINDS[n](options.get(n)) for n in names]
 
 
 class TrackerSet:

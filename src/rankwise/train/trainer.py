@@ -191,7 +191,9 @@ class DistributedTrainer:
         """
         cfg, train, val_data = parse_fit_args(args, config, val)
         self.config = cfg.validate()
-        require(cfg.logger_names())  # a tracker's package missing: fail before anything runs
+        # A listed logger's package missing: fail before anything runs. Only what the user
+        # listed: the default (loggers=None) writes TensorBoard files only where it is installed.
+        require(cfg.loggers or ())
         train_set, val_set = fit_datasets(train, val_data, cfg)
         self.fit_count += 1
         self.progress = checks.begin_fit(
