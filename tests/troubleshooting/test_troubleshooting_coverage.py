@@ -176,7 +176,11 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
         "distributed/membership.py",
         "slot {} was left out of generation {} (members {}): it d",
     ): _CONTINUE,
-    ("train/continuing.py", "the survivors stopped at different optimizer steps ({}) "): _CONTINUE,
+    ("train/continuing.py", "the survivors stopped at optimizer steps {} after {}: mo"): _CONTINUE,
+    (
+        "distributed/membership.py",
+        "slot {} (restart {}) cannot join: every rank of generati",
+    ): _CONTINUE,
     ("train/continuing.py", "--on-failure continue re-splits the rest of the epoch ov"): _CONTINUE,
     ("distributed/membership.py", "slot {} (restart {}) will not join: the running ranks"): (
         _CONTINUE

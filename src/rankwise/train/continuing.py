@@ -10,8 +10,10 @@ fails because a peer is gone (closed gloo connection, collective timeout):
    zeroed, the micro-batches after the mark taken out of the sums);
 2. regroups with the survivors (:meth:`rankwise.distributed.membership.Membership.regroup`:
    same processes, a new gloo group);
-3. re-wraps the module for the new group and checks every survivor is at the same optimizer
-   step (DDP makes their parameters identical there);
+3. agrees on the optimizer step: a collective can end on one survivor and fail on another,
+   so their marks can be one step apart, and the ones behind take the furthest one's state
+   (:func:`catch_up`); then re-wraps the module for the new group (DDP makes the
+   parameters identical there);
 4. re-splits the rest of the epoch from the mark's cursor over the new world, keeping the
    global batch (``3 x 32 = 96`` becomes ``2 x 48``), so the steps that follow see the same
    samples, with the same mean gradient, as the uninterrupted run. A world that does not
@@ -47,6 +49,7 @@ import torch.distributed as dist
 import rankwise.distributed as rd
 from rankwise.distributed.membership import Membership, RegroupError
 from rankwise.parallel import unwrap_model
+from rankwise.train.checkpoint import rng_state, set_rng_state
 from rankwise.train.config import DistributedTrainingConfig
 from rankwise.train.data import TrainBatches
 from rankwise.train.setup import rewrap
@@ -56,7 +59,9 @@ from rankwise.train.sums import EpochSums, SumsLength
 __all__ = [
     "Continuing",
     "JoinersWaiting",
+    "Mark",
     "RecoveryCap",
+    "catch_up",
     "check_split",
     "fits",
     "shares_text",
@@ -138,10 +143,47 @@ class JoinersWaiting(Exception):  # a signal, not an error
 
 
 @dataclasses.dataclass
-class _Mark:
+class Mark:
+    """Where training is at a step boundary: a lost peer rolls back to here."""
+
     step: int
     cursor: dict[str, Any] | None
     sums: SumsLength | None
+
+
+def catch_up(state: TrainState, mark: Mark, reason: str) -> Mark:
+    """Where every survivor of a regroup goes on from (``mark``: its own; a collective on the
+    new group): its own mark, or the furthest survivor's.
+
+    A collective can end on one rank and fail on another: in a ring all-reduce a rank
+    that already received every chunk returns while a peer still waiting for the lost
+    rank's fails. So the survivors' marks can be one optimizer step apart; that step's
+    gradient held every rank's share (its samples were trained, once, and recorded), so
+    the ones behind take the furthest one's model, optimizer, scheduler, precision and
+    cursor, and keep their own sums and random stream. (Those sums miss their share of
+    that step's losses, as the epoch's figures miss the lost rank's: the weights and the
+    samples stay exact.)"""
+    steps = rd.all_gather_plain(int(mark.step))  # no peer's pickle
+    furthest = max(steps)
+    if min(steps) == furthest:
+        return mark
+    if furthest - min(steps) > 1:
+        raise RegroupError(
+            f"the survivors stopped at optimizer steps {steps} after {reason}: more than "
+            "one step apart, which no lost peer explains (every step needs every rank's "
+            "gradient). The job stops; relaunch with resume='auto' from the last checkpoint."
+        )
+    src = steps.index(furthest)
+    saved = state.state_dict()  # a collective: on every rank
+    saved["continue"] = {"cursor": mark.cursor}
+    got = broadcast_state(saved if rd.get_rank() == src else None, src)
+    if mark.step == furthest:
+        return mark
+    sums, rng = state.sums, rng_state()
+    state.load_state_dict(got, f"rank {src}'s state at optimizer step {furthest}")
+    state.sums, state.restored = sums, None
+    set_rng_state(rng)
+    return Mark(furthest, got["continue"]["cursor"], mark.sums)
 
 
 class Continuing:
@@ -163,7 +205,7 @@ class Continuing:
         # that crashed in its set-up (it comes back as a joiner).
         self.global_batch = cfg.effective_batch_size(membership.cfg.world_size)
         self.source: Any = None
-        self.last_mark: _Mark | None = None
+        self.last_mark: Mark | None = None
         self.join_every = membership.cfg.join_check_every
         self.join_cursor: dict[str, Any] | None = None  # a joiner's, until it has the data
         self.cap = RecoveryCap(membership.cfg.world_size)
@@ -226,7 +268,7 @@ class Continuing:
         sums, sampler = self.state.sums, self.state.sampler
         cursor = dict(sampler.state_dict()) if sampler is not None else None
         length = sums.length() if sums is not None else None
-        self.last_mark = _Mark(self.state.step, cursor, length)
+        self.last_mark = Mark(self.state.step, cursor, length)
 
     def joiners_agreed(self) -> bool:
         """Whether every member lets the waiting joiners in now: rank 0 reads the store and
@@ -263,18 +305,14 @@ class Continuing:
         old_world = self.membership.world_size
         self.membership.regroup()
         world = self._check_split("left")
+        # Before the wrap: DDP's wrap hands rank 0's parameters to every rank.
+        agreed = catch_up(self.state, mark, reason)
         state.model = rewrap(module, self.cfg, self.device)
-        steps = rd.all_gather_plain(int(mark.step))  # no peer's pickle
-        if len(set(steps)) > 1:
-            raise RegroupError(
-                f"the survivors stopped at different optimizer steps ({steps}) after "
-                f"{reason}; handing the furthest state to the others is not supported yet."
-            )
-        state.step = mark.step
+        state.step = agreed.step
         if state.sums is not None and mark.sums is not None:
-            state.sums.truncate(mark.sums)
-        self._resplit(mark.cursor, world)
-        self._say(f"a peer was lost ({reason})", old_world, mark.step)
+            state.sums.truncate(mark.sums)  # its own sums, to its own mark
+        self._resplit(agreed.cursor, world)
+        self._say(f"a peer was lost ({reason})", old_world, agreed.step)
 
     def grow(self) -> None:
         """Let the waiting joiners in at this step boundary (every member, agreed)."""
