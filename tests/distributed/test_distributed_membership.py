@@ -21,7 +21,7 @@ import torch.distributed as dist
 from helpers.paths import SCRIPTS
 from rankwise.distributed import DistributedConfigError
 from rankwise.distributed.config import MemberConfig, on_failure_mode
-from rankwise.distributed.membership import Membership, mark_dead
+from rankwise.distributed.membership import Membership, RegroupError, mark_dead
 from rankwise.testing import child_env, free_port
 
 WORKER = SCRIPTS / "member_worker.py"
@@ -218,3 +218,28 @@ def test_an_arrived_member_is_never_counted_gone_whatever_its_heartbeat(tmp_path
         assert store.get("gen/1/members") == b"0,1"
     finally:
         leader.close()
+
+
+def test_a_joiner_stops_at_once_when_every_member_has_exited(tmp_path):
+    # The survivors of a lost rank can all fail in turn (restarted as joiners themselves):
+    # nobody is left to let a joiner in, and it says so instead of waiting out its timeout.
+    port = free_port()
+    store = host_store(port)
+    cfg = MemberConfig(slot=0, world_size=2, host="127.0.0.1", port=port, incarnation=1)
+    store.set("gen/0/members", "0,1")
+    for slot in (0, 1):
+        store.set(f"member/{slot}", "0")
+    store.set("current", "0")
+    mark_dead(store, 0, 0)
+    joiner = Membership(cfg, 60)
+    try:
+        wait_for(lambda: joiner._has("dead/0"), 10)  # a set reaches other clients a moment later
+        started = time.monotonic()
+        running = joiner._nobody_running()  # slot 1 still runs: it waits
+        assert running is None
+        mark_dead(store, 1, 0)
+        with pytest.raises(RegroupError, match="every rank of generation 0 has exited"):
+            joiner._request_join()
+        assert time.monotonic() - started < 30  # not its 60 s timeout
+    finally:
+        joiner.close()

@@ -369,11 +369,27 @@ class Membership:
                 self.joined = [int(s) for s in self._get(f"gen/{gen}/joined", "").split(",") if s]
                 self._enter(gen, self._wait_members(gen))
                 return
+            if (gone := self._nobody_running()) is not None:
+                raise RegroupError(
+                    f"slot {slot} (restart {inc}) cannot join: every rank of generation "
+                    f"{gone} has exited (finished, or failed with the errors above), so nobody "
+                    "is left to let it in or hand it the training state. Fix what ended them "
+                    "and relaunch; with checkpoints, resume='auto' goes on from the last one."
+                )
             time.sleep(0.05)
         raise RegroupError(
             f"slot {self.cfg.slot} (restart {self.cfg.incarnation}) waited {self.timeout_s:.0f}s "
             "and no running rank let it in; the survivors may have finished or stopped."
         )
+
+    def _nobody_running(self) -> int | None:
+        """The newest generation, where the launcher saw every one of its members exit (none
+        left to let a joiner in); None while one of them runs, or before generation 0."""
+        if not self._has("current"):
+            return None
+        gen = int(self._get("current", "0"))
+        members = [int(s) for s in self._get(f"gen/{gen}/members", "").split(",") if s]
+        return gen if members and all(self._marked_dead(s) for s in members) else None
 
     def _enter(self, gen: int, members: list[int]) -> None:
         """Leave the old default group behind (never destroyed) and build generation ``gen``'s."""
