@@ -181,9 +181,7 @@ class CheckpointWriter:
         """The end of ``fit``: return once the last checkpoint is durable on disk; a
         collective (every rank waits for the writing rank). Under ``--on-failure continue``,
         a last save whose writer was lost is made again from ``state`` by the new rank 0."""
-        if self._in_flight is not None and state is not None and self._writer_lost():
-            self._in_flight = None
-            self.save(state)
+        self._redo_lost_write(state)
         if self._in_flight is None:
             return
         self._agree(self._wait_for_write(time.perf_counter(), final=True))  # all learn it
@@ -197,9 +195,7 @@ class CheckpointWriter:
         save: training goes on). Under ``--on-failure continue`` a save whose writer was lost
         is made again from ``state`` by the new rank 0, as :meth:`finish` does."""
         started = time.perf_counter()
-        if self._in_flight is not None and self._writer_lost():
-            self._in_flight = None
-            self.save(state)
+        self._redo_lost_write(state)
         if self._in_flight is None:
             return None
         path = self._in_flight
@@ -211,6 +207,13 @@ class CheckpointWriter:
             return None
         self._report_in_flight()
         return path
+
+    def _redo_lost_write(self, state: Savable | None) -> None:
+        """Under ``--on-failure continue``: the save in flight, whose writer was lost, made
+        again from ``state`` by the new rank 0 (every rank calls it: the save is a collective)."""
+        if self._in_flight is not None and state is not None and self._writer_lost():
+            self._in_flight = None
+            self.save(state)
 
     def drain(self) -> None:
         """After an exception or on SIGTERM: wait for the write in flight (it stays a valid
