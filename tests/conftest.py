@@ -1,6 +1,18 @@
 """Shared fixtures: every test runs with its environment restored and no process group left."""
 
+# ruff: noqa: E402  (bytecode writing is turned on before the imports below)
+
 from __future__ import annotations
+
+import os
+import sys
+
+# The suite starts hundreds of Python processes (ranks, launchers, examples). Where bytecode
+# writing is off (PYTHONDONTWRITEBYTECODE, set in some CI images), each would compile every
+# module it imports from source, rankwise's and, after `pip install --no-compile`, torch's: on
+# for this session and its children, before anything heavy is imported.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -8,9 +20,26 @@ from typing import Any
 
 import pytest
 
+from helpers import durations
 from helpers.fault_runs import WORKER, exactly_once
 from rankwise.testing import hygiene, run_script
 from rankwise.testing.s3server import S3_KEY, S3_SECRET, S3Server, start_server
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest files first (tests/durations.json; see tests/helpers/durations.py): xdist's
+    ``--dist loadfile`` hands out files in this order, so no long file is left to run alone
+    at the end. A file's tests keep their order."""
+    seconds = durations.recorded()
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.nodeid.split("::")[0], i)
+
+    def key(item: pytest.Item) -> tuple[float, int]:
+        file = item.nodeid.split("::")[0]
+        return (-seconds.get(file, 0.0), first[file])
+
+    items.sort(key=key)
 
 
 @pytest.fixture(autouse=True)

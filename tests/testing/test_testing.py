@@ -56,7 +56,7 @@ def test_a_timed_out_manual_launch_leaves_no_process_behind(tmp_path: Path) -> N
         "time.sleep(600)\n"
     )
     with pytest.raises(subprocess.TimeoutExpired):
-        run_by_hand([sys.executable, "-c", script], 2, timeout=15)
+        run_by_hand([sys.executable, "-c", script], 2, timeout=6)
     pids = [int((tmp_path / str(rank)).read_text()) for rank in range(2)]
     assert not any(_alive(pid) for pid in pids), f"processes {pids} outlived the run"
 
