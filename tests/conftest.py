@@ -28,8 +28,9 @@ from rankwise.testing.s3server import S3_KEY, S3_SECRET, S3Server, start_server
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Longest files first (tests/durations.json; see tests/helpers/durations.py): xdist's
-    ``--dist loadfile`` hands out files in this order, so no long file is left to run alone
-    at the end. A file's tests keep their order."""
+    ``--dist loadfile`` hands out files in this order (``--no-loadscope-reorder``: by default
+    it puts the files with the most tests first, which left the long launches, few tests
+    each, to run alone at the end). A file's tests keep their order."""
     seconds = durations.recorded()
     first: dict[str, int] = {}
     for i, item in enumerate(items):
