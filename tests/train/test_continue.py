@@ -2,15 +2,15 @@
 gloo ranks, 2 epochs of 8 optimizer steps, global batch 24, no checkpoints): a rank SIGKILLed
 or SIGSTOPped mid-epoch, the survivors keep their processes and train on with the global batch
 kept (2 x 12), every sample exactly once per epoch (AuditLog), and land within 1e-4 of the
-uninterrupted run. Launches take tens of seconds on a loaded machine: one reference per
-module, one launch per scenario.
+uninterrupted run. Launches take tens of seconds on a loaded machine: one launch per
+scenario, and the uninterrupted run in one plain process (below).
 
-A world that does not divide the global batch (3 x 5 = 15 on 2 survivors: 8 + 7, the loss
-weighted) is compared with the same script run in one plain process with a batch of 15: the
-sampler's global order does not depend on the world, so it trains the same global batches in
-the same order, and its gradient, the mean over the 15 samples, is what DDP's average of the 3
-ranks' means gives (measured against a 3-rank launch: 9e-8 apart). That costs one process of
-a few seconds instead of a launch."""
+The uninterrupted run is the same script in one plain process with the global batch (24; 20
+where the survivors' world does not divide it: 4 x 5 on 3 survivors, 7 + 7 + 6, the loss
+weighted): the sampler's global order does not depend on the world, so it trains the same
+global batches in the same order, and its gradient, the mean over the global batch, is what
+DDP's average of the ranks' means gives (measured against a 3-rank launch: 9e-8 apart, the
+tests allow 1e-4). That costs one process of a few seconds instead of a launch."""
 
 from __future__ import annotations
 
@@ -61,10 +61,13 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    # The uninterrupted run, as the uneven scenario below makes it: the global batch (3 x 8)
+    # in one plain process, seconds instead of a 3-rank launch.
     out = tmp_path_factory.mktemp("reference")
-    params = finished(launch(out), out)
+    cmd = [sys.executable, str(WORKER), str(out), "--batch-size", "24"]
+    assert run_isolated(cmd, env=child_env(), timeout=300).returncode == 0
     assert assert_exactly_once(out / "audit", 1, NUM_SAMPLES, EPOCHS) == [0]
-    return params
+    return torch.load(out / "final.pt")
 
 
 def logged_steps(log_dir: Path) -> list[int]:
