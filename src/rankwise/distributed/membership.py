@@ -248,8 +248,7 @@ class Membership:
             self._lead(nxt, expect_all=grow)
         members = self._wait_members(nxt)
         check_min_nproc(members, self.cfg.min_nproc)
-        joined = self._get(f"gen/{nxt}/joined", "")
-        self.joined = [int(s) for s in joined.split(",") if s]
+        self.joined = self._slots(f"gen/{nxt}/joined")
         self._enter(nxt, members)
 
     def arrive(self) -> None:
@@ -328,7 +327,7 @@ class Membership:
             self.store.wait([key], timedelta(seconds=self.timeout_s))
         except Exception as exc:
             raise self._lost(exc, f"the member list of generation {gen}") from exc
-        return [int(s) for s in self.store.get(key).decode().split(",") if s]
+        return self._slots(key)
 
     def _wait_members(self, gen: int) -> list[int]:
         members = self._read_members(gen)
@@ -366,7 +365,7 @@ class Membership:
                 )
             if self._has(admit):
                 gen = int(self._get(admit, "0"))
-                self.joined = [int(s) for s in self._get(f"gen/{gen}/joined", "").split(",") if s]
+                self.joined = self._slots(f"gen/{gen}/joined")
                 self._enter(gen, self._wait_members(gen))
                 return
             if (gone := self._nobody_running()) is not None:
@@ -388,7 +387,7 @@ class Membership:
         if not self._has("current"):
             return None
         gen = int(self._get("current", "0"))
-        members = [int(s) for s in self._get(f"gen/{gen}/members", "").split(",") if s]
+        members = self._slots(f"gen/{gen}/members")
         return gen if members and all(self._marked_dead(s) for s in members) else None
 
     def _enter(self, gen: int, members: list[int]) -> None:
@@ -462,6 +461,10 @@ class Membership:
 
     def _get(self, key: str, default: str) -> str:
         return self.store.get(key).decode() if self._has(key) else default
+
+    def _slots(self, key: str) -> list[int]:
+        """A list of slots the store holds as ``"0,2"`` (empty where the key is not set)."""
+        return [int(s) for s in self._get(key, "").split(",") if s]
 
     def _lost(self, exc: BaseException, doing: str) -> DistributedConnectionError:
         return DistributedConnectionError(

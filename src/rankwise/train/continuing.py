@@ -49,7 +49,6 @@ import torch.distributed as dist
 import rankwise.distributed as rd
 from rankwise.distributed.membership import Membership, RegroupError
 from rankwise.parallel import unwrap_model
-from rankwise.train.checkpoint import rng_state, set_rng_state
 from rankwise.train.config import DistributedTrainingConfig
 from rankwise.train.data import TrainBatches
 from rankwise.train.setup import rewrap
@@ -174,16 +173,26 @@ def catch_up(state: TrainState, mark: Mark, reason: str) -> Mark:
             "gradient). The job stops; relaunch with resume='auto' from the last checkpoint."
         )
     src = steps.index(furthest)
-    saved = state.state_dict()  # a collective: on every rank
-    saved["continue"] = {"cursor": mark.cursor}
-    got = broadcast_state(saved if rd.get_rank() == src else None, src)
+    got = _state_of(state, src, {"cursor": mark.cursor})
     if mark.step == furthest:
         return mark
-    sums, rng = state.sums, rng_state()
-    state.load_state_dict(got, f"rank {src}'s state at optimizer step {furthest}")
-    state.sums, state.restored = sums, None
-    set_rng_state(rng)
+    _adopt(state, got, f"rank {src}'s state at optimizer step {furthest}", state.sums)
     return Mark(furthest, got["continue"]["cursor"], mark.sums)
+
+
+def _state_of(state: TrainState, src: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """Rank ``src``'s whole :class:`TrainState`, with its ``extra`` under ``"continue"``, on
+    every rank of the group; a collective (the sums and the RNG states are gathered)."""
+    saved = state.state_dict()
+    saved["continue"] = extra
+    return broadcast_state(saved if rd.get_rank() == src else None, src)
+
+
+def _adopt(state: TrainState, got: dict[str, Any], source: str, sums: EpochSums | None) -> None:
+    """Load another rank's state (from :func:`_state_of`) but keep ``sums`` as this rank's epoch
+    sums. Its random stream stays its own: ``got`` holds every rank's of this world."""
+    state.load_state_dict(got, source)
+    state.sums, state.restored = sums, None
 
 
 class Continuing:
@@ -328,15 +337,12 @@ class Continuing:
         joiner."""
         state, m = self.state, self.membership
         src = next(r for r, slot in enumerate(m.members) if slot not in m.joined)
-        saved = state.state_dict()  # a collective (the sums, the RNG states): on every rank
-        saved["continue"] = {"global_batch": self.global_batch}
-        got = broadcast_state(saved if m.rank == src else None, src)
+        got = _state_of(state, src, {"global_batch": self.global_batch})
         self.global_batch = int(got["continue"]["global_batch"])
         world = self._check_split("now")
         module = unwrap_model(state.model)
         if old_world is None:  # the joiner: the members' state, its own (empty) epoch sums
-            state.load_state_dict(got, f"rank {src}'s state")
-            state.sums, state.restored = EpochSums(), None
+            _adopt(state, got, f"rank {src}'s state", EpochSums())
             self.join_cursor = got["sampler"]
         state.model = rewrap(module, self.cfg, self.device)
         if old_world is not None:
