@@ -24,13 +24,15 @@ _FULL, _LAST = 1, 4
 
 @dataclass
 class OfflineRun:
-    """One process's part of a W&B run: its folder, run id, config and history rows."""
+    """One process's part of a W&B run: its folder, run id, config, history rows, artifacts and
+    exit code."""
 
     folder: Path
     run_id: str = ""
     config: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     artifacts: list[str] = field(default_factory=list)
+    exit_code: int | None = None  # the run's end as its process recorded it (None: no end)
 
 
 def _payloads(path: Path) -> list[bytes]:
@@ -76,6 +78,8 @@ def read_offline_run(folder: Path) -> OfflineRun:
             run.history.append(row)
         elif kind == "artifact":
             run.artifacts += [entry.path for entry in record.artifact.manifest.contents]
+        elif kind == "exit":
+            run.exit_code = record.exit.exit_code
     return run
 
 

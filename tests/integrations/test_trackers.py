@@ -16,9 +16,14 @@ One launch per scenario (each is tens of seconds of start-up on 2 busy cores).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -27,7 +32,7 @@ import torch
 
 from helpers.paths import SCRIPTS
 from helpers.wandb_offline import offline_runs
-from rankwise.testing import free_port, run_script
+from rankwise.testing import child_env, free_port, process_alive, run_script
 from rankwise.testing.mlflowserver import MlflowServer
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import CheckpointManager
@@ -119,9 +124,10 @@ def test_a_job_restarted_after_a_kill_logs_one_run_per_tracker(mlflow_server, tm
     first, again = ([row["trainer/global_step"] for row in p.history] for p in parts)
     assert again == list(range(9, STEPS + 1))
     assert first == list(range(1, len(first) + 1)) and len(first) <= 8
-    if parts[0].run_id:  # the config goes with the run's start, in the first part
-        assert parts[0].config["batch_size"] == 8 and parts[0].config["world_size"] == 2
-        assert parts[0].config["logger_options"] == {}
+    # The config goes with every part (the first may have kept nothing of its own).
+    for part in parts if parts[0].run_id else parts[1:]:
+        assert part.config["batch_size"] == 8 and part.config["world_size"] == 2
+        assert part.config["logger_options"] == {}
     assert {"history.json", "history.png"} <= set(parts[-1].artifacts)
     assert any(name.endswith(".sha256.json") for name in parts[-1].artifacts)  # the manifest
 
@@ -164,6 +170,43 @@ def test_a_new_rank_0_after_a_lost_rank_goes_on_with_the_same_runs(mlflow_server
     steps = [row["trainer/global_step"] for part in parts for row in part.history]
     assert steps == sorted(set(steps)) and steps[-1] == STEPS  # monotonic, to the end
     assert parts[-1].history[0]["trainer/global_step"] == 6
+
+
+def test_a_sigterm_to_the_job_ends_both_runs_as_failed(mlflow_server, tmp_path):
+    # A scheduler stops the job (SIGTERM to the launcher, which passes it on to the ranks)
+    # while rank 1 is away in step 4: rank 0 waits in step 5's all-reduce, where a Python
+    # signal handler never runs. Its guard's helper thread ends both runs as failed (not
+    # "running" for good), then the process ends as SIGTERM ends it.
+    env = tracker_env(tmp_path, mlflow_server, "sigterm")
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node=2", str(WORKER),
+        str(out), "--epochs", "1", "--hold-slot", "1", "--hold-step", "4",
+    ]  # fmt: skip
+    launcher = subprocess.Popen(
+        cmd, env=child_env(env), start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "holding").exists():
+            assert time.monotonic() < deadline and launcher.poll() is None
+            time.sleep(0.05)
+        time.sleep(1.0)  # rank 0 is in step 5's all-reduce by now
+        launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=60)  # the ranks' runs closed well within it
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the ranks, should any be left
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+    assert launcher.returncode != 0
+    run, steps = mlflow_run(mlflow_server, "sigterm")
+    assert run.info.status == "FAILED", err[-3000:]
+    assert steps == [1, 2, 3, 4]
+    [part] = offline_runs(tmp_path)
+    assert part.exit_code == 1, err[-3000:]
+    assert [row["trainer/global_step"] for row in part.history] == [1, 2, 3, 4]
+    assert not process_alive(int((out / "pid-0").read_text()))
 
 
 # -- a tracker never stops training (a world of one in this process) --------------------------

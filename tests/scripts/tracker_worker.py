@@ -9,6 +9,9 @@ writes the run ids it holds to ``OUT/run-ids.json``.
 
 - ``--kill-slot S --kill-step K``: slot S (its rank under ``--on-failure restart``) SIGKILLs
   itself in optimizer step K on its first start only, after the micro-batch's backward.
+- ``--hold-slot S --hold-step K``: slot S sleeps (2 minutes) there instead, having written
+  ``OUT/holding``: its peers wait for it in the next step's all-reduce. Every process writes
+  its PID to ``OUT/pid-<slot>``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 from tiny_run import data, mlp_trainer
@@ -31,6 +35,8 @@ p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--every", type=int, default=0, help="checkpoint every N optimizer steps")
 p.add_argument("--kill-slot", type=int, default=-1)
 p.add_argument("--kill-step", type=int, default=-1)
+p.add_argument("--hold-slot", type=int, default=-1)
+p.add_argument("--hold-step", type=int, default=-1)
 args = p.parse_args()
 args.out.mkdir(parents=True, exist_ok=True)
 slot = int(os.environ.get("RANKWISE_SLOT", os.environ.get("RANK", "0")))
@@ -44,8 +50,12 @@ class Kill:
     def on_batch(self, trainer: DistributedTrainer, epoch: int, step: int, ids: object) -> None:
         if first_start and slot == args.kill_slot and step + 1 == args.kill_step:
             os.kill(os.getpid(), signal.SIGKILL)
+        if slot == args.hold_slot and step + 1 == args.hold_step:
+            (args.out / "holding").touch()
+            time.sleep(120)
 
 
+(args.out / f"pid-{slot}").write_text(str(os.getpid()))
 rd.init()
 model, trainer = mlp_trainer([Kill()])
 cfg = DistributedTrainingConfig(

@@ -60,6 +60,11 @@ BAD_VALUES: list[tuple[dict[str, Any], list[str]]] = [
     ({"loggers": ["csv"]}, ["loggers (['csv'])", "log_dir is None", "set log_dir"]),
     ({"logger_options": ["wandb"]}, ["logger_options ('list')", "dict of options per tracker"]),
     ({"logger_options": {"neptune": {}}}, ["logger_options ('neptune')", "'wandb', 'mlflow'"]),
+    ({"logger_options": {"wandbb": {}}}, ["logger_options ('wandbb')", "did you mean 'wandb'"]),
+    (
+        {"loggers": ["mlflow"], "logger_options": {"mlflow": {"runname": "r"}}},
+        ["logger_options (\"mlflow: 'runname'\")", "did you mean 'run_name'", "experiment_name"],
+    ),
     ({"logger_options": {"wandb": "p"}}, ["logger_options ('wandb: str')", "must map to a dict"]),
     ({"logger_options": {"wandb": {"project": "p"}}}, ["logger_options ('wandb')", "add 'wandb'"]),
     (
@@ -67,7 +72,7 @@ BAD_VALUES: list[tuple[dict[str, Any], list[str]]] = [
         ["logger_options (\"wandb['settings']\")", "plain values"],
     ),
     (
-        {"loggers": ["mlflow"], "logger_options": {"mlflow": {"token": "***"}}},
+        {"loggers": ["mlflow"], "logger_options": {"mlflow": {"tags": {"token": "***"}}}},
         ["logger_options ('mlflow')", "redacted", "MLFLOW_TRACKING_TOKEN"],
     ),
     ({"check_sync_every_n_steps": 0}, ["check_sync_every_n_steps (0)", ">= 1", "None for no"]),

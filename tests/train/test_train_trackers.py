@@ -89,6 +89,27 @@ def test_a_tracker_that_cannot_start_warns_and_the_fit_goes_on() -> None:
     trackers.log_metrics(1, {"step/loss": 1.0})  # nothing to send to: no error, no warning
 
 
+def test_a_long_error_keeps_its_end_where_the_cause_is() -> None:
+    class Verbose(Notebook):
+        def start(self, config: Mapping[str, Any], run_id: str | None) -> str:
+            raise ConnectionError("Max retries exceeded " * 60 + "(Connection refused)")
+
+    [message] = caught_warnings(TrackerSet([Verbose("verbose")]).start, {}, {})
+    assert " ... " in message and "(Connection refused)); training goes on" in message
+    assert len(message) < 1000
+
+
+def test_a_wandb_option_wandb_init_does_not_take_names_it_and_the_fix() -> None:
+    pytest.importorskip("wandb")
+    from rankwise.train.trackers import WandbTracker
+
+    trackers = TrackerSet([WandbTracker({"projct": "mnist"})])
+    [message] = caught_warnings(trackers.start, {}, {})  # before wandb.init: nothing started
+    assert "logger_options['wandb'] has 'projct', which wandb.init() does not take" in message
+    assert "(did you mean 'project'?)" in message
+    assert "Fix: correct logger_options['wandb']." in message
+
+
 def test_steps_a_resumed_run_holds_are_not_sent_again() -> None:
     asked = Notebook("asked", last_step=7)  # the run says how far it got
     offline = Notebook("offline")  # it cannot say: rankwise's own CSV tells (8)

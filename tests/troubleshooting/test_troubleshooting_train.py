@@ -448,6 +448,12 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "config-loggers": lambda: raised(_config, loggers=["csv", "neptune"], log_dir="logs"),
     "tracker-package-missing": _tracker_package_missing,
     "tracker-failed": _tracker_unreachable,
+    "tracker-option": lambda: warned(
+        _trainer(loss=nn.MSELoss()).fit,
+        _X,
+        _Y,
+        _config(loggers=["wandb"], logger_options={"wandb": {"projct": "mnist"}}),
+    ),
     "checkpoint-manifest-unreadable": lambda: _manifest("{not json"),
     "checkpoint-manifest-newer": lambda: _manifest('{"size": 1, "blake9": "00"}'),
     "checkpoint-not-plain": lambda: raised(save_file, {"step": np.float64(1.0)}, "x.pt"),

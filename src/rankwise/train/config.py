@@ -19,7 +19,7 @@ import dataclasses
 import difflib
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -102,6 +102,16 @@ def check_clip(value: Any) -> float | None:
     return float(value)
 
 
+def did_you_mean(given: Any, choices: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices``, or nothing.
+
+    >>> did_you_mean("runname", ("run_name", "tags"))
+    " (did you mean 'run_name'?)"
+    """
+    close = difflib.get_close_matches(str(given).lower(), choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def check_choice(name: str, value: Any, choices: tuple[str | None, ...]) -> str | None:
     if isinstance(value, str):
         lowered = value.strip().lower()
@@ -113,9 +123,7 @@ def check_choice(name: str, value: Any, choices: tuple[str | None, ...]) -> str 
     elif value is None and None in choices:
         return None
     names = ", ".join(repr(c) for c in choices)
-    close = difflib.get_close_matches(str(value).lower(), [str(c) for c in choices], n=1)
-    guess = f" (did you mean {close[0]!r}?)" if close else ""
-    fail(name, value, f"must be one of {names}{guess}")
+    fail(name, value, f"must be one of {names}{did_you_mean(value, [str(c) for c in choices])}")
 
 
 _PLAIN_OPTION = (str, int, float, bool, type(None))
@@ -176,6 +184,9 @@ def check_storage_options(value: Any) -> dict[str, Any] | None:
 # (rankwise.train.trackers), each configured by its own variables plus logger_options.
 LOGGERS = ("csv", "tensorboard", "wandb", "mlflow")
 TRACKERS = ("wandb", "mlflow")  # the loggers that take logger_options
+# The options rankwise's MLflow tracker reads (W&B's are wandb.init's arguments, checked
+# against its signature where wandb is imported: rankwise.train.trackers).
+MLFLOW_OPTIONS = ("tracking_uri", "experiment_name", "experiment_id", "run_name", "tags")
 
 
 def check_loggers(value: Any) -> list[str] | None:
@@ -195,13 +206,12 @@ def check_loggers(value: Any) -> list[str] | None:
     for item in items:
         name = item.strip().lower() if isinstance(item, str) else item
         if name not in LOGGERS:
-            close = difflib.get_close_matches(str(name).lower(), LOGGERS, n=1)
-            guess = f" (did you mean {close[0]!r}?)" if close else ""
             choices = ", ".join(repr(c) for c in LOGGERS)
             fail(
                 "loggers",
                 value,
-                f"has an unknown logger {item!r}{guess}; the loggers are {choices} (None: "
+                f"has an unknown logger {item!r}{did_you_mean(name, LOGGERS)}; the loggers "
+                f"are {choices} (None: "
                 "'csv' and 'tensorboard' when log_dir is set)",
             )
         if name not in names:
@@ -228,10 +238,21 @@ def check_logger_options(value: Any) -> dict[str, Any]:
             fail(
                 name,
                 tracker,
-                f"is not a tracker that takes options; the keys are {trackers} ({example})",
+                f"is not a tracker that takes options{did_you_mean(tracker, TRACKERS)}; the "
+                f"keys are {trackers} ({example})",
             )
         if not isinstance(options, Mapping):
             fail(name, f"{tracker}: {type(options).__name__}", f"must map to a dict, {example}")
+        if tracker == "mlflow":
+            for key in options:
+                if key not in MLFLOW_OPTIONS:
+                    fail(
+                        name,
+                        f"mlflow: {key!r}",
+                        f"is not an MLflow option{did_you_mean(key, MLFLOW_OPTIONS)}; they are "
+                        f"{', '.join(MLFLOW_OPTIONS)} (the rest is MLflow's own variables: "
+                        "MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME, ...)",
+                    )
         check_plain(name, options, tracker)
         if REDACTED in _values(options):
             fail(

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from rankwise.train.sigterm import Duty
 from rankwise.train.trackers import TrackerSet, build_trackers
 
 # The CSV's columns. Epoch metrics under other names go to "extra" as "name=value;...".
@@ -280,6 +281,16 @@ class TrainingLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+    def sigterm_duty(self) -> Duty:
+        """On SIGTERM (:mod:`rankwise.train.sigterm`): the trackers' open runs end as failed
+        (MLflow ``FAILED``, W&B exit code 1) rather than "running" for good. The CSV is
+        flushed row by row already."""
+        return Duty(
+            "closing the trackers' runs",
+            lambda: bool(self.trackers.running),
+            lambda: self.trackers.finish(failed=True),
+        )
 
     def __enter__(self) -> TrainingLogger:
         return self

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import re
 import time
 import warnings
@@ -39,6 +40,7 @@ from typing import Any, Protocol
 
 import rankwise.distributed as rd
 from rankwise.train.checkpoint import Storage, manifest_path
+from rankwise.train.config import did_you_mean
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.secrets import redacted, secret_values
 
@@ -46,6 +48,7 @@ __all__ = [
     "EXTRAS",
     "MlflowTracker",
     "Tracker",
+    "TrackerOptionError",
     "TrackerSet",
     "TrackerWarning",
     "WandbTracker",
@@ -67,6 +70,11 @@ STEP_KEY = "trainer/global_step"
 
 class TrackerWarning(UserWarning):
     """A tracker failed and was switched off; training goes on (the message says the fix)."""
+
+
+class TrackerOptionError(ValueError):
+    """A tracker's ``logger_options`` its package does not take (found where rank 0 starts
+    the run: W&B's are ``wandb.init``'s arguments, whichever wandb is installed)."""
 
 
 def require(names: Iterable[str]) -> None:
@@ -139,10 +147,18 @@ class WandbTracker:
         import wandb
 
         kwargs = dict(self.options)
+        takes = inspect.signature(wandb.init).parameters
+        for key in kwargs:
+            if key not in takes:
+                raise TrackerOptionError(
+                    f"logger_options['wandb'] has {key!r}, which wandb.init() does not take"
+                    f"{did_you_mean(key, list(takes))}"
+                )
+        # The config at the start and again on a resume, the world it goes on in (a new world
+        # size after a lost rank): an offline part killed by SIGKILL may have kept nothing.
+        kwargs["config"] = dict(config)
         if run_id is not None:
-            kwargs.update(id=run_id, resume="allow")
-        else:
-            kwargs["config"] = dict(config)  # once, at the run's start
+            kwargs.update(id=run_id, resume="allow", allow_val_change=True)
         self.run = run = wandb.init(**kwargs)
         if run_id is not None and run.resumed:
             held = run.summary.get(STEP_KEY)
@@ -348,10 +364,11 @@ class TrackerSet:
             self._guard(tracker, f"upload {path.name}", tracker.log_artifact, path)
 
     def finish(self, failed: bool = False) -> None:
-        """Close every open run (safe to call twice)."""
-        for tracker in list(self.running):
+        """Close every open run (safe to call twice, and from a SIGTERM handler that
+        interrupts a call: each run is taken off ``running`` before it is closed)."""
+        while self.running:
+            tracker = self.running.pop(0)
             self._guard(tracker, "finish its run", tracker.finish, failed)
-        self.running = []
 
     def _guard(self, tracker: Tracker, what: str, call: Any, *args: Any) -> Any:
         try:
@@ -360,13 +377,20 @@ class TrackerSet:
             self.failed.add(tracker.name)
             if tracker in self.running:
                 self.running.remove(tracker)
-            text = " ".join(str(exc).split())[:300] or type(exc).__name__
-            for secret in self._scrub:
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            for secret in self._scrub:  # before the cut, which could split a secret
                 text = text.replace(secret, "***")
+            if len(text) > 600:  # the cause is often at the end (a connection's error)
+                text = f"{text[:300]} ... {text[-300:]}"
+            fix = (
+                f"correct logger_options[{tracker.name!r}]"
+                if isinstance(exc, TrackerOptionError)
+                else tracker.fix
+            )
             warnings.warn(
                 f"rankwise: the {tracker.title} tracker ({tracker.name}) failed to {what} "
                 f"({type(exc).__name__}: {text}); training goes on without it, and the CSV "
-                f"log (log_dir) keeps every metric. Fix: {tracker.fix}.",
+                f"log (log_dir) keeps every metric. Fix: {fix}.",
                 TrackerWarning,
                 stacklevel=2,
             )

@@ -29,7 +29,7 @@ from torch import nn
 
 import rankwise.distributed as rd
 from rankwise.parallel import Precision, unwrap_model
-from rankwise.train import checks
+from rankwise.train import checks, sigterm
 from rankwise.train.checkpoint import (
     Checkpointer,
     CheckpointManager,
@@ -221,13 +221,6 @@ class DistributedTrainer:
             loggers=cfg.loggers,
             logger_options=cfg.logger_options,
         )
-        if self.logger.trackers:  # the same on every rank: loggers is compared (checks.py)
-            run_ids = self.logger.start_run(self._run_config(cfg), state.trackers)
-            # every rank holds the ids (a new rank 0 goes on with them); a process waiting
-            # to rejoin gets them with the state it is sent
-            joining = member is not None and member.pending
-            state.trackers = {} if joining else share_run_ids(run_ids)
-        started = time.perf_counter()
         saved: list[Any] = [None]  # the last checkpoint: its manifest is a tracker artifact
 
         def on_saved(path: Any) -> None:
@@ -241,25 +234,36 @@ class DistributedTrainer:
             progress=self.progress,
             saved_at=state.step if resumed else None,  # the end does not save it again
         )
-        checkpointer.check_folder()  # writable, before the first step
-        finished = False
-        try:
-            # SIGTERM or an exception: the checkpoint write in flight still lands
-            with checkpointer.draining():
-                samples, train_seconds = self._epochs(cfg, val_set, checkpointer)
-            finished = True
-        except RuntimeError as exc:
-            if (error := self.progress.explain(exc)) is None:  # a stall names the late rank
-                raise
-            raise error from exc
-        finally:
-            if not finished:
-                self.logger.close(failed=True)  # the trackers' runs end as failed
-        self.history.total_time_seconds += time.perf_counter() - started
-        if samples:  # a resume with nothing left to do keeps the recorded throughput
-            self.history.samples_per_second = samples / train_seconds
-        self._log_artifacts(cfg, saved[0])
-        self.logger.close()
+        # SIGTERM (a launcher's stop, a preemption) lets the write in flight land, then closes
+        # the trackers' runs as failed, before the process ends (sigterm.py)
+        duties = [checkpointer.sigterm_duty(), self.logger.sigterm_duty()]
+        with sigterm.guarded([d for d in duties if d is not None]) as checkpointer.sigterm:
+            if self.logger.trackers:  # the same on every rank: loggers is compared (checks.py)
+                run_ids = self.logger.start_run(self._run_config(cfg), state.trackers)
+                checkpointer.sigterm.update()  # runs to close now
+                # every rank holds the ids (a new rank 0 goes on with them); a process
+                # waiting to rejoin gets them with the state it is sent
+                joining = member is not None and member.pending
+                state.trackers = {} if joining else share_run_ids(run_ids)
+            started = time.perf_counter()
+            finished = False
+            try:
+                checkpointer.check_folder()  # writable, before the first step
+                with checkpointer.draining():  # an exception: the write in flight still lands
+                    samples, train_seconds = self._epochs(cfg, val_set, checkpointer)
+                finished = True
+            except RuntimeError as exc:
+                if (error := self.progress.explain(exc)) is None:  # a stall names the late rank
+                    raise
+                raise error from exc
+            finally:
+                if not finished:
+                    self.logger.close(failed=True)  # the trackers' runs end as failed
+            self.history.total_time_seconds += time.perf_counter() - started
+            if samples:  # a resume with nothing left to do keeps the recorded throughput
+                self.history.samples_per_second = samples / train_seconds
+            self._log_artifacts(cfg, saved[0])
+            self.logger.close()
         self._call("on_fit_end", self, self.history)
         return self.history
 

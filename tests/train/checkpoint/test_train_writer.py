@@ -260,7 +260,8 @@ def test_a_rank_that_never_writes_keeps_its_sigterm_handler(tmp_path) -> None:
     # A Python handler runs only once the main thread is back in Python: a rank blocked in a
     # collective would ignore a launcher's SIGTERM. Only a rank that may have a write in
     # flight installs one: under --on-failure continue (a callable), whoever writes now.
-    from rankwise.train.checkpoint.writer import CheckpointWriter, drained_on_sigterm
+    from rankwise.train.checkpoint.writer import CheckpointWriter
+    from rankwise.train.sigterm import guarded
 
     manager = CheckpointManager(tmp_path)
     before = signal.getsignal(signal.SIGTERM)
@@ -273,6 +274,6 @@ def test_a_rank_that_never_writes_keeps_its_sigterm_handler(tmp_path) -> None:
         writer = CheckpointWriter(
             manager, writes=writes, background=True, shared=True, saved=lambda path: None
         )
-        with drained_on_sigterm(writer):
+        with guarded([writer.sigterm_duty()]):
             assert (signal.getsignal(signal.SIGTERM) is not before) == installs, writes
         assert signal.getsignal(signal.SIGTERM) is before

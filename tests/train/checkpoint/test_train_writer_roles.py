@@ -20,7 +20,8 @@ import rankwise.distributed as rd
 from rankwise.distributed.config import MemberConfig
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import manager_for
-from rankwise.train.checkpoint.writer import CheckpointWriteError, CheckpointWriter, SigtermDrain
+from rankwise.train.checkpoint.writer import CheckpointWriteError, CheckpointWriter
+from rankwise.train.sigterm import SigtermGuard
 
 
 class _Manager:
@@ -101,7 +102,7 @@ def test_the_sigterm_handler_follows_the_write_in_flight() -> None:
     manager, role = _Manager(), [True]
     writer = _writer(manager, role, [])
     before = signal.getsignal(signal.SIGTERM)
-    drain = SigtermDrain(writer)
+    drain = SigtermGuard([writer.sigterm_duty()])
     try:
         drain.update()
         assert signal.getsignal(signal.SIGTERM) is not before  # rank 0: a write may come

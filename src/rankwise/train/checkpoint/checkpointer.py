@@ -4,7 +4,7 @@ The trainer's loop tells a :class:`Checkpointer` where training is; it decides w
 a save, and saves through the background writer (``writer.py``)::
 
     checkpointer = Checkpointer(manager, cfg, on_saved=report)
-    with checkpointer.draining():                 # SIGTERM, an exception: the write lands
+    with checkpointer.draining():                 # an exception: the write lands
         for epoch in ...:
             for step in ...:
                 ...
@@ -25,14 +25,9 @@ from contextlib import contextmanager
 
 import rankwise.distributed as rd
 from rankwise.train.checkpoint.resume import Location, Manager
-from rankwise.train.checkpoint.writer import (
-    Savable,
-    SaveStats,
-    SigtermDrain,
-    drained_on_sigterm,
-    writer_for,
-)
+from rankwise.train.checkpoint.writer import Savable, SaveStats, writer_for
 from rankwise.train.config import DistributedTrainingConfig
+from rankwise.train.sigterm import Duty, SigtermGuard
 
 __all__ = ["Checkpointer"]
 
@@ -66,7 +61,8 @@ class Checkpointer:
         self.progress = progress
         self.saved_at = saved_at
         self._step_save_due = False  # a step save that fell on an epoch's last step
-        self._sigterm: SigtermDrain | None = None  # while draining(): SIGTERM waits for a write
+        # fit's SIGTERM guard (rankwise.train.sigterm): told when a write may be in flight
+        self.sigterm: SigtermGuard | None = None
 
     @property
     def stats(self) -> SaveStats | None:
@@ -134,19 +130,25 @@ class Checkpointer:
 
     def regrouped(self) -> None:
         """This rank's role may have changed (``--on-failure continue``: rank 0 is another
-        process now): catch SIGTERM only where a write can be in flight."""
-        if self._sigterm is not None:
-            self._sigterm.update()
+        process now): SIGTERM waits for a write only where one can be in flight."""
+        if self.sigterm is not None:
+            self.sigterm.update()
+
+    def sigterm_duty(self) -> Duty | None:
+        """On SIGTERM, the background write in flight lands first (None: no background
+        writes); for fit's guard, which :meth:`regrouped` keeps up to date."""
+        return (
+            None
+            if self.writer is None or not self.writer.background
+            else (self.writer.sigterm_duty())
+        )
 
     @contextmanager
     def draining(self) -> Iterator[None]:
-        """While the block runs, SIGTERM first waits for the write in flight (then ends the
-        process as before); when the block ends, by an exception too, the write in flight
-        still lands (its own error is a warning, not raised over the block's)."""
+        """When the block ends, by an exception too, the write in flight still lands (its own
+        error is a warning, not raised over the block's)."""
         try:
-            with drained_on_sigterm(self.writer) as self._sigterm:
-                yield
+            yield
         finally:
-            self._sigterm = None
             if self.writer is not None:
                 self.writer.drain()

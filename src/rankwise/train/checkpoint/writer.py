@@ -28,23 +28,18 @@ raises its error. A write that fails stops every rank at the next save (or the e
 ``fit``) with the same :class:`CheckpointWriteError`, naming the file and the OS error: under
 continue mode, never a lost peer that the next writer would repeat.
 
-SIGTERM (:func:`drained_on_sigterm`) is caught only where a write can be in flight (this rank
-writes now, or its last write has not been waited for; re-decided at each save and regroup),
-and it is served from a helper thread too: a Python handler alone runs only once the main
-thread leaves a gloo call, so a rank blocked in a collective would ignore the signal.
+On SIGTERM the write in flight lands first (:meth:`CheckpointWriter.sigterm_duty`, a duty of
+``rankwise.train.sigterm``'s guard): wanted only where a write can be in flight (this rank
+writes now, or its last write has not been waited for; re-decided at each save and regroup).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import os
-import signal
 import sys
-import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -55,13 +50,13 @@ import rankwise.distributed as rd
 from rankwise.train.checkpoint.files import CheckpointError, CheckpointWarning
 from rankwise.train.checkpoint.resume import Location, Manager, broadcast_path
 from rankwise.train.checkpoint.storage import StorageError
+from rankwise.train.sigterm import Duty
 
 __all__ = [
     "CheckpointWriteError",
     "CheckpointWriter",
     "Savable",
     "SaveStats",
-    "drained_on_sigterm",
     "writer_for",
 ]
 
@@ -230,6 +225,30 @@ class CheckpointWriter:
                 stacklevel=2,
             )
 
+    def sigterm_duty(self) -> Duty:
+        """On SIGTERM (:mod:`rankwise.train.sigterm`): the write in flight lands first, wanted
+        only where one can be in flight. It may run on the guard's helper thread while the
+        main thread is blocked in a collective, so it waits for the write without taking it
+        from the manager, and says if the write failed: the process is ending anyway."""
+
+        def await_write() -> None:
+            # A local manager's future holds a Path, a remote one's a URL: either way one write.
+            pending: concurrent.futures.Future[Any] | None = self.manager.pending()
+            if pending is None:
+                return
+            concurrent.futures.wait([pending])
+            if pending.exception() is not None:
+                print(
+                    "rankwise: the background checkpoint write failed as well: "
+                    f"{pending.exception()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        return Duty(
+            "the checkpoint write in flight", lambda: self.may_have_write_in_flight, await_write
+        )
+
     def _wait_for_write(self, started: float, final: bool = False) -> str | None:
         """Wait for the write this rank started, whatever its role now; return its error as
         the message every rank raises (None: no write, or it landed)."""
@@ -329,127 +348,3 @@ def writer_for(
         shared=manager.sharded or cfg.save_on_master_only,
         saved=saved,
     )
-
-
-class SigtermDrain:
-    """SIGTERM while a write of this rank may be in flight: wait for it, then end as before.
-
-    :meth:`update` installs the handler where a write can be in flight and takes it away
-    elsewhere (a rank that never writes keeps the default: the signal ends it at once). The
-    handler is a Python one, which runs only once the main thread is back in Python, so a
-    helper thread is woken by the signal too (``signal.set_wakeup_fd``): it waits for the
-    write and, where SIGTERM's action was the default, ends the process with it at once,
-    even while the main thread is blocked in a collective. Main thread only.
-    """
-
-    def __init__(self, writer: CheckpointWriter) -> None:
-        self.writer = writer
-        self.previous: Any = None
-        self.installed = False
-        self._wakeup: tuple[int, int] | None = None  # (read, write) ends of the wakeup pipe
-        self._old_wakeup = -1
-
-    def update(self) -> None:
-        """Install or remove the handler as this rank may or may not have a write in flight."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        wanted = self.writer.may_have_write_in_flight
-        if wanted and not self.installed:
-            self._install()
-        elif not wanted and self.installed:
-            self.remove()
-
-    def remove(self) -> None:
-        if not self.installed:
-            return
-        signal.signal(signal.SIGTERM, self.previous or signal.SIG_DFL)  # None: set outside Python
-        self.installed = False
-        if self._wakeup is not None:
-            signal.set_wakeup_fd(self._old_wakeup)
-            os.close(self._wakeup[1])  # the helper thread reads end-of-file and ends
-            self._wakeup = None
-
-    def _install(self) -> None:
-        self.previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-        self.installed = True
-        read, write = os.pipe()
-        os.set_blocking(write, False)
-        old = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-        if old != -1:  # someone else's (an event loop): leave it theirs, main thread only
-            signal.set_wakeup_fd(old)
-            os.close(read)
-            os.close(write)
-            return
-        self._wakeup, self._old_wakeup = (read, write), old
-        threading.Thread(
-            target=self._watch, args=(read,), name="rankwise-sigterm", daemon=True
-        ).start()
-
-    def _watch(self, read: int) -> None:
-        try:
-            while chunk := os.read(read, 64):
-                if signal.SIGTERM in chunk and self.previous == signal.SIG_DFL:
-                    self._await_write()
-                    _end_by_sigterm()
-        finally:
-            os.close(read)
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self._await_write()
-        previous = self.previous
-        if callable(previous):
-            previous(signum, frame)
-        elif previous != signal.SIG_IGN:  # the default action: end the process, as before
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.raise_signal(signal.SIGTERM)
-
-    def _await_write(self) -> None:
-        """Wait for the write in flight (without taking it from the manager); say if it
-        failed: the process is ending anyway."""
-        # A local manager's future holds a Path, a remote one's a URL: either way one write.
-        pending: concurrent.futures.Future[Any] | None = self.writer.manager.pending()
-        if pending is None:
-            return
-        concurrent.futures.wait([pending])
-        if pending.exception() is not None:
-            print(
-                f"rankwise: the background checkpoint write failed as well: {pending.exception()}",
-                file=sys.stderr,
-                flush=True,
-            )
-
-
-def _end_by_sigterm() -> None:
-    """End the process by SIGTERM's default action from any thread (``signal.signal`` works in
-    the main thread only, which may be blocked in a collective): set the C-level disposition
-    back to the default and signal again; without libc, exit as a shell reports it (143)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-        libc.signal(int(signal.SIGTERM), None)  # SIG_DFL is the null handler
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(1.0)  # delivered at once; this only bounds an unexpected delay
-    except (OSError, AttributeError):
-        pass
-    os._exit(128 + int(signal.SIGTERM))
-
-
-@contextmanager
-def drained_on_sigterm(writer: CheckpointWriter | None) -> Iterator[SigtermDrain | None]:
-    """While the block runs, SIGTERM (a launcher's stop, a scheduler's preemption) first waits
-    for the checkpoint write in flight, then does what it did before (by default: ends the
-    process); see :class:`SigtermDrain`. Yields it (None without background writes), for the
-    caller to :meth:`~SigtermDrain.update` where the rank's role may change (a regroup)."""
-    if writer is None or not writer.background:
-        yield None
-        return
-    drain = SigtermDrain(writer)
-    drain.update()
-    try:
-        yield drain
-    finally:
-        drain.remove()

@@ -1,0 +1,76 @@
+"""rankwise.train.sigterm: on SIGTERM the wanted duties run once, in order, then the process
+ends as SIGTERM ends it (a process of its own per case: the default action ends it). The
+case of a main thread blocked in a collective, served by the helper thread, runs for real in
+tests/integrations/test_trackers.py (a SIGTERM to a launched job)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from rankwise.testing import child_env, run_isolated
+
+SCRIPT = """
+import os, signal, sys, time
+from pathlib import Path
+from rankwise.train.sigterm import Duty, guarded
+
+out = Path(sys.argv[1])
+said = []
+
+def note(what):
+    def run():
+        said.append(what)
+        with open(out, "a") as f:
+            f.write(what + "\\n")
+    return run
+
+def failing():
+    raise OSError("the tracker's server is gone")
+
+duties = [
+    Duty("the write", lambda: True, note("write")),
+    Duty("a failing duty", lambda: True, failing),
+    Duty("not held", lambda: False, note("never")),
+    Duty("the runs", lambda: True, note("runs")),
+]
+if sys.argv[2] == "user-handler":  # the program's own handler: called after the duties
+    signal.signal(signal.SIGTERM, lambda signum, frame: note("user")())
+with guarded(duties):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.5)
+with open(out, "a") as f:
+    f.write("survived\\n")
+"""
+
+
+def run_case(tmp_path: Path, case: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    out = tmp_path / f"{case}.txt"
+    cmd = [sys.executable, "-c", SCRIPT, str(out), case]
+    result = run_isolated(cmd, env=child_env(), timeout=60)
+    return result, out.read_text().split() if out.exists() else []
+
+
+def test_sigterm_runs_the_wanted_duties_once_in_order_then_ends_the_process(tmp_path) -> None:
+    result, said = run_case(tmp_path, "default")
+    assert result.returncode == -signal.SIGTERM, result.stderr[-2000:]
+    assert said == ["write", "runs"]  # once each; the one not held never ran
+    # a duty that fails is said, and the ones after it still run
+    assert "on SIGTERM, a failing duty failed: OSError: the tracker's server is gone" in (
+        result.stderr
+    )
+
+
+def test_a_handler_of_the_programs_own_is_called_after_the_duties(tmp_path) -> None:
+    result, said = run_case(tmp_path, "user-handler")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert said == ["write", "runs", "user", "survived"]
+
+
+def test_outside_the_block_sigterm_ends_the_process_at_once(tmp_path) -> None:
+    script = "import os, signal, time\nfrom rankwise.train.sigterm import guarded\n"
+    script += "with guarded([]):\n    pass\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(5)\n"
+    result = run_isolated([sys.executable, "-c", script], env=child_env(), timeout=60)
+    assert result.returncode == -signal.SIGTERM
