@@ -112,7 +112,7 @@ def test_fewer_survivors_than_min_nproc_stop_naming_why(tmp_path):
     )
     assert result.returncode != 0
     assert "--min-nproc is 3: the job stops" in result.stderr
-    assert "every process was lost" in result.stderr
+    assert "every process has ended" in result.stderr
 
 
 def test_a_restarted_rank_rejoins_from_a_live_peer(reference, tmp_path):

@@ -241,14 +241,14 @@ def _supervise(
                     jobs.set("launch/finished", "1")
                 elif succeeded_at is None and slot.incarnation < restarts and not jobs.lost:
                     _say(f"slot {slot.index} exited with {_describe(code)}; restarting it "
-                         f"({slot.incarnation + 1}/{restarts}), the others go on")  # fmt: skip
+                         f"({slot.incarnation + 1}/{restarts}){_others(slots, slot)}")  # fmt: skip
                     slot.incarnation += 1
                     slot.proc = spawn(slot.index, slot.incarnation)
                     slot.member_seen = False
                     running += 1
                 elif succeeded_at is None:
                     _say(f"slot {slot.index} exited with {_describe(code)} and has no "
-                         f"restarts left (--max-restarts {restarts}); the others go on")  # fmt: skip
+                         f"restarts left (--max-restarts {restarts}){_others(slots, slot)}")  # fmt: skip
         if running == 0:
             break
         if succeeded_at is not None:
@@ -416,11 +416,17 @@ def _outcome(jobs: JobStore, slots: list[_Slot], succeeded: bool) -> int:
     codes = [c for s in slots for c in s.exit_codes]
     elsewhere = " on this node, and no other node finished training" if jobs.nnodes > 1 else ""
     _say(
-        "every process was lost (exit codes "
-        f"{', '.join(_describe(c) for c in codes)}){elsewhere}: nobody is left to continue. The "
+        f"every process has ended ({', '.join(_describe(c) for c in codes)}){elsewhere}: "
+        "nobody is left to continue. The "
         "errors are above; raise --max-restarts, or fix the failure and relaunch."
     )
     return next((c for c in codes if c > 0), 1)
+
+
+def _others(slots: list[_Slot], slot: _Slot) -> str:
+    """``"; the others go on"`` while another process of this node still runs."""
+    running = any(s is not slot and s.proc.poll() is None for s in slots)
+    return "; the others go on" if running else ""
 
 
 def _recorded(slot: _Slot) -> bool:

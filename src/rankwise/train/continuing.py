@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import textwrap
 from typing import Any
 
 import torch
@@ -298,7 +299,8 @@ class Continuing:
         (:func:`rankwise.distributed.classify`) is raised: it is this rank's failure."""
         if not rd.is_peer_failure(exc):
             raise exc
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        first = (str(exc).splitlines() or [""])[0]
+        return f"{type(exc).__name__}: {textwrap.shorten(first, 300, placeholder=' ...')}"
 
     # -- recovery ---------------------------------------------------------------------------
 

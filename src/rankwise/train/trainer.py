@@ -318,8 +318,13 @@ class DistributedTrainer:
             metrics = self._end_epoch(epoch, result, val_set, t0)
             self._call("on_epoch_end", self, epoch, metrics)
             # every N epochs, or a step save deferred to the epoch's end; durable before
-            # on_epoch_saved hands it on (Ray's report), which then costs the write's wait
-            save = functools.partial(checkpointer.after_epoch, state, epoch, durable=reports)
+            # on_epoch_saved hands it on (Ray's report), which then costs the write's wait.
+            # The last epoch's is the end of fit's (always, and durable): its report names
+            # the final checkpoint.
+            if epoch == cfg.epochs - 1:
+                save = functools.partial(checkpointer.at_end, state)
+            else:
+                save = functools.partial(checkpointer.after_epoch, state, epoch, durable=reports)
             saved = between_epochs(run, save)
             if reports:
                 self._call("on_epoch_saved", self, epoch, metrics, saved)

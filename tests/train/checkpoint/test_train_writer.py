@@ -129,6 +129,7 @@ def test_on_epoch_saved_comes_once_the_epochs_checkpoint_is_durable(tmp_path, fa
     # What RayReport builds on: a background write is waited for before the callback hears of
     # the epoch, so the path it hands on (to Ray) is a verified checkpoint of that very epoch.
     # An epoch that saves nothing is told so (None); the others keep overlapping their writes.
+    # (The last epoch always saves: the end of fit's checkpoint.)
     events: list[tuple[str, Any]] = []
 
     class Reporter:
@@ -152,8 +153,9 @@ def test_on_epoch_saved_comes_once_the_epochs_checkpoint_is_durable(tmp_path, fa
         ("epoch 0", None),
         ("saved", "ckpt-e000002-s000000016.pt"),
         ("epoch 1", "ckpt-e000002-s000000016.pt"),
-        ("epoch 2", None),
-        ("saved", "ckpt-e000003-s000000024.pt"),  # the end of fit's save
+        # the last epoch's save is the end of fit's: its report names the final checkpoint
+        ("saved", "ckpt-e000003-s000000024.pt"),
+        ("epoch 2", "ckpt-e000003-s000000024.pt"),
     ]
 
 

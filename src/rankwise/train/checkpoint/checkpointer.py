@@ -101,14 +101,15 @@ class Checkpointer:
             path = self.writer.settle(state)
         return path
 
-    def at_end(self, state: Savable) -> None:
+    def at_end(self, state: Savable) -> Location | None:
         """After the last epoch: a save unless the last step is saved already, then return once
-        the last checkpoint is durable (every rank waits for the writing rank). Safe to call
-        again after a lost peer under ``--on-failure continue``: nothing is saved twice."""
-        if self.saved_at != state.step:
-            self.save(state)
+        the last checkpoint is durable (every rank waits for the writing rank). Returns the
+        save's path (None: nothing saved here). Safe to call again after a lost peer under
+        ``--on-failure continue``: nothing is saved twice."""
+        path = self.save(state) if self.saved_at != state.step else None
         if self.writer is not None:
             self.writer.finish(state)
+        return path
 
     def save(self, state: Savable) -> Location | None:
         """Save the training state where it is (mid-epoch: with the cursor and the sums);
