@@ -16,12 +16,9 @@ One launch per scenario (each is tens of seconds of start-up on 2 busy cores).
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
 import warnings
@@ -30,9 +27,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.background import await_file, started
 from helpers.paths import SCRIPTS
 from helpers.wandb_offline import offline_runs
-from rankwise.testing import child_env, free_port, process_alive, run_script
+from rankwise.testing import free_port, process_alive, run_script
 from rankwise.testing.mlflowserver import MlflowServer
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import CheckpointManager
@@ -183,22 +181,11 @@ def test_a_sigterm_to_the_job_ends_both_runs_as_failed(mlflow_server, tmp_path):
         sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node=2", str(WORKER),
         str(out), "--epochs", "1", "--hold-slot", "1", "--hold-step", "4",
     ]  # fmt: skip
-    launcher = subprocess.Popen(
-        cmd, env=child_env(env), start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 240
-        while not (out / "holding").exists():
-            assert time.monotonic() < deadline and launcher.poll() is None
-            time.sleep(0.05)
+    with started(cmd, env) as launcher:
+        await_file(out / "holding", launcher, seconds=240)
         time.sleep(1.0)  # rank 0 is in step 5's all-reduce by now
         launcher.send_signal(signal.SIGTERM)
         _, err = launcher.communicate(timeout=60)  # the ranks' runs closed well within it
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # the ranks, should any be left
-            os.killpg(launcher.pid, signal.SIGKILL)
-        launcher.wait()
     assert launcher.returncode != 0
     run, steps = mlflow_run(mlflow_server, "sigterm")
     assert run.info.status == "FAILED", err[-3000:]

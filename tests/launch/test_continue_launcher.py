@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from helpers.background import await_file
 from helpers.paths import SCRIPTS
 from rankwise.launch import JobStore, launch
 from rankwise.launch.jobstore import DuplicateNodeError
@@ -171,10 +172,7 @@ def test_sigterm_drains_the_write_ends_every_rank_and_a_relaunch_resumes_once(tm
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "writing").exists():  # the first save's write is held
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
-            time.sleep(0.05)
+        await_file(tmp_path / "writing", job)  # the first save's write is held
         time.sleep(0.5)  # the loop reaches the next save and waits for that write
         job.send_signal(signal.SIGTERM)
         _, err = job.communicate(timeout=60)

@@ -11,15 +11,15 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers.background import await_file, started
 from helpers.paths import SCRIPTS
-from rankwise.testing import assert_exactly_once, child_env, process_alive, run_script
+from rankwise.testing import assert_exactly_once, process_alive, run_script
 from rankwise.train import read_audit
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -114,15 +114,8 @@ def test_sigterm_ends_a_writer_blocked_in_a_collective_at_once(tmp_path):
         "--on-failure", "continue", str(WORKER), str(tmp_path), "--checkpoint-every", "1",
         "--hold-slot", "1", "--hold-step", "3", "--hold-seconds", "25",
     ]  # fmt: skip
-    launcher = subprocess.Popen(
-        cmd, env=child_env(BOUNDED), start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "holding-1").exists():
-            assert time.monotonic() < deadline and launcher.poll() is None
-            time.sleep(0.05)
+    with started(cmd, BOUNDED, capture=False) as launcher:
+        await_file(tmp_path / "holding-1", launcher)
         time.sleep(1.0)  # slot 0 is in the next step's all-reduce by now
         pid = int((tmp_path / "pids-0").read_text().split()[0])
         os.kill(pid, signal.SIGTERM)
@@ -132,6 +125,3 @@ def test_sigterm_ends_a_writer_blocked_in_a_collective_at_once(tmp_path):
         took = time.monotonic() - sent
         print(f"SIGTERM to exit: {took:.2f} s")
         assert took < 5, took
-    finally:
-        os.killpg(launcher.pid, signal.SIGKILL)
-        launcher.wait()
