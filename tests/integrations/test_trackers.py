@@ -189,10 +189,12 @@ def test_a_sigterm_to_the_job_ends_both_runs_as_failed(mlflow_server, tmp_path):
     assert launcher.returncode != 0
     run, steps = mlflow_run(mlflow_server, "sigterm")
     assert run.info.status == "FAILED", err[-3000:]
-    assert steps == [1, 2, 3, 4]
+    # Steps 1-4 (on a loaded machine rank 0 may still be at step 4's row when the signal
+    # comes: that call ends first, then the run is closed; never a step past the hold).
+    assert steps in ([1, 2, 3], [1, 2, 3, 4])
     [part] = offline_runs(tmp_path)
     assert part.exit_code == 1, err[-3000:]
-    assert [row["trainer/global_step"] for row in part.history] == [1, 2, 3, 4]
+    assert [row["trainer/global_step"] for row in part.history] == steps
     assert not process_alive(int((out / "pid-0").read_text()))
 
 

@@ -30,15 +30,27 @@ def note(what):
 def failing():
     raise OSError("the tracker's server is gone")
 
+def slow_write():
+    note("write")()
+    if sys.argv[2] == "twice":  # a second SIGTERM while the duty runs does not cut it short
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.3)
+        note("written")()
+
 duties = [
-    Duty("the write", lambda: True, note("write")),
+    Duty("the write", lambda: True, slow_write),
     Duty("a failing duty", lambda: True, failing),
     Duty("not held", lambda: False, note("never")),
-    Duty("the runs", lambda: True, note("runs")),
+    Duty("the runs", lambda: True, note("runs"), if_ending=True),
 ]
 if sys.argv[2] == "user-handler":  # the program's own handler: called after the duties
     signal.signal(signal.SIGTERM, lambda signum, frame: note("user")())
-with guarded(duties):
+with guarded(duties) as guard:
+    if sys.argv[2] == "deferred":  # inside a tracker's call: served once the call returns
+        with guard.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.3)
+            note("call-returned")()
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.5)
 with open(out, "a") as f:
@@ -63,14 +75,32 @@ def test_sigterm_runs_the_wanted_duties_once_in_order_then_ends_the_process(tmp_
     )
 
 
-def test_a_handler_of_the_programs_own_is_called_after_the_duties(tmp_path) -> None:
+def test_a_second_sigterm_does_not_cut_a_duty_short(tmp_path) -> None:
+    result, said = run_case(tmp_path, "twice")
+    assert result.returncode == -signal.SIGTERM, result.stderr[-2000:]
+    assert said == ["write", "written", "runs"]
+
+
+def test_a_sigterm_inside_a_deferred_call_is_served_when_it_returns(tmp_path) -> None:
+    result, said = run_case(tmp_path, "deferred")
+    assert result.returncode == -signal.SIGTERM, result.stderr[-2000:]
+    assert said == ["call-returned", "write", "runs"]
+
+
+def test_a_program_that_handles_sigterm_itself_goes_on_with_its_runs_open(tmp_path) -> None:
+    # Its own handler is called after the duties that hold whether or not the process ends
+    # (the write lands); the runs are closed only where SIGTERM ends the process.
     result, said = run_case(tmp_path, "user-handler")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert said == ["write", "runs", "user", "survived"]
+    assert said == ["write", "user", "survived"]
 
 
 def test_outside_the_block_sigterm_ends_the_process_at_once(tmp_path) -> None:
     script = "import os, signal, time\nfrom rankwise.train.sigterm import guarded\n"
-    script += "with guarded([]):\n    pass\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(5)\n"
+    script += "from rankwise.train.sigterm import Duty\n"
+    script += "with guarded([Duty('held', lambda: True, lambda: print('ran'))]) as guard:\n"
+    script += "    assert guard.installed\n"
+    script += "os.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(5)\n"
     result = run_isolated([sys.executable, "-c", script], env=child_env(), timeout=60)
-    assert result.returncode == -signal.SIGTERM
+    assert result.returncode == -signal.SIGTERM, result.stderr[-2000:]
+    assert "ran" not in result.stdout  # the guard was taken away with the block

@@ -290,6 +290,7 @@ class TrainingLogger:
             "closing the trackers' runs",
             lambda: bool(self.trackers.running),
             lambda: self.trackers.finish(failed=True),
+            if_ending=True,  # a program that goes on after SIGTERM keeps its runs open
         )
 
     def __enter__(self) -> TrainingLogger:

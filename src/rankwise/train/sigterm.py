@@ -36,11 +36,14 @@ MAIN_THREAD_GRACE_S = 0.5  # a main thread in Python takes its handler in micros
 
 @dataclass(frozen=True)
 class Duty:
-    """Work to finish on SIGTERM: ``run()`` where ``wanted()`` says this rank holds it now."""
+    """Work to finish on SIGTERM: ``run()`` where ``wanted()`` says this rank holds it now.
+    ``if_ending``: only where SIGTERM ends the process (its default action); a program that
+    ignores SIGTERM or handles it itself goes on, and so must this (the trackers' runs)."""
 
     what: str
     wanted: Callable[[], bool]
     run: Callable[[], None]
+    if_ending: bool = False
 
 
 class SigtermGuard:
@@ -56,12 +59,18 @@ class SigtermGuard:
         self._taken = threading.Event()  # the main thread's handler has started
         self._lock = threading.RLock()  # re-entrant: a handler may run inside a duty
         self._done = False
+        self._running: int | None = None  # the thread running the duties now
+        self._deferring = 0  # main thread inside deferred(): a SIGTERM waits for its end
+        self._pending = False
 
     def update(self) -> None:
         """Install or remove the handler as this rank does or does not hold a duty now."""
         if threading.current_thread() is not threading.main_thread():
             return
-        wanted = any(duty.wanted() for duty in self.duties)
+        ending = (self.previous if self.installed else signal.getsignal(signal.SIGTERM)) == (
+            signal.SIG_DFL
+        )
+        wanted = any(duty.wanted() and (ending or not duty.if_ending) for duty in self.duties)
         if wanted and not self.installed:
             self._install()
         elif not wanted and self.installed:
@@ -105,31 +114,62 @@ class SigtermGuard:
         finally:
             os.close(read)
 
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """While the block runs (a call into a tracker's library, which a handler must not
+        re-enter: its locks are not re-entrant), SIGTERM on the main thread is served once
+        the block ends."""
+        self._deferring += 1
+        try:
+            yield
+        finally:
+            self._deferring -= 1
+            if not self._deferring and self._pending and self._running is None:
+                self._pending = False
+                self._on_sigterm(signal.SIGTERM, None)
+
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._taken.set()
-        self._run_duties()
+        if self._running == threading.get_ident():
+            return  # a second SIGTERM while this thread runs the duties: they end it
+        if self._deferring:
+            self._pending = True
+            return
         previous = self.previous
+        ending = previous == signal.SIG_DFL
+        self._run_duties(ending)
         if callable(previous):
             previous(signum, frame)
-        elif previous != signal.SIG_IGN:  # the default action: end the process, as before
+            self._done = False  # the program goes on: a later SIGTERM is served again
+        elif ending:  # the default action: end the process, as before
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.raise_signal(signal.SIGTERM)
+        else:
+            self._done = False
 
-    def _run_duties(self) -> None:
+    def _run_duties(self, ending: bool = True) -> None:
         with self._lock:
             if self._done:
                 return
-            self._done = True
-            for duty in self.duties:
-                try:
-                    if duty.wanted():
-                        duty.run()
-                except Exception as exc:  # the process is ending anyway: say it, go on
-                    print(
-                        f"rankwise: on SIGTERM, {duty.what} failed: {type(exc).__name__}: {exc}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+            self._done, self._running = True, threading.get_ident()
+            try:
+                self._each_duty(ending)
+            finally:
+                self._running = None
+
+    def _each_duty(self, ending: bool) -> None:
+        for duty in self.duties:
+            if duty.if_ending and not ending:
+                continue
+            try:
+                if duty.wanted():
+                    duty.run()
+            except Exception as exc:  # the process is ending anyway: say it, go on
+                print(
+                    f"rankwise: on SIGTERM, {duty.what} failed: {type(exc).__name__}: {exc}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
 
 @contextmanager

@@ -34,7 +34,7 @@ import inspect
 import re
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -315,6 +315,11 @@ class TrackerSet:
         self.failed: set[str] = set()
         self.through: dict[str, int] = {}
         self._scrub = secret_values(dict(options or {}))  # never in a warning
+        # Around every call into a tracker's library: fit's SIGTERM guard defers the signal
+        # there (rankwise.train.sigterm: a handler must not re-enter the library).
+        self.around_calls: Callable[[], contextlib.AbstractContextManager[Any]] = (
+            contextlib.nullcontext
+        )
 
     def __bool__(self) -> bool:
         return any(t.name not in self.failed for t in self.trackers)
@@ -364,15 +369,16 @@ class TrackerSet:
             self._guard(tracker, f"upload {path.name}", tracker.log_artifact, path)
 
     def finish(self, failed: bool = False) -> None:
-        """Close every open run (safe to call twice, and from a SIGTERM handler that
-        interrupts a call: each run is taken off ``running`` before it is closed)."""
+        """Close every open run (safe to call twice: each run is taken off ``running`` before
+        it is closed)."""
         while self.running:
             tracker = self.running.pop(0)
             self._guard(tracker, "finish its run", tracker.finish, failed)
 
     def _guard(self, tracker: Tracker, what: str, call: Any, *args: Any) -> Any:
         try:
-            return call(*args)
+            with self.around_calls():
+                return call(*args)
         except Exception as exc:
             self.failed.add(tracker.name)
             if tracker in self.running:

@@ -238,6 +238,7 @@ class DistributedTrainer:
         # the trackers' runs as failed, before the process ends (sigterm.py)
         duties = [checkpointer.sigterm_duty(), self.logger.sigterm_duty()]
         with sigterm.guarded([d for d in duties if d is not None]) as checkpointer.sigterm:
+            self.logger.trackers.around_calls = checkpointer.sigterm.deferred
             if self.logger.trackers:  # the same on every rank: loggers is compared (checks.py)
                 run_ids = self.logger.start_run(self._run_config(cfg), state.trackers)
                 checkpointer.sigterm.update()  # runs to close now

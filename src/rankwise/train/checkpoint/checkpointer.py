@@ -61,6 +61,7 @@ class Checkpointer:
         self.progress = progress
         self.saved_at = saved_at
         self._step_save_due = False  # a step save that fell on an epoch's last step
+        self._saved_path: Location | None = None  # the path of the save at saved_at (this fit)
         # fit's SIGTERM guard (rankwise.train.sigterm): told when a write may be in flight
         self.sigterm: SigtermGuard | None = None
 
@@ -104,9 +105,9 @@ class Checkpointer:
     def at_end(self, state: Savable) -> Location | None:
         """After the last epoch: a save unless the last step is saved already, then return once
         the last checkpoint is durable (every rank waits for the writing rank). Returns the
-        save's path (None: nothing saved here). Safe to call again after a lost peer under
+        save's path (called again: the same; None: no save of this step in this fit). Safe to call again after a lost peer under
         ``--on-failure continue``: nothing is saved twice."""
-        path = self.save(state) if self.saved_at != state.step else None
+        path = self.save(state) if self.saved_at != state.step else self._saved_path
         if self.writer is not None:
             self.writer.finish(state)
         return path
@@ -119,7 +120,7 @@ class Checkpointer:
         if self.progress is not None:
             self.progress.mark(f"the checkpoint save at step {state.step}")
         path = self.writer.save(state)
-        self.saved_at = state.step
+        self.saved_at, self._saved_path = state.step, path
         self.regrouped()  # a write in flight now: SIGTERM waits for it
         return path
 
