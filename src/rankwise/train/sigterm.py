@@ -138,14 +138,12 @@ class SigtermGuard:
         previous = self.previous
         ending = previous == signal.SIG_DFL
         self._run_duties(ending)
-        if callable(previous):
-            previous(signum, frame)
-            self._done = False  # the program goes on: a later SIGTERM is served again
-        elif ending:  # the default action: end the process, as before
+        if ending:  # the default action: end the process, as before
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.raise_signal(signal.SIGTERM)
-        else:
-            self._done = False
+        self._done = False  # the program goes on (ignored, or its own handler): served again
+        if callable(previous):
+            previous(signum, frame)
 
     def _run_duties(self, ending: bool = True) -> None:
         with self._lock:
