@@ -237,11 +237,12 @@ class DistributedTrainer:
         # SIGTERM (a launcher's stop, a preemption) lets the write in flight land, then closes
         # the trackers' runs as failed, before the process ends (sigterm.py)
         duties = [checkpointer.sigterm_duty(), self.logger.sigterm_duty()]
-        with sigterm.guarded([d for d in duties if d is not None]) as checkpointer.sigterm:
-            self.logger.trackers.around_calls = checkpointer.sigterm.deferred
+        with sigterm.guarded([d for d in duties if d is not None]) as guard:
+            checkpointer.sigterm = guard  # a save or a regroup re-decides what the guard holds
+            self.logger.trackers.around_calls = guard.deferred
             if self.logger.trackers:  # the same on every rank: loggers is compared (checks.py)
                 run_ids = self.logger.start_run(self._run_config(cfg), state.trackers)
-                checkpointer.sigterm.update()  # runs to close now
+                guard.update()  # runs to close now
                 # every rank holds the ids (a new rank 0 goes on with them); a process
                 # waiting to rejoin gets them with the state it is sent
                 joining = member is not None and member.pending
