@@ -249,12 +249,10 @@ class Membership:
                 self._call(self.signed.set, key, fresh)
             return "asked"
         gen, nonce = parsed
-        answer = self._read(self.signed.plain, f"proof/{slot}/{inc}", _parse_proof,
-                            "not an answer to a challenge")  # fmt: skip
+        answer = self._read(
+            self.signed.plain, f"proof/{slot}/{inc}", _parse_proof, "not an answer to a challenge"
+        )  # garbage there is ignored (warned): the joiner's own answer replaces it
         if answer is None:
-            if self._read(self.signed.raw, f"proof/{slot}/{inc}") is not None:
-                self._refuse(slot, inc, "its answer to the challenge is not one")
-                return "refused"
             return "asked"
         if answer[:2] != (gen, nonce):
             return "asked"  # an answer to an older challenge: the joiner answers this one next
@@ -459,8 +457,9 @@ class Membership:
 
     def ask(self) -> None:
         """Put this incarnation's request on the waiting list (the members then challenge it)."""
-        slot = self.cfg.slot
-        self._call(self.store.set, f"join/{slot}", str(self.cfg.incarnation))  # read first
+        slot, inc = self.cfg.slot, self.cfg.incarnation
+        self.signed.delete(f"proof/{slot}/{inc}")  # whatever a stranger left there before
+        self._call(self.store.set, f"join/{slot}", str(inc))  # before the list: read first
         self._edit_waiting(lambda listed: sorted({*listed, slot}))
 
     def _await_admission(self) -> int:
@@ -474,7 +473,9 @@ class Membership:
             time.sleep(0.05)
         raise RegroupError(
             f"slot {self.cfg.slot} (restart {self.cfg.incarnation}) waited {self.timeout_s:.0f}s "
-            "and no running rank let it in; the survivors may have finished or stopped."
+            "and no running rank let it in; the survivors may have finished or stopped, or "
+            "refused it (the members then say so): its RANKWISE_JOB_TOKEN must be the job's "
+            "(the same --job-token-file on every node)."
         )
 
     def poll_admission(self) -> int | None:
