@@ -26,6 +26,7 @@ import random
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
@@ -116,7 +117,7 @@ class StoreChaos:
                 except Exception:
                     return
 
-    def _once(self, store: dist.TCPStore) -> None:
+    def _once(self, store: Any) -> None:  # Any: torch takes bytes values too
         if store.check([self.admit_key]):
             self.admitted = True
         r = self.random
@@ -188,7 +189,7 @@ class StoreRecorder:
 
 
 def replay(
-    store: dist.TCPStore, recorded: dict[str, list[bytes]], slot: int, incarnation: int,
+    store: Any, recorded: dict[str, list[bytes]], slot: int, incarnation: int,
     roll_back: bool = True,
 ) -> None:  # fmt: skip
     """The replayed-proof attack on ``slot``'s ``incarnation`` (one that came in before and
