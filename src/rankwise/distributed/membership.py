@@ -502,10 +502,14 @@ class Membership:
         raw = self._read(self.signed.raw, f"challenge/{slot}/{inc}")
         text = "" if raw is None else raw.decode(errors="replace").rpartition("|")[0]
         parsed = _parse_challenge(text)
-        if parsed is not None and text != self._answered:
+        proof = f"proof/{slot}/{inc}"
+        if parsed is not None and (
+            text != self._answered or not self._read(self.signed.raw, proof)
+        ):
             mac = join_proof(self.cfg.job_token, self.cfg.job_id, slot, inc, *parsed)
-            self._call(self.store.set, f"proof/{slot}/{inc}", f"{text}:{mac}")
+            self._call(self.store.set, proof, f"{text}:{mac}")  # again where it was deleted
             self._answered = text
+        self._still_asking()
         if (gone := self._nobody_running()) is not None:
             raise RegroupError(
                 f"slot {slot} (restart {inc}) cannot join: every rank of generation "
@@ -514,6 +518,15 @@ class Membership:
                 "and relaunch; with checkpoints, resume='auto' goes on from the last one."
             )
         return None
+
+    def _still_asking(self) -> None:
+        """The request again where a store client deleted or changed it (the members take
+        it off the list only when they let it in, or refuse it: then this one knows)."""
+        slot, inc = self.cfg.slot, self.cfg.incarnation
+        if self._request(slot) != inc:
+            self._call(self.store.set, f"join/{slot}", str(inc))
+        if slot not in self._listed():
+            self._edit_waiting(lambda listed: sorted({*listed, slot}))
 
     def _nobody_running(self) -> int | None:
         """The newest generation, where the launcher saw every one of its members exit (none
@@ -571,6 +584,8 @@ class Membership:
             key = f"joinbeat/{self.cfg.slot}" if self.pending else f"hb/{self.cfg.slot}"
             try:
                 self._beats.set(key, str(count))
+                if not self.pending and self.generation >= 0:  # in case a client deleted it
+                    self._beats.set(f"member/{self.cfg.slot}", str(self.cfg.incarnation))
             except Exception:  # the store host is gone: the main thread finds out and says so
                 return
 
