@@ -182,6 +182,7 @@ class Membership:
         self.signed = SignedStore(self.store, cfg.job_token, cfg.job_id)
         self._beats = SignedStore(self._connect(), cfg.job_token, cfg.job_id)  # its own line
         self._answered = ""  # the last challenge this joiner answered
+        self._refused: set[tuple[int, int]] = set()  # (slot, incarnation) refused and said
         self._stop = threading.Event()
         threading.Thread(target=self._heartbeat, name="rankwise-heartbeat", daemon=True).start()
 
@@ -264,6 +265,9 @@ class Membership:
 
     def _refuse(self, slot: int, inc: int, why: str) -> None:
         self._call(self.signed.set, f"refused/{slot}/{inc}", why)
+        if (slot, inc) in self._refused:
+            return  # said once: a store client asking again and again floods no log
+        self._refused.add((slot, inc))
         print(
             f"rankwise: refused a request to join as slot {slot} (restart {inc}): {why} "
             "(RANKWISE_JOB_TOKEN, from the launcher or --job-token-file). The job goes on "
@@ -435,8 +439,8 @@ class Membership:
                 self.joined = parsed[1]
                 return parsed[0]
             if time.monotonic() > deadline:
-                raise self._lost(TimeoutError(f"no member list within {self.timeout_s:.0f} s"),
-                                 f"waiting for the member list of generation {gen}")  # fmt: skip
+                waited = f"none within {self.timeout_s:.0f} s"
+                raise self._lost(waited, f"waiting for the member list of generation {gen}")
             if gen == self.generation + 1 and not self._flag(f"gen/{gen}/arrive/{self.cfg.slot}"):
                 self.arrive()
             time.sleep(0.05)
@@ -618,13 +622,13 @@ class Membership:
         """Whether ``key`` holds a signed value."""
         return bool(self._read(self.signed.has, key))
 
-    def _lost(self, exc: BaseException, doing: str) -> DistributedConnectionError:
+    def _lost(self, exc: BaseException | str, doing: str) -> DistributedConnectionError:
         return DistributedConnectionError(
             f"the membership store at {self.cfg.host}:{self.cfg.port} (hosted by `rankwise "
             f"launch`) failed while {doing}: {exc}. The launcher (the store host) is gone or "
             "unreachable, so the survivors cannot agree on who is left: the job stops. Restart "
             "it; with checkpoints, resume='auto' picks up from the last one. So that losing a "
             "node's launcher (node 0's included) stops only that node, host the store apart: "
-            "`rankwise store --port P --nnodes N` on a machine of its own, and --store-endpoint "
+            "`rankwise store --host ITS_ADDRESS --port P --nnodes N` on a machine of its own, and --store-endpoint "
             "HOST:P for every `rankwise launch`."
         )
