@@ -22,6 +22,7 @@ from helpers.paths import SCRIPTS
 from rankwise.distributed import DistributedConfigError
 from rankwise.distributed.config import MemberConfig, on_failure_mode
 from rankwise.distributed.membership import Membership, RegroupError, mark_dead
+from rankwise.distributed.signing import SignedStore
 from rankwise.testing import child_env, free_port
 
 WORKER = SCRIPTS / "member_worker.py"
@@ -101,6 +102,17 @@ def host_store(port: int) -> dist.TCPStore:
     )
 
 
+def signed(store: dist.TCPStore) -> SignedStore:
+    """The store as the job's own processes write it (no secret given: an empty key)."""
+    return SignedStore(store, "", "")
+
+
+def members_of(store: dist.TCPStore, gen: int) -> str | None:
+    """Generation ``gen``'s member list as its leader wrote it (``"0,1"``)."""
+    value = signed(store).get(f"gen/{gen}/members")
+    return None if value is None else value.partition(";")[0]
+
+
 def reap(procs: list) -> None:
     for p in procs:
         if p.poll() is None:
@@ -138,7 +150,7 @@ def test_survivors_keep_their_pids_and_all_reduce_in_a_new_group(tmp_path, how):
             assert after["sum"] == 3.0  # slots 0 and 1 only
             limit = 30 if how == "kill" else 40  # generous: 2 shared cores
             assert after["noticed"] - lost < limit
-        assert store.get("gen/1/members") == b"0,1"
+        assert members_of(store, 1) == "0,1"
     finally:
         reap(procs)
 
@@ -168,14 +180,14 @@ def test_a_rank_the_launcher_saw_die_is_gone_at_once(tmp_path):
         procs[2].kill()
         lost = time.time()
         procs[2].wait()
-        mark_dead(store, 2, 0)  # what the launcher does
+        mark_dead(signed(store), 2, 0)  # what the launcher does
         for p in procs[:2]:
             assert p.wait(timeout=120) == 0
         for slot in (0, 1):
             after = read(tmp_path, slot)[1]
             assert (after["gen"], after["world"], after["sum"]) == (1, 2, 3.0)
             assert after["regrouped"] - lost < 40  # well under the 60 s of the heartbeat
-        assert store.get("gen/1/members") == b"0,1"
+        assert members_of(store, 1) == "0,1"
     finally:
         reap(procs)
 
@@ -187,12 +199,12 @@ def test_a_dead_mark_of_an_older_incarnation_is_not_about_the_live_member(tmp_pa
     # A TCPStore set awaits no reply: another client sees it a moment later.
     try:
         assert not m._marked_dead(1)
-        store.set("dead/1", "0")  # incarnation 0 of slot 1 exited, and was a member
+        signed(store).set("dead/1", "0")  # incarnation 0 of slot 1 exited, and was a member
         wait_for(lambda: m._marked_dead(1), 10)
-        store.set("member/1", "1")  # its restart joined: the old mark is not about it
-        wait_for(lambda: m._get("member/1", "") == "1", 10)
+        signed(store).set("member/1", "1")  # its restart joined: the old mark is not about it
+        wait_for(lambda: m._int("member/1") == 1, 10)
         assert not m._marked_dead(1)
-        mark_dead(store, 1, 1)
+        mark_dead(signed(store), 1, 1)
         wait_for(lambda: m._marked_dead(1), 10)
     finally:
         m.close()
@@ -212,10 +224,10 @@ def test_an_arrived_member_is_never_counted_gone_whatever_its_heartbeat(tmp_path
             m.generation, m.members = 0, [0, 1, 2]
         slow.close()  # its heartbeat stands still from now on; slot 2 never beat at all
         slow.arrive()
-        wait_for(lambda: leader._has("gen/1/arrive/1"), 10)
+        wait_for(lambda: leader._flag("gen/1/arrive/1"), 10)
         leader.arrive()
         leader._lead(1, expect_all=False)
-        assert store.get("gen/1/members") == b"0,1"
+        assert members_of(store, 1) == "0,1"
     finally:
         leader.close()
 
@@ -226,18 +238,19 @@ def test_a_joiner_stops_at_once_when_every_member_has_exited(tmp_path):
     port = free_port()
     store = host_store(port)
     cfg = MemberConfig(slot=0, world_size=2, host="127.0.0.1", port=port, incarnation=1)
-    store.set("gen/0/members", "0,1")
+    launcher = signed(store)
+    launcher.set("gen/0/members", "0,1;")
     for slot in (0, 1):
-        store.set(f"member/{slot}", "0")
-    store.set("current", "0")
-    mark_dead(store, 0, 0)
+        launcher.set(f"member/{slot}", "0")
+    launcher.set("current", "0")
+    mark_dead(launcher, 0, 0)
     joiner = Membership(cfg, 60)
     try:
-        wait_for(lambda: joiner._has("dead/0"), 10)  # a set reaches other clients a moment later
+        wait_for(lambda: joiner._flag("dead/0"), 10)  # a set reaches other clients a moment later
         started = time.monotonic()
         running = joiner._nobody_running()  # slot 1 still runs: it waits
         assert running is None
-        mark_dead(store, 1, 0)
+        mark_dead(launcher, 1, 0)
         with pytest.raises(RegroupError, match="every rank of generation 0 has exited"):
             joiner._request_join()
         assert time.monotonic() - started < 30  # not its 60 s timeout

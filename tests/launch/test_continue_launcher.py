@@ -5,6 +5,7 @@ without the job's secret is let in. Real processes, small worlds, bounded timeou
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import os
 import signal
@@ -21,8 +22,8 @@ import torch.distributed as dist
 from helpers.background import await_file
 from helpers.paths import SCRIPTS
 from rankwise.launch import JobStore, launch
-from rankwise.launch.jobstore import DuplicateNodeError
-from rankwise.launch.supervisor import job_token
+from rankwise.launch.jobstore import DuplicateNodeError, add_store_parser
+from rankwise.launch.supervisor import _Slot, _watch_members, job_token
 from rankwise.testing import assert_exactly_once, child_env, free_port, run_script
 from rankwise.train.checkpoint import CheckpointManager
 
@@ -120,11 +121,19 @@ def test_rankwise_store_ends_once_every_launcher_is_gone(tmp_path) -> None:
     try:
         nodes = [JobStore("127.0.0.1", port, hosting=False, node=n, nnodes=2) for n in (0, 1)]
         assert listeners(port) == ["127.0.0.1"]  # --host only, no wildcard
+        # Issue 30: a store client's garbage heartbeat killed `rankwise store` with a raw
+        # traceback (its add() on a value that is not a number); now one warning, and on.
+        nodes[0].store.set("launch/hb/1", "garbage")
+        time.sleep(1.5)
+        assert proc.poll() is None
         for node in nodes:
             node.close()  # both launchers killed: neither says done
         assert proc.wait(timeout=30) == 1
         assert proc.stderr is not None
-        assert "node(s) [0, 1]: no heartbeat from their launcher for 1 s" in proc.stderr.read()
+        err = proc.stderr.read()
+        assert "node(s) [0, 1]: no heartbeat from their launcher for 1 s" in err
+        assert "ignored the value of the store key 'launch/hb/1'" in err
+        assert "Traceback" not in err
     finally:
         proc.kill()
         proc.wait()
@@ -150,6 +159,45 @@ def listeners(port: int) -> list[str]:
 def test_the_store_listens_on_the_master_address_only() -> None:
     host = JobStore("127.0.0.1", 0, hosting=True, node=0, nnodes=1)
     assert listeners(host.port) == ["127.0.0.1"]
+
+
+def test_rankwise_store_listens_on_loopback_unless_told() -> None:
+    # Issue 30: its --host defaulted to 0.0.0.0 (every interface), though the docs said never.
+    parser = argparse.ArgumentParser()
+    add_store_parser(parser.add_subparsers())
+    args = parser.parse_args(["store", "--port", "1", "--nnodes", "1"])
+    assert args.host == "127.0.0.1"
+    assert "loopback" in parser._subparsers._group_actions[0].choices["store"].format_help()
+
+
+def test_a_generation_no_leader_signed_never_makes_the_launcher_kill_its_ranks(capsys) -> None:
+    # Issue 30: current=99 and gen/99/members="" written by a store client made the launcher
+    # SIGKILL every process of its node as "left out". Now only a newer generation whose list
+    # the job's own leader signed counts; a replay of an older one neither.
+    jobs = JobStore("127.0.0.1", 0, hosting=True, node=0, nnodes=1, secret="ab" * 32)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    slots = [_Slot(0, proc)]
+    try:
+        jobs.signed.set("gen/1/members", "0;")
+        jobs.signed.set("current", "1")
+        assert _watch_members(jobs, slots, -1) == 1  # the real generation 1: slot 0 in it
+        stranger = dist.TCPStore("127.0.0.1", jobs.port, timeout=timedelta(seconds=5))
+        stranger.set("current", "99")
+        stranger.set("gen/99/members", "")
+        time.sleep(0.2)  # a set from another client lands a moment later
+        assert _watch_members(jobs, slots, 1) == 1
+        stranger.set("gen/0/members", jobs.signed.seal("gen/0/members", "1;"))  # a replay
+        stranger.set("current", jobs.signed.seal("current", "0"))
+        time.sleep(0.2)
+        assert _watch_members(jobs, slots, 1) == 1
+        assert proc.poll() is None  # never killed
+    finally:
+        proc.kill()
+        proc.wait()
+        jobs.close()
+    err = capsys.readouterr().err
+    assert "ignored the value of the store key 'current' (it is not a signed value)" in err
+    assert "left out" not in err
 
 
 # -- preemption: SIGTERM to the launcher -------------------------------------------------------
@@ -220,5 +268,8 @@ def ask_to_join_without_the_secret(port: int) -> None:
     store.wait(["member/0"], timedelta(seconds=60))  # generation 0 is up: the members look for
     # joiners at each step from now on
     store.set("join/1", "7")
-    store.set("proof/1/7", "00" * 32)
     store.compare_set("waiting", "", "1")
+    # It answers the members' challenge as a process with another secret would: refused.
+    store.wait(["challenge/1/7"], timedelta(seconds=60))
+    challenge = store.get("challenge/1/7").decode().rpartition("|")[0]
+    store.set("proof/1/7", f"{challenge}:{'00' * 32}")

@@ -346,6 +346,7 @@ MEMBER_ENV_VARS = {
     "stale_s": "RANKWISE_STALE_S",
     "join_check_every": "RANKWISE_JOIN_CHECK_EVERY",
     "job_token": "RANKWISE_JOB_TOKEN",
+    "job_id": "RANKWISE_JOB_ID",
     "local_world_size": "LOCAL_WORLD_SIZE",
 }
 
@@ -412,6 +413,9 @@ class MemberConfig:
     # The job's secret (hex), which a restarted process proves to be let in (never in the
     # store, never printed); "" where the launcher gave none (no proof is asked).
     job_token: str = dataclasses.field(default="", repr=False)
+    # The job's id (hex, from the job's store): every signed store value and join proof names
+    # it, so none is good in another job that shares the secret; "" where none was given.
+    job_id: str = ""
     # Processes per node (LOCAL_WORLD_SIZE); 0: not said, one node
     local_world_size: int = 0
 
@@ -464,6 +468,8 @@ class MemberConfig:
              "e.g. RANKWISE_JOIN_CHECK_EVERY=1 (every step, the default), or unset it"),
             ("job_token", _is_hex(self.job_token),
              "the job's secret is hex digits (its value is not shown)", by_launcher),
+            ("job_id", len(self.job_id) <= 64 and _is_hex(self.job_id),
+             "the job's id is up to 64 hex digits", by_launcher),
             ("local_world_size", 0 <= self.local_world_size <= self.world_size,
              f"the processes per node are 1..{self.world_size}, the launched world",
              by_launcher),
@@ -489,6 +495,7 @@ class MemberConfig:
 
         kwargs: dict[str, Any] = {"host": given("host") or "127.0.0.1"}
         kwargs["job_token"] = (given("job_token") or "").strip()
+        kwargs["job_id"] = (given("job_id") or "").strip()
         for field in (
             "slot", "world_size", "port", "incarnation", "min_nproc", "join_check_every",
             "local_world_size",

@@ -7,21 +7,29 @@ regroup writes generation ``g+1`` under its own keys and builds a fresh gloo gro
 ``PrefixStore("gen/<g+1>/pg", store)``, so nothing of the broken group is ever read again::
 
     current            -> g, the newest generation with a member list
-    gen/<g>/members    -> "0,2"        (slots, in new-rank order: slot 2 is rank 1 now)
+    gen/<g>/members    -> "0,2;2"      (slots, in new-rank order: slot 2 is rank 1 now; after
+                                        the ";", the slots generation g let in: they need the
+                                        state)
     gen/<g>/leader     -> "0"          (the first survivor to arrive; it writes members)
     gen/<g>/arrive/<s> -> "1"          (slot s is alive and wants into generation g)
-    waiting            -> "2"          (restarted slots asking to come back)
-    join/<s>           -> "<incarnation>" (the incarnation of slot s that waits)
-    proof/<s>/<inc>    -> hex HMAC-SHA256 of "<nonce>/<s>/<inc>" with the job's secret
-    refused/<s>/<inc>  -> "1"          (a join request that did not prove the secret)
-    joinbeat/<s>       -> a counter a waiting joiner's heartbeat thread bumps every 0.2 s
+    waiting            -> "2"          (restarted slots asking to come back; unsigned)
+    join/<s>           -> "<incarnation>" (the incarnation of slot s that waits; unsigned)
+    challenge/<s>/<i>  -> "<g>:<nonce>" (a fresh random challenge a member set for that request)
+    proof/<s>/<i>      -> "<g>:<nonce>:<hmac>" (the joiner's answer; unsigned: see below)
+    refused/<s>/<i>    -> "<why>"      (a join request that did not prove the secret)
+    joinbeat/<s>       -> a counter a waiting joiner's heartbeat thread writes every 0.2 s
     gen/<g>/ready/<s>  -> "1"          (joiner s is entering generation g's group now)
     stopped            -> "<why>"      (the members stopped the job: a joiner gives up at once)
-    admit/<s>/<inc>    -> "<g>"        (the leader let that incarnation into generation g)
-    gen/<g>/joined     -> "2"          (the slots generation g let in: they need the state)
-    hb/<s>             -> a counter each process's heartbeat thread bumps every 0.2 s
+    admit/<s>/<i>      -> "<g>"        (the leader let that incarnation into generation g)
+    hb/<s>             -> a counter each process's heartbeat thread writes every 0.2 s
     member/<s>         -> "<incarnation>" (the newest incarnation of slot s to enter a generation)
     dead/<s>           -> "<incarnation>" (the launcher saw that incarnation of slot s exit)
+
+Every value but the join request's (``waiting``, ``join/<s>``, ``proof/<s>/<i>``) is signed
+with the job's secret (:mod:`rankwise.distributed.signing`) and checked where it is read: a
+value anyone else wrote, or garbage, is ignored with one warning naming its key, never a
+crash. The store itself is not authenticated, so nothing is decided from an unsigned value:
+a request only asks for a challenge, and only the proof over that challenge lets it in.
 
 Who is still there is decided by the leader alone and read by everyone, so survivors always
 agree: it waits until every member of the old generation has arrived, is marked dead by the
@@ -32,9 +40,13 @@ costs the regroup about 0.1 s, a frozen one ``stale_s`` after the collective tim
 growing world no wait at all.
 
 Who may join: a restarted process proves the job's secret (``RANKWISE_JOB_TOKEN``, which its
-launcher made or read from ``--job-token-file``; never written to the store) with an HMAC over
-the store's ``auth/nonce`` and its slot and incarnation. A request without a valid proof is
-refused and taken off the list, and the job goes on (:meth:`Membership.joiners`).
+launcher made or read from ``--job-token-file``; never written to the store). For each request
+a member sets a fresh random challenge (``challenge/<s>/<i>``, signed, naming the generation it
+was set in); the joiner answers with an HMAC over the job's id, its slot, its incarnation, that
+generation and the challenge; the leader of the generation that lets it in checks the answer
+against the challenge of its own generation and deletes both. A request whose incarnation is
+at or below the slot's newest member (``member/<s>``) is a replay: refused. A wrong answer is
+refused too, taken off the list, and the job goes on (:meth:`Membership.joiners`).
 
 Generation 0 forms the same way: its leader waits for every slot to arrive, or to be marked
 dead by the launcher (a rank that crashed in its set-up), up to the rendezvous timeout; a slot
@@ -57,16 +69,20 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import secrets
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
 from rankwise.distributed.config import MemberConfig
 from rankwise.distributed.errors import DistributedConnectionError, PeerLostError
 from rankwise.distributed.retire import retire_groups
+from rankwise.distributed.signing import SignedStore, parse_count, parse_slots
 
 __all__ = [
     "JoinerLostError",
@@ -101,10 +117,45 @@ def check_min_nproc(members: list[int], min_nproc: int) -> None:
         )
 
 
-def mark_dead(store: dist.Store, slot: int, incarnation: int) -> None:
+def mark_dead(store: SignedStore, slot: int, incarnation: int) -> None:
     """The launcher saw ``incarnation`` of ``slot`` exit: a regroup's leader counts it gone at
-    once instead of waiting ``stale_s`` for its heartbeat to stand still."""
+    once instead of waiting ``stale_s`` for its heartbeat to stand still (``store``: the job's
+    store, signed with the job's secret)."""
     store.set(f"dead/{slot}", str(incarnation))
+
+
+def join_proof(secret: str, job: str, slot: int, incarnation: int, gen: int, nonce: str) -> str:
+    """A joiner's answer to the challenge ``nonce`` (set in generation ``gen``): an HMAC-SHA256
+    with the job's secret over everything the answer is good for, and nothing else."""
+    message = f"rankwise-join-v1\0{job}\0{slot}\0{incarnation}\0{gen}\0{nonce}".encode()
+    return hmac.new(bytes.fromhex(secret), message, hashlib.sha256).hexdigest()
+
+
+def _parse_challenge(text: str) -> tuple[int, str] | None:
+    gen, _, nonce = text.partition(":")
+    if parse_count(gen) is None or len(nonce) != 32 or not _is_hex(nonce):
+        return None
+    return int(gen), nonce
+
+
+def _parse_proof(text: str) -> tuple[int, str, str] | None:
+    head, _, mac = text.rpartition(":")
+    challenge = _parse_challenge(head)
+    if challenge is None or len(mac) != 64 or not _is_hex(mac):
+        return None
+    return (*challenge, mac)
+
+
+def _parse_members(text: str) -> tuple[list[int], list[int]] | None:
+    members, semi, joined = text.partition(";")
+    got, let_in = parse_slots(members), parse_slots(joined)
+    if not semi or got is None or let_in is None or not set(let_in) <= set(got):
+        return None
+    return got, let_in
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
 
 
 class Membership:
@@ -128,7 +179,10 @@ class Membership:
         # is its lost predecessor's, which the survivors' leader must see stand still.
         self.pending = cfg.incarnation > 0
         self.store = self._connect()
-        self._beats = self._connect()  # the heartbeat thread's own connection
+        self.signed = SignedStore(self.store, cfg.job_token, cfg.job_id)
+        self._beats = SignedStore(self._connect(), cfg.job_token, cfg.job_id)  # its own line
+        self._answered = ""  # the last challenge this joiner answered
+        self._refused: set[tuple[int, int]] = set()  # (slot, incarnation) refused and said
         self._stop = threading.Event()
         threading.Thread(target=self._heartbeat, name="rankwise-heartbeat", daemon=True).start()
 
@@ -143,59 +197,105 @@ class Membership:
         return len(self.members)
 
     def joiners(self) -> list[int]:
-        """Slots of restarted processes waiting to come in, alive as far as the launcher knows
-        (a joiner that died or gave up while waiting is marked dead: never let in). A request
-        that does not prove the job's secret is refused here and taken off the list."""
-        waiting = self._listed()
-        refused = [s for s in waiting if not self._proven(s)]
+        """Slots of restarted processes waiting to come in that proved the job's secret over
+        a fresh challenge and are alive as far as the launcher knows (a joiner that died or
+        gave up while waiting is marked dead: never let in). A member calling it sets the
+        challenge of a request that has none for this generation yet (it is let in at a later
+        boundary, once answered). A wrong answer or a replayed request is refused here and
+        taken off the list."""
+        ready, refused = [], []
+        for s in self._listed():
+            verdict = self._judge(s)
+            if verdict == "ready":
+                ready.append(s)
+            elif verdict == "refused":
+                refused.append(s)
         if refused:
             self._take_off_waiting(refused)
-        return [s for s in waiting if s not in refused and not self._joiner_dead(s)]
+        return ready
 
     def _listed(self) -> list[int]:
-        waiting = self._get("waiting", "")
-        return sorted({int(s) for s in waiting.split(",") if s})
+        waiting = self._read(self.signed.plain, "waiting", parse_slots, "not a list of slots")
+        return sorted(set(waiting or []))
+
+    def _request(self, slot: int) -> int | None:
+        """The incarnation of ``slot`` that asks to join (None: no readable request)."""
+        return self._read(self.signed.plain, f"join/{slot}", parse_count, "not a restart count")
 
     def _joiner_dead(self, slot: int) -> bool:
         """Whether the launcher saw the incarnation of ``slot`` that asked to join exit."""
-        dead = self._get(f"dead/{slot}", "")
-        return bool(dead) and int(dead) >= int(self._get(f"join/{slot}", "0"))
+        dead, inc = self._int(f"dead/{slot}"), self._request(slot)
+        return dead is not None and dead >= (inc or 0)
+
+    def _judge(self, slot: int) -> str:
+        """``ready``, ``refused``, ``dead`` or ``asked`` (challenged, no answer yet)."""
+        inc = self._request(slot)
+        if inc is None:
+            return "asked"
+        entered = self._int(f"member/{slot}")
+        if entered is not None and inc <= entered:
+            self._refuse(slot, inc, f"restart {inc} of slot {slot} is not newer than the one "
+                         f"that came in before (restart {entered}): a replayed request")  # fmt: skip
+            return "refused"
+        if self._joiner_dead(slot):
+            return "dead"
+        key = f"challenge/{slot}/{inc}"
+        challenge = self._read(self.signed.get, key)
+        parsed = None if challenge is None else _parse_challenge(challenge)
+        if parsed is None or parsed[0] != self.generation:
+            fresh = f"{self.generation}:{secrets.token_hex(16)}"
+            if parsed is None:  # the first member to set one wins
+                self._call(self.signed.claim, key, fresh)
+            else:  # set in an older generation: a fresh one for this generation
+                self._call(self.signed.set, key, fresh)
+            return "asked"
+        gen, nonce = parsed
+        answer = self._read(
+            self.signed.plain, f"proof/{slot}/{inc}", _parse_proof, "not an answer to a challenge"
+        )  # garbage there is ignored (warned): the joiner's own answer replaces it
+        if answer is None:
+            return "asked"
+        if answer[:2] != (gen, nonce):
+            return "asked"  # an answer to an older challenge: the joiner answers this one next
+        expected = join_proof(self.cfg.job_token, self.cfg.job_id, slot, inc, gen, nonce)
+        if not hmac.compare_digest(answer[2], expected):
+            self._refuse(slot, inc, "it does not prove the job's secret")
+            return "refused"
+        return "ready"
+
+    def _refuse(self, slot: int, inc: int, why: str) -> None:
+        self._call(self.signed.set, f"refused/{slot}/{inc}", why)
+        if (slot, inc) in self._refused:
+            return  # said once: a store client asking again and again floods no log
+        self._refused.add((slot, inc))
+        print(
+            f"rankwise: refused a request to join as slot {slot} (restart {inc}): {why} "
+            "(RANKWISE_JOB_TOKEN, from the launcher or --job-token-file). The job goes on "
+            "without it. A rank of this job's own needs the same --job-token-file as the other "
+            "nodes.",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def stop(self, why: str) -> None:
         """The members stop the job (an error every rank raises): a joiner waiting now, or
         started later, gives up at once naming ``why`` instead of waiting to be let in."""
         with contextlib.suppress(Exception):  # the store host is gone: nobody joins anyway
-            self.store.set("stopped", why)
-
-    def _proof(self, slot: int, incarnation: int) -> str:
-        nonce = self._get("auth/nonce", "")
-        message = f"{nonce}/{slot}/{incarnation}".encode()
-        return hmac.new(bytes.fromhex(self.cfg.job_token), message, hashlib.sha256).hexdigest()
-
-    def _proven(self, slot: int) -> bool:
-        """Whether slot's waiting request proves the job's secret (said and marked if not)."""
-        if not self.cfg.job_token:  # no secret given to this job (a Membership built by hand)
-            return True
-        inc = self._get(f"join/{slot}", "")
-        proof = self._get(f"proof/{slot}/{inc}", "")
-        if inc.isdigit() and hmac.compare_digest(proof, self._proof(slot, int(inc))):
-            return True
-        self.store.set(f"refused/{slot}/{inc}", "1")
-        print(
-            f"rankwise: refused a request to join as slot {slot} (restart {inc or '?'}): it does "
-            "not prove the job's secret (RANKWISE_JOB_TOKEN, from the launcher or "
-            "--job-token-file). The job goes on without it. A rank of this job's own needs "
-            "the same --job-token-file as the other nodes.",
-            file=sys.stderr,
-            flush=True,
-        )
-        return False
+            self.signed.set("stopped", why)
 
     def _take_off_waiting(self, slots: list[int]) -> None:
-        while True:  # one may have been added since: compare_set in a loop
-            listed = self._get("waiting", "")
-            new = ",".join(x for x in listed.split(",") if x and int(x) not in slots)
-            if self.store.compare_set("waiting", listed, new).decode() == new:
+        self._edit_waiting(lambda listed: [s for s in listed if s not in slots])
+
+    def _edit_waiting(self, edit: Callable[[list[int]], list[int]]) -> None:
+        """Rewrite the waiting list with ``edit`` (compare_set in a loop: one may have been
+        added since); garbage there counts as an empty list and is replaced."""
+        for _ in range(100):
+            raw = self._read(self.signed.raw, "waiting")
+            text = "" if raw is None else raw.decode(errors="replace")
+            listed = parse_slots(text) if raw is not None else []
+            new = ",".join(map(str, edit(listed or [])))
+            expected: Any = "" if raw is None else raw  # torch takes bytes too
+            if self._call(self.store.compare_set, "waiting", expected, new) == new.encode():
                 return
 
     # -- generations ----------------------------------------------------------------------------
@@ -204,13 +304,9 @@ class Membership:
         """Generation 0 for a first start (from whoever arrives: see the module doc); a
         restarted slot, or one that came after generation 0 formed, runs alone until
         :meth:`join`."""
-        if self.cfg.incarnation == 0 and not self._has("current"):
+        if self.cfg.incarnation == 0 and self._int("current") is None:
             self.arrive()
-            try:
-                leads = self.store.compare_set("gen/0/leader", "", str(self.cfg.slot))
-            except Exception as exc:
-                raise self._lost(exc, "choosing the leader of generation 0") from exc
-            if leads == str(self.cfg.slot).encode():
+            if self._leads(0):
                 self._lead_first()
             members = self._read_members(0)
             if self.cfg.slot in members:
@@ -240,30 +336,27 @@ class Membership:
         if dist.is_initialized():  # first: closing it wakes the peers still blocked in it
             retire_groups()
         self.arrive()
-        try:
-            leads = self.store.compare_set(f"gen/{nxt}/leader", "", str(self.cfg.slot))
-        except Exception as exc:
-            raise self._lost(exc, f"choosing the leader of generation {nxt}") from exc
-        if leads == str(self.cfg.slot).encode():
+        if self._leads(nxt):
             self._lead(nxt, expect_all=grow)
         members = self._wait_members(nxt)
         check_min_nproc(members, self.cfg.min_nproc)
-        self.joined = self._slots(f"gen/{nxt}/joined")
         self._enter(nxt, members)
 
     def arrive(self) -> None:
         """Alive and on the way into the next generation: said before slow work (a full
         ``gc.collect()`` starves the heartbeat thread), so the leader never counts it gone."""
         key = f"gen/{self.generation + 1}/arrive/{self.cfg.slot}"
-        try:
-            self.store.set(key, "1")
-        except Exception as exc:
-            raise self._lost(exc, f"writing {key!r}") from exc
+        self._call(self.signed.set, key, "1")
 
     def close(self) -> None:
         self._stop.set()
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _leads(self, gen: int) -> bool:
+        """Whether this process leads generation ``gen`` (the first to claim it)."""
+        key = f"gen/{gen}/leader"
+        return self._call(self.signed.claim, key, str(self.cfg.slot)) == str(self.cfg.slot)
 
     def _lead_first(self) -> None:
         """Generation 0: every slot that arrives within the rendezvous timeout, not waiting
@@ -272,31 +365,39 @@ class Membership:
         slots = range(self.cfg.world_size)
         deadline = time.monotonic() + self.timeout_s
         while True:
-            arrived = [s for s in slots if self._has(f"gen/0/arrive/{s}")]
-            dead = [s for s in slots if s not in arrived and self._has(f"dead/{s}")]
+            arrived = [s for s in slots if self._flag(f"gen/0/arrive/{s}")]
+            dead = [s for s in slots if s not in arrived and self._int(f"dead/{s}") is not None]
             if len(arrived) + len(dead) == self.cfg.world_size or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        self.store.set("gen/0/joined", "")
-        self.store.set("gen/0/members", ",".join(map(str, arrived)))
-        self.store.set("current", "0")
+        self._publish(0, arrived, [])
+
+    def _publish(self, gen: int, members: list[int], joined: list[int]) -> list[int]:
+        """Write generation ``gen``'s members (the first leader's list stays, should a second
+        one have claimed the lead after a deleted claim) and the current generation; the
+        slots let in where this list is the one that stays (else none)."""
+        value = f"{','.join(map(str, members))};{','.join(map(str, joined))}"
+        kept = self._call(self.signed.claim, f"gen/{gen}/members", value)
+        self._call(self.signed.set, "current", str(gen))
+        return joined if kept == value else []
 
     def _lead(self, nxt: int, expect_all: bool) -> None:
         old = self.members
         # Joiners come in only where the caller asked to grow, at a step boundary it chose:
         # the survivors of a failure have their own recovery to run first.
         waiting = self.joiners() if expect_all else []
+        requests = {s: self._request(s) for s in waiting}
         for s in waiting:  # a joiner arrives by its request
-            self.store.set(f"gen/{nxt}/arrive/{s}", "1")
-        seen: dict[int, tuple[int, float]] = {}
+            self._call(self.signed.set, f"gen/{nxt}/arrive/{s}", "1")
+        seen: dict[int, tuple[int | None, float]] = {}
         deadline = time.monotonic() + self.timeout_s
         while True:
-            arrived = [s for s in old if self._has(f"gen/{nxt}/arrive/{s}")]
+            arrived = [s for s in old if self._flag(f"gen/{nxt}/arrive/{s}")]
             missing = [s for s in old if s not in arrived]
             now = time.monotonic()
             for s in missing:
-                beat = int(self._get(f"hb/{s}", "0"))
-                if s not in seen or seen[s][0] != beat:
+                beat = self._int(f"hb/{s}")
+                if s not in seen or (beat is not None and seen[s][0] != beat):
                     seen[s] = (beat, now)
             gone = [
                 s for s in missing if now - seen[s][1] >= self.cfg.stale_s or self._marked_dead(s)
@@ -305,29 +406,44 @@ class Membership:
                 break
             time.sleep(0.05)
         members = sorted(set(arrived) | set(waiting))
-        self.store.set(f"gen/{nxt}/joined", ",".join(map(str, waiting)))
-        self.store.set(f"gen/{nxt}/members", ",".join(map(str, members)))
-        for s in waiting:
-            self.store.set(f"admit/{s}/{self._get(f'join/{s}', '0')}", str(nxt))
+        # Used: the challenges and their answers go (a replay of them proves nothing later).
+        for s, inc in requests.items():
+            self.signed.delete(f"proof/{s}/{inc}")
+            self.signed.delete(f"challenge/{s}/{inc}")
+        admitted = self._publish(nxt, members, waiting)
+        for s in admitted:
+            self._call(self.signed.set, f"admit/{s}/{requests[s]}", str(nxt))
         if expect_all:  # take them (and the dead) off the list
             leaving = set(waiting) | {s for s in self._listed() if self._joiner_dead(s)}
             if leaving:
                 self._take_off_waiting(sorted(leaving))
-        self.store.set("current", str(nxt))
 
     def _marked_dead(self, slot: int) -> bool:
         """Whether the launcher saw the newest incarnation of ``slot`` that entered a
         generation exit (``dead/<slot>`` at or past ``member/<slot>``)."""
-        dead = self._get(f"dead/{slot}", "")
-        return bool(dead) and int(dead) >= int(self._get(f"member/{slot}", "0"))
+        dead = self._int(f"dead/{slot}")
+        return dead is not None and dead >= (self._int(f"member/{slot}") or 0)
 
     def _read_members(self, gen: int) -> list[int]:
+        """Generation ``gen``'s members once its leader wrote them (up to the timeout); also
+        sets :attr:`joined`. Meanwhile this process says again that it arrived, should its
+        mark have been deleted."""
         key = f"gen/{gen}/members"
-        try:
-            self.store.wait([key], timedelta(seconds=self.timeout_s))
-        except Exception as exc:
-            raise self._lost(exc, f"the member list of generation {gen}") from exc
-        return self._slots(key)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            value = self._read(self.signed.get, key)
+            parsed = None if value is None else _parse_members(value)
+            if value is not None and parsed is None:
+                self.signed.ignore(key, f"not a member list: {value[:40]!r}")
+            if parsed is not None:
+                self.joined = parsed[1]
+                return parsed[0]
+            if time.monotonic() > deadline:
+                waited = f"none within {self.timeout_s:.0f} s"
+                raise self._lost(waited, f"waiting for the member list of generation {gen}")
+            if gen == self.generation + 1 and not self._flag(f"gen/{gen}/arrive/{self.cfg.slot}"):
+                self.arrive()
+            time.sleep(0.05)
 
     def _wait_members(self, gen: int) -> list[int]:
         members = self._read_members(gen)
@@ -339,64 +455,101 @@ class Membership:
         return members
 
     def _request_join(self) -> None:
+        """Ask to come in, answer the members' challenges, enter once let in."""
+        gen = self._await_admission()
+        self._enter(gen, self._wait_members(gen))
+
+    def ask(self) -> None:
+        """Put this incarnation's request on the waiting list (the members then challenge it)."""
         slot, inc = self.cfg.slot, self.cfg.incarnation
-        if self.cfg.job_token:  # the proof before the request: the leader checks it at once
-            self.store.set(f"proof/{slot}/{inc}", self._proof(slot, inc))
-        self.store.set(f"join/{slot}", str(self.cfg.incarnation))  # before: the leader reads it
-        # compare_set in a loop: an atomic append to the waiting list.
-        while True:
-            old = self._get("waiting", "")
-            new = ",".join(filter(None, [old, str(slot)]))
-            if self.store.compare_set("waiting", old, new).decode() == new:
-                break
-        admit = f"admit/{slot}/{self.cfg.incarnation}"
+        self.signed.delete(f"proof/{slot}/{inc}")  # whatever a stranger left there before
+        self._call(self.store.set, f"join/{slot}", str(inc))  # before the list: read first
+        self._edit_waiting(lambda listed: sorted({*listed, slot}))
+
+    def _await_admission(self) -> int:
+        """Ask, and wait until a member lets this incarnation in: the generation."""
+        self.ask()
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
-            if self._has("stopped"):
-                raise RegroupError(
-                    f"slot {self.cfg.slot} (restart {self.cfg.incarnation}) will not join: the "
-                    f"running ranks stopped the job ({self._get('stopped', '')})"
-                )
-            if self._has(f"refused/{slot}/{inc}"):
-                raise RegroupError(
-                    f"slot {slot} (restart {inc}) was refused by the running job: its proof of "
-                    "the job's secret did not match. Every node's launcher needs the same "
-                    "--job-token-file."
-                )
-            if self._has(admit):
-                gen = int(self._get(admit, "0"))
-                self.joined = self._slots(f"gen/{gen}/joined")
-                self._enter(gen, self._wait_members(gen))
-                return
-            if (gone := self._nobody_running()) is not None:
-                raise RegroupError(
-                    f"slot {slot} (restart {inc}) cannot join: every rank of generation "
-                    f"{gone} has exited (finished, or failed with the errors above), so nobody "
-                    "is left to let it in or hand it the training state. Fix what ended them "
-                    "and relaunch; with checkpoints, resume='auto' goes on from the last one."
-                )
+            gen = self.poll_admission()
+            if gen is not None:
+                return gen
             time.sleep(0.05)
         raise RegroupError(
             f"slot {self.cfg.slot} (restart {self.cfg.incarnation}) waited {self.timeout_s:.0f}s "
-            "and no running rank let it in; the survivors may have finished or stopped."
+            "and no running rank let it in; the survivors may have finished or stopped, or "
+            "refused it (the members then say so): its RANKWISE_JOB_TOKEN must be the job's "
+            "(the same --job-token-file on every node)."
         )
+
+    def poll_admission(self) -> int | None:
+        """One look of a waiting joiner: answer a new challenge; the generation it was let
+        into (None: not yet). Raises :class:`RegroupError` where it never will be."""
+        slot, inc = self.cfg.slot, self.cfg.incarnation
+        if (why := self._read(self.signed.get, "stopped")) is not None:
+            raise RegroupError(
+                f"slot {slot} (restart {inc}) will not join: the running ranks stopped the "
+                f"job ({why})"
+            )
+        if self._read(self.signed.get, f"refused/{slot}/{inc}") is not None:
+            raise RegroupError(
+                f"slot {slot} (restart {inc}) was refused by the running job: its proof of "
+                "the job's secret did not match. Every node's launcher needs the same "
+                "--job-token-file."
+            )
+        admitted = self._int(f"admit/{slot}/{inc}")
+        if admitted is not None:
+            return admitted
+        # The challenge is answered unchecked (a joiner given the wrong secret could not check
+        # it, and should hear it was refused): an answer to a challenge a stranger set is good
+        # for that challenge only, which no member ever set or accepts.
+        raw = self._read(self.signed.raw, f"challenge/{slot}/{inc}")
+        text = "" if raw is None else raw.decode(errors="replace").rpartition("|")[0]
+        parsed = _parse_challenge(text)
+        proof = f"proof/{slot}/{inc}"
+        if parsed is not None and (
+            text != self._answered or not self._read(self.signed.raw, proof)
+        ):
+            mac = join_proof(self.cfg.job_token, self.cfg.job_id, slot, inc, *parsed)
+            self._call(self.store.set, proof, f"{text}:{mac}")  # again where it was deleted
+            self._answered = text
+        self._still_asking()
+        if (gone := self._nobody_running()) is not None:
+            raise RegroupError(
+                f"slot {slot} (restart {inc}) cannot join: every rank of generation "
+                f"{gone} has exited (finished, or failed with the errors above), so nobody "
+                "is left to let it in or hand it the training state. Fix what ended them "
+                "and relaunch; with checkpoints, resume='auto' goes on from the last one."
+            )
+        return None
+
+    def _still_asking(self) -> None:
+        """The request again where a store client deleted or changed it (the members take
+        it off the list only when they let it in, or refuse it: then this one knows)."""
+        slot, inc = self.cfg.slot, self.cfg.incarnation
+        if self._request(slot) != inc:
+            self._call(self.store.set, f"join/{slot}", str(inc))
+        if slot not in self._listed():
+            self._edit_waiting(lambda listed: sorted({*listed, slot}))
 
     def _nobody_running(self) -> int | None:
         """The newest generation, where the launcher saw every one of its members exit (none
         left to let a joiner in); None while one of them runs, or before generation 0."""
-        if not self._has("current"):
+        gen = self._int("current")
+        if gen is None:
             return None
-        gen = int(self._get("current", "0"))
-        members = self._slots(f"gen/{gen}/members")
+        value = self._read(self.signed.get, f"gen/{gen}/members")
+        parsed = None if value is None else _parse_members(value)
+        members = parsed[0] if parsed else []
         return gen if members and all(self._marked_dead(s) for s in members) else None
 
     def _enter(self, gen: int, members: list[int]) -> None:
         """Leave the old default group behind (never destroyed) and build generation ``gen``'s."""
         self.generation, self.members = gen, members
         self.history[gen] = members
-        self.store.set(f"member/{self.cfg.slot}", str(self.cfg.incarnation))  # see _marked_dead
+        self._call(self.signed.set, f"member/{self.cfg.slot}", str(self.cfg.incarnation))
         if self.cfg.slot in self.joined:
-            self.store.set(f"gen/{gen}/ready/{self.cfg.slot}", "1")
+            self._call(self.signed.set, f"gen/{gen}/ready/{self.cfg.slot}", "1")
         self._await_joiners(gen)
         prefix = dist.PrefixStore(f"gen/{gen}/pg", self.store)
         dist.init_process_group(
@@ -411,13 +564,13 @@ class Membership:
         """Before building generation ``gen``'s group, which waits for every member up to the
         collective timeout: each joiner it let in has reached it, or is marked dead, or its
         heartbeat stood still for ``stale_s`` (then :class:`JoinerLostError`)."""
-        seen: dict[int, tuple[str, float]] = {}
+        seen: dict[int, tuple[int | None, float]] = {}
         deadline = time.monotonic() + self.timeout_s
         for s in self.joined:
-            while not self._has(f"gen/{gen}/ready/{s}"):
+            while not self._flag(f"gen/{gen}/ready/{s}"):
                 now = time.monotonic()
-                beat = self._get(f"joinbeat/{s}", "")
-                if s not in seen or seen[s][0] != beat:
+                beat = self._int(f"joinbeat/{s}")
+                if s not in seen or (beat is not None and seen[s][0] != beat):
                     seen[s] = (beat, now)
                 if self._joiner_dead(s) or now - seen[s][1] >= self.cfg.stale_s or now > deadline:
                     raise JoinerLostError(
@@ -428,16 +581,15 @@ class Membership:
                 time.sleep(0.02)
 
     def _heartbeat(self) -> None:
-        key = f"hb/{self.cfg.slot}"
+        count = 0
         while not self._stop.wait(0.2):
-            if self.pending:  # hb/<slot> is the lost predecessor's: a joiner beats apart
-                try:
-                    self._beats.add(f"joinbeat/{self.cfg.slot}", 1)
-                except Exception:
-                    return
-                continue
+            count += 1
+            # hb/<slot> is the lost predecessor's while this one waits: a joiner beats apart
+            key = f"joinbeat/{self.cfg.slot}" if self.pending else f"hb/{self.cfg.slot}"
             try:
-                self._beats.add(key, 1)
+                self._beats.set(key, str(count))
+                if not self.pending and self.generation >= 0:  # in case a client deleted it
+                    self._beats.set(f"member/{self.cfg.slot}", str(self.cfg.incarnation))
             except Exception:  # the store host is gone: the main thread finds out and says so
                 return
 
@@ -453,26 +605,30 @@ class Membership:
         except Exception as exc:
             raise self._lost(exc, "connecting") from exc
 
-    def _has(self, key: str) -> bool:
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the store; a failure of the store itself is a lost store."""
         try:
-            return bool(self.store.check([key]))
+            return fn(*args)
         except Exception as exc:
-            raise self._lost(exc, f"reading {key!r}") from exc
+            raise self._lost(exc, f"{getattr(fn, '__name__', 'using')} {args[0]!r}") from exc
 
-    def _get(self, key: str, default: str) -> str:
-        return self.store.get(key).decode() if self._has(key) else default
+    _read = _call
 
-    def _slots(self, key: str) -> list[int]:
-        """A list of slots the store holds as ``"0,2"`` (empty where the key is not set)."""
-        return [int(s) for s in self._get(key, "").split(",") if s]
+    def _int(self, key: str) -> int | None:
+        """``key``'s signed whole number (None: not set, or ignored with a warning)."""
+        return self._read(self.signed.get_int, key)
 
-    def _lost(self, exc: BaseException, doing: str) -> DistributedConnectionError:
+    def _flag(self, key: str) -> bool:
+        """Whether ``key`` holds a signed value."""
+        return bool(self._read(self.signed.has, key))
+
+    def _lost(self, exc: BaseException | str, doing: str) -> DistributedConnectionError:
         return DistributedConnectionError(
             f"the membership store at {self.cfg.host}:{self.cfg.port} (hosted by `rankwise "
             f"launch`) failed while {doing}: {exc}. The launcher (the store host) is gone or "
             "unreachable, so the survivors cannot agree on who is left: the job stops. Restart "
             "it; with checkpoints, resume='auto' picks up from the last one. So that losing a "
             "node's launcher (node 0's included) stops only that node, host the store apart: "
-            "`rankwise store --port P --nnodes N` on a machine of its own, and --store-endpoint "
+            "`rankwise store --host ITS_ADDRESS --port P --nnodes N` on a machine of its own, and --store-endpoint "
             "HOST:P for every `rankwise launch`."
         )

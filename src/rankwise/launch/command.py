@@ -44,7 +44,7 @@ examples:
   rankwise launch --nnodes 2 --node-rank R --nproc-per-node 4 --master-addr 10.0.0.1 \\
       --master-port 29500 --on-failure continue train.py
   # ... with the store on a third machine (10.0.0.5), so losing node 0 stops nobody else:
-  rankwise store --port 29600 --nnodes 2     # on 10.0.0.5
+  rankwise store --host 10.0.0.5 --port 29600 --nnodes 2     # on 10.0.0.5
   rankwise launch --nnodes 2 --node-rank R --nproc-per-node 4 \\
       --store-endpoint 10.0.0.5:29600 --on-failure continue train.py
 """

@@ -5,19 +5,27 @@ under ``launch/``, what the launchers tell each other::
 
     launch/finished      -> "1"       (a process exited 0 somewhere: training finished)
     launch/done/<node>   -> "<code>"  (node's launcher has ended its processes; its exit code)
-    launch/hb/<node>     -> a counter node's launcher bumps every HEARTBEAT_S seconds
+    launch/hb/<node>     -> a counter node's launcher writes every HEARTBEAT_S seconds
     launch/node/<node>   -> "<id>"    (the launcher that claimed --node-rank <node>)
-    auth/nonce           -> hex       (what a joiner's proof of the job's secret is made over)
+    auth/job             -> hex       (the job's id: the store's host sets it, the first one
+                                       stays; every signed value and join proof names it)
+
+``finished``, ``done`` and ``hb`` are signed with the job's secret
+(:mod:`rankwise.distributed.signing`) and checked where a launcher reads them: garbage or a
+stranger's value is ignored with one warning naming the key. ``rankwise store`` never holds the
+secret: it reads their form only, so a store client can make it exit early (the job then stops,
+naming the lost store), never crash it.
 
 Every wait of a launcher on the others has a bound: a node whose launcher's heartbeat stood
 still for ``stale_s`` (killed, its machine down) counts as gone, and the error names it and
 the bound.
 
-The store listens on the address it is given (``--master-addr``, ``rankwise store --host``)
-only, never on every interface: torch's ``TCPStore`` binds the wildcard address, so the
+The store listens on the address it is given (``--master-addr``, ``rankwise store --host``,
+loopback by default) only, never on every interface: torch's ``TCPStore`` binds the wildcard address, so the
 listening socket is bound here and handed to it (``master_listen_fd``). The store itself is
-not authenticated (as torchrun's is not): the job's secret guards who is let into the job
-(see :mod:`rankwise.distributed.membership`), and the network it listens on is trusted.
+not authenticated (as torchrun's is not): the job's secret guards who is let into the job and
+every value the protocol acts on (see :mod:`rankwise.distributed.membership`), and the network
+it listens on is trusted not to deny service.
 
 Who hosts it: node 0's launcher (``--master-addr``:``--master-port``), which then stays until
 every node is done (bounded); or, with ``--store-endpoint HOST:PORT``, a ``rankwise store``
@@ -29,6 +37,7 @@ launchers are done.
 from __future__ import annotations
 
 import argparse
+import re
 import secrets
 import socket
 import sys
@@ -40,6 +49,8 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+
+from rankwise.distributed.signing import SignedStore
 
 __all__ = [
     "DuplicateNodeError",
@@ -95,7 +106,7 @@ class LauncherWatch:
     """
 
     def __init__(
-        self, store: dist.Store, nnodes: int, stale_s: float, unseen_s: float,
+        self, store: SignedStore, nnodes: int, stale_s: float, unseen_s: float,
         since: float | None,
     ) -> None:  # fmt: skip
         self.store, self.nnodes, self.stale_s, self.unseen_s = store, nnodes, stale_s, unseen_s
@@ -106,7 +117,7 @@ class LauncherWatch:
         """Those of ``nodes`` whose launcher counts as gone now."""
         now = time.monotonic()
         for node in range(self.nnodes):
-            beat = int(self.store.add(f"launch/hb/{node}", 0))
+            beat = self.store.get_int(f"launch/hb/{node}") or 0  # garbage: no beat (warned)
             if beat and (node not in self._seen or self._seen[node][0] != beat):
                 self._seen[node] = (beat, now)
                 self.since = now if self.since is None else self.since
@@ -150,7 +161,7 @@ class JobStore:
 
     def __init__(
         self, host: str, port: int, hosting: bool, node: int, nnodes: int,
-        stale_s: float = LAUNCHER_STALE_S,
+        stale_s: float = LAUNCHER_STALE_S, secret: str = "",
     ) -> None:  # fmt: skip
         self.host, self.node, self.nnodes, self.hosting = host, node, nnodes, hosting
         self._listener: socket.socket | None = None
@@ -160,7 +171,9 @@ class JobStore:
             self.store = _client(host, port)
         self.port = self.store.port  # the OS's choice for port 0
         self.lost = False
-        self.store.compare_set("auth/nonce", "", secrets.token_hex(16))  # the first one stays
+        self.job_id = job_id(self.store)
+        # Every value a launcher acts on, signed with the job's secret (``secret``).
+        self.signed = SignedStore(self.store, secret, self.job_id, who="rankwise launch")
         claim = uuid.uuid4().hex
         if self.store.compare_set(f"launch/node/{node}", "", claim).decode() != claim:
             raise DuplicateNodeError(
@@ -169,9 +182,9 @@ class JobStore:
                 f"--node-rank, 0 to {nnodes - 1}, and start a fresh store (a fresh "
                 "--master-port, or a fresh `rankwise store`) for a new job."
             )
-        self.watch = LauncherWatch(self.store, nnodes, stale_s, CONNECT_S, time.monotonic())
+        self.watch = LauncherWatch(self.signed, nnodes, stale_s, CONNECT_S, time.monotonic())
         self._stop = threading.Event()
-        beats = _client(host, self.port)  # the heartbeat thread's own connection
+        beats = SignedStore(_client(host, self.port), secret, self.job_id)  # its own line
         # The thread holds no reference to this handle: dropping it drops a hosted store.
         self._beating = threading.Thread(
             target=_beat, args=(beats, f"launch/hb/{node}", self._stop),
@@ -198,7 +211,8 @@ class JobStore:
                 f"rankwise launch: lost the membership store at {self.host}:{self.port} "
                 f"({exc}): the processes of this node cannot regroup or rejoin without it and "
                 "stop with its error. Host the store apart from the nodes (`rankwise store "
-                "--port P --nnodes N` on a machine of its own, and --store-endpoint HOST:P for "
+                "--host HOST --port P --nnodes N` on a machine of its own, and --store-endpoint "
+                "HOST:P for "
                 "every `rankwise launch`) so that losing node 0 does not stop the others.",
                 file=sys.stderr,
                 flush=True,
@@ -206,15 +220,21 @@ class JobStore:
             return None
 
     def get(self, key: str) -> str | None:
-        """The value of ``key``, or None when it is not set (or the store is lost)."""
-        if not self.call(self.store.check, [key]):
-            return None
-        value = self.call(self.store.get, key)
-        return None if value is None else value.decode()
+        """The signed value of ``key``, or None when it is not set, not signed with the job's
+        secret (warned once per key) or the store is lost."""
+        return self.call(self.signed.get, key)
+
+    def get_int(self, key: str) -> int | None:
+        """``key``'s signed whole number, or None (as :meth:`get`; garbage warned)."""
+        return self.call(self.signed.get_int, key)
+
+    def get_slots(self, key: str) -> list[int] | None:
+        """``key``'s signed list of slots, or None (as :meth:`get`)."""
+        return self.call(self.signed.get_slots, key)
 
     def set(self, key: str, value: str) -> None:
-        """Write ``key`` (nothing, once the store is lost)."""
-        self.call(self.store.set, key, value)
+        """Write ``key``, signed (nothing, once the store is lost)."""
+        self.call(self.signed.set, key, value)
 
     def finished(self) -> bool:
         """Whether a process of the job (on any node) finished training."""
@@ -222,8 +242,8 @@ class JobStore:
 
     def done_nodes(self) -> dict[int, int]:
         """The nodes whose launchers are done, with their exit codes."""
-        found = {n: self.get(f"launch/done/{n}") for n in range(self.nnodes)}
-        return {n: int(code) for n, code in found.items() if code is not None}
+        found = {n: self.get_int(f"launch/done/{n}") for n in range(self.nnodes)}
+        return {n: code for n, code in found.items() if code is not None}
 
     def await_outcome(self) -> None:
         """Wait (this node has nobody left) until training finished elsewhere or every other
@@ -255,15 +275,33 @@ class JobStore:
         return True
 
 
-def _beat(beats: dist.TCPStore, key: str, stop: threading.Event) -> None:
-    """A launcher's heartbeat: bump ``key`` every ``HEARTBEAT_S`` until ``stop``."""
+def _beat(beats: SignedStore, key: str, stop: threading.Event) -> None:
+    """A launcher's heartbeat: a new count in ``key`` every ``HEARTBEAT_S`` until ``stop``
+    (written, never ``add``ed: a garbage value there must not break it)."""
+    count = 0
     while True:
+        count += 1
         try:
-            beats.add(key, 1)
+            beats.set(key, str(count))
         except Exception:  # the store is gone: the main thread finds out and says so
             return
         if stop.wait(HEARTBEAT_S):
             return
+
+
+def job_id(store: dist.Store) -> str:
+    """The job's id in ``store`` (``auth/job``): the first one set stays; one that is not 32
+    hex digits (garbage a stranger set first) is replaced. A store client that keeps changing
+    it can make the launchers disagree on it: their values then fail each other's checks (a
+    denial of service, never an admission)."""
+    fresh = secrets.token_hex(16)
+    expected: Any = ""  # bytes where garbage is there: torch takes either
+    for _ in range(50):
+        got = store.compare_set("auth/job", expected, fresh)
+        if re.fullmatch(rb"[0-9a-f]{32}", got):
+            return got.decode()
+        expected = got
+    return fresh  # a store client keeps changing it: the launchers may disagree (a denial)
 
 
 def _client(host: str, port: int) -> dist.TCPStore:
@@ -285,13 +323,14 @@ def add_store_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
             "the --nnodes launchers are done; one store per job (start a fresh one for the "
             "next job)."
         ),
-        epilog="example: rankwise store --port 29600 --nnodes 2",
+        epilog="example: rankwise store --host 10.0.0.5 --port 29600 --nnodes 2",
     )
     parser.add_argument(
         "--host",
-        default="0.0.0.0",
-        help="the address to listen on, and only there: this machine's address on the nodes' "
-        "network (default 0.0.0.0: every interface)",
+        default="127.0.0.1",
+        help="the address to listen on, and only there (never every interface): this "
+        "machine's address on the nodes' private network (default 127.0.0.1: loopback, for "
+        "nodes on this machine only)",
     )
     parser.add_argument("--port", type=int, required=True, help="port to listen on")
     parser.add_argument(
@@ -321,7 +360,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     try:
         store, _sock = host_store(args.host, args.port, 60)
-        store.compare_set("auth/nonce", "", secrets.token_hex(16))
+        job_id(store)
     except Exception as exc:
         print(
             f"rankwise store: error: cannot listen on {args.host}:{args.port} ({exc}); choose "
@@ -337,10 +376,13 @@ def serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     # No clock before the first launcher connects: an idle store holds nobody up.
-    watch = LauncherWatch(store, args.nnodes, args.launcher_stale_s, CONNECT_S, None)
+    # Without the secret: the launchers' values are read for their form only.
+    signed = SignedStore(store, None, who="rankwise store")
+    watch = LauncherWatch(signed, args.nnodes, args.launcher_stale_s, CONNECT_S, None)
     try:
         while True:
-            waiting = [n for n in range(args.nnodes) if not store.check([f"launch/done/{n}"])]
+            done = [n for n in range(args.nnodes) if signed.get_int(f"launch/done/{n}") is not None]
+            waiting = [n for n in range(args.nnodes) if n not in done]
             if not waiting:
                 break
             gone = watch.gone(waiting)

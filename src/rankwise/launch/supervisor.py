@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from rankwise.distributed.membership import mark_dead
+from rankwise.distributed.signing import parse_slots
 from rankwise.launch.jobstore import CONNECT_S, DuplicateNodeError, JobStore, parse_endpoint
 
 __all__ = ["check_continue_args", "run_continue"]
@@ -162,7 +163,7 @@ def run_continue(args: argparse.Namespace) -> int:
     except ValueError as exc:
         _say(f"error: {exc}")
         return 2
-    jobs = _open_store(args, nnodes, node)
+    jobs = _open_store(args, nnodes, node, token)
     if not isinstance(jobs, JobStore):
         return jobs
     cmd = _command(args)
@@ -176,6 +177,7 @@ def run_continue(args: argparse.Namespace) -> int:
         "RANKWISE_ON_FAILURE": "continue",
         "RANKWISE_MIN_NPROC": str(_min_nproc(args)),
         "RANKWISE_JOB_TOKEN": token,  # the processes' own environment only, never the store
+        "RANKWISE_JOB_ID": jobs.job_id,
     }
     # Nobody can come back without restarts: the members then never check for joiners. A value
     # the user gave passes through, unread, in the copied environment (rankwise.distributed's
@@ -235,7 +237,7 @@ def _supervise(
             if not _recorded(slot):
                 slot.exit_codes.append(code)
                 # The survivors regroup now (a lost store: nothing to tell, said once).
-                jobs.call(mark_dead, jobs.store, slot.index, slot.incarnation)
+                jobs.call(mark_dead, jobs.signed, slot.index, slot.incarnation)
                 if code == 0:
                     succeeded_at = succeeded_at or time.monotonic()
                     jobs.set("launch/finished", "1")
@@ -333,7 +335,7 @@ def _stop_all(jobs: JobStore, slots: list[_Slot], signum: int, stop: _Stop) -> i
             _say(f"slot {slot.index} still running {why}; ending it with SIGKILL")
             _kill(slot.proc)
         # Other nodes' ranks (if any) regroup without this node's at once.
-        jobs.call(mark_dead, jobs.store, slot.index, slot.incarnation)
+        jobs.call(mark_dead, jobs.signed, slot.index, slot.incarnation)
     return 128 + signum
 
 
@@ -375,7 +377,7 @@ def job_token(path: str | None, node: int) -> str:
     return text
 
 
-def _open_store(args: argparse.Namespace, nnodes: int, node: int) -> JobStore | int:
+def _open_store(args: argparse.Namespace, nnodes: int, node: int, token: str) -> JobStore | int:
     """Host the job's store (node 0) or connect to it (other nodes, or --store-endpoint); the
     exit code where it cannot."""
     endpoint = getattr(args, "store_endpoint", None)
@@ -387,7 +389,7 @@ def _open_store(args: argparse.Namespace, nnodes: int, node: int) -> JobStore | 
         port = 0 if args.master_port is None else int(args.master_port)
         hosting = node == 0
     try:
-        return JobStore(host, port, hosting, node, nnodes)
+        return JobStore(host, port, hosting, node, nnodes, secret=token)
     except DuplicateNodeError as exc:
         _say(f"error: {exc}")
         return 2
@@ -435,12 +437,18 @@ def _recorded(slot: _Slot) -> bool:
 
 
 def _watch_members(jobs: JobStore, slots: list[_Slot], seen: int) -> int:
-    """End every running process of this node a new generation left out (frozen or stalled)."""
-    current = jobs.get("current")
-    if current is None or int(current) == seen:
+    """End every running process of this node a new generation left out (frozen or stalled).
+
+    Only a newer generation than the last one seen, whose member list the leader signed: a
+    stranger's or a replayed value is ignored (warned once per key), never a cause to kill."""
+    gen = jobs.get_int("current")
+    if gen is None or gen <= seen:
         return seen
-    gen = int(current)
-    members = {int(s) for s in (jobs.get(f"gen/{gen}/members") or "").split(",") if s}
+    value = jobs.get(f"gen/{gen}/members")
+    listed = parse_slots(value.partition(";")[0]) if value is not None else None
+    if listed is None:  # not written yet (or not a list: never from the job's own leader)
+        return seen
+    members = set(listed)
     for slot in slots:
         if slot.index in members:
             slot.member_seen = True
