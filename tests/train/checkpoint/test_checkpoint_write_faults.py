@@ -48,7 +48,9 @@ def _torch_after_enospc() -> None:
     try:
         raise OSError(28, "No space left on device")
     except OSError:
-        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+        raise RuntimeError(  # noqa: B904 (as torch raises it: its context, not its cause)
+            "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+        )
 
 
 def _raiser(exc: BaseException) -> Callable[[], None]:
