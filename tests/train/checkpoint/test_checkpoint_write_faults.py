@@ -11,9 +11,6 @@ across 2 launched ranks, in tests/train/test_continue_failures.py."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
 import threading
 import time
 import uuid
@@ -25,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 
+from helpers.disks import fill, tmpfs
 from rankwise.train import DistributedTrainingConfig
 from rankwise.train.checkpoint import (
     CheckpointError,
@@ -294,34 +292,6 @@ def test_s3_reads_and_connections_time_out_and_the_users_options_win() -> None:
 
 
 # -- a real full disk ---------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def tmpfs(folder: Path, size: str) -> Iterator[Path]:
-    """A real tmpfs of ``size`` mounted on ``folder`` (root, where ``mount`` works), unmounted
-    after; skips with the reason elsewhere."""
-    if os.geteuid() != 0:
-        pytest.skip("a real full disk needs a tmpfs mount, which needs root (CI runs as root)")
-    folder.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
-
-
-def fill(folder: Path, leave: int) -> None:
-    """Fill ``folder``'s file system until about ``leave`` bytes are free."""
-    with open(folder / "filler", "wb") as f:
-        while (free := os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize) > leave:
-            f.write(b"\0" * min(1 << 20, free - leave))
-            f.flush()
 
 
 @pytest.mark.parametrize("background", [True, False])
