@@ -33,6 +33,7 @@ from rankwise.train.checkpoint import (
     Storage,
     set_fault_hook,
 )
+from rankwise.train.checkpoint import writer as writer_module
 from rankwise.train.checkpoint.writer import CheckpointWriteError, CheckpointWriter
 
 
@@ -229,7 +230,10 @@ def held(hook: Any) -> Iterator[threading.Event]:
         release.set()
 
 
-def test_a_silent_store_never_holds_the_loop_and_the_newest_state_wins(held: Any) -> None:
+def test_a_silent_store_never_holds_the_loop_and_the_newest_state_wins(
+    held: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer_module, "SILENT_S", 0.0)  # announced at once
     manager = RemoteCheckpointManager(
         Storage.for_url(f"memory://rankwise-silent-{uuid.uuid4().hex[:8]}/run")
     )

@@ -259,8 +259,8 @@ class Storage:
         }
         if not self.protocol.startswith("s3"):
             extra = {}
-        if uploaded is not None and not isinstance(source, (bytes, bytearray, memoryview)):
-            extra["callback"] = _progress(uploaded)
+        if not isinstance(source, (bytes, bytearray, memoryview)):
+            extra["callback"] = _progress(self, uploaded)
         if isinstance(source, (bytes, bytearray, memoryview)):
             data = bytes(source)
             self.call(
@@ -380,13 +380,16 @@ class Storage:
             self.call("delete", key, lambda: self._remote().rm_file(self._full(key)), retry=once)
 
 
-def _progress(uploaded: Callable[[int], None]) -> Any:
-    """An fsspec callback calling ``uploaded(n)`` for each ``n`` bytes an upload reports."""
+def _progress(storage: Storage, uploaded: Callable[[int], None] | None) -> Any:
+    """An fsspec callback calling ``uploaded(n)`` for each ``n`` bytes an upload reports; each
+    report is an answer of the store (``storage.answered_at``: a long upload is not silence)."""
     from fsspec.callbacks import Callback  # fsspec: present whenever a storage is remote
 
     class Progress(Callback):
         def relative_update(self, inc: int = 1) -> None:
-            uploaded(inc)
+            storage.answered_at = time.monotonic()
+            if uploaded is not None:
+                uploaded(inc)
 
     return Progress()
 

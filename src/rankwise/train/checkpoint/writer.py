@@ -66,6 +66,9 @@ _STOP_FIX = (
     " The run stops here (every rank); the previous checkpoint is intact: free space or fix "
     "the folder's permissions, then relaunch with resume='auto'."
 )
+# A store silent this long (seconds; no answer, no upload progress) while a save queues behind
+# its write is announced (once per outage); a shorter wait is a busy store, not an outage.
+SILENT_S = 5.0
 _STORE_FIX = (
     " The run stops here (every rank); the previous checkpoint is intact: fix the store (see "
     "above), then relaunch with resume='auto'."
@@ -160,6 +163,7 @@ class CheckpointWriter:
         # queued saves (see _queues): this rank's writes not yet reported, oldest first
         self._flights: list[tuple[Location, concurrent.futures.Future[Any]]] = []
         self._stalled = False  # the store's silence was announced (once per outage)
+        self._gave_up = False  # the end of fit waited final_wait_s in vain (said in its error)
 
     def _queues(self) -> bool:
         """Whether a save that finds the last write still running queues behind it instead of
@@ -280,6 +284,8 @@ class CheckpointWriter:
         error that stopped ``fit``. Local: no collective."""
         if not self.background or self.manager.pending() is None:  # whoever started a write
             return
+        if self._gave_up:  # the end of fit waited for it already: its error says so
+            return
         pending = self.manager.pending()
         try:
             self.manager.wait(self.final_wait_s)
@@ -363,6 +369,7 @@ class CheckpointWriter:
                         self._in_flight = None
                 except Exception as exc:  # any library's error: every rank stops, naming it
                     if isinstance(exc, TimeoutError) and not pending.done():
+                        self._gave_up = True
                         return (
                             f"fit's last checkpoint ({self._in_flight}) was not durable within "
                             f"checkpoint_final_wait_s={self.final_wait_s:g} s: "
@@ -385,12 +392,13 @@ class CheckpointWriter:
         return self._in_flight or self.manager.directory
 
     def _warn_unanswered(self) -> None:
-        """A save point found the last write still running (queued saves): once per outage,
-        say which store has not answered for how long; the loop goes on."""
-        if self._stalled:
+        """A save point found the last write still running (queued saves): once per outage
+        (a store silent for :data:`SILENT_S` or more), say which store has not answered for
+        how long; the loop goes on."""
+        silent = getattr(self.manager, "unanswered_for", lambda: 0.0)()
+        if self._stalled or silent < SILENT_S:
             return
         self._stalled = True
-        silent = getattr(self.manager, "unanswered_for", lambda: 0.0)()
         running = self.manager.pending()
         where = self._in_flight if running is None else self._location_of(running)
         warnings.warn(
