@@ -6,7 +6,11 @@ copy to :meth:`CheckpointManager.save_async`'s one background thread, which writ
 as a synchronous save does: temporary file, fsync, checksum manifest, rename, pointer, pruning.
 The loop is held only for the state dict and the copy. At most one write is in flight: a save
 that comes before the last one is on disk waits for it, and the wait is counted
-(:class:`SaveStats`). The end of ``fit``, an exception and SIGTERM drain the writer, so the
+(:class:`SaveStats`); to an object store (plain checkpoints, outside continue mode) it queues
+its snapshot behind the running write instead, the newest state winning, so a store that does
+not answer never holds the loop (one warning names it, after :data:`SILENT_S`); the end of
+``fit`` waits ``checkpoint_final_wait_s`` at most. Any failure of a write, whatever the writing
+library raised, is one :class:`CheckpointWriteError` naming the file and the cause. The end of ``fit``, an exception and SIGTERM drain the writer, so the
 last checkpoint is never silently lost; after a crash (a SIGKILL) the newest *complete*
 checkpoint is the one a resume takes, so the work lost is at most one checkpoint interval plus
 one write.
@@ -312,7 +316,15 @@ class CheckpointWriter:
             pending: concurrent.futures.Future[Any] | None = self.manager.pending()
             if pending is None:
                 return
-            concurrent.futures.wait([pending])
+            concurrent.futures.wait([pending], timeout=self.final_wait_s)
+            if not pending.done():
+                print(
+                    "rankwise: the background checkpoint write did not end within "
+                    f"checkpoint_final_wait_s={self.final_wait_s:g} s; ending without it",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return
             if pending.exception() is not None:
                 print(
                     "rankwise: the background checkpoint write failed as well: "
