@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,6 +36,8 @@ from rankwise.train import (
     save_file,
     set_rng_state,
 )
+from rankwise.train.checkpoint import RemoteCheckpointManager, Storage, set_fault_hook
+from rankwise.train.checkpoint import writer as writer_module
 from rankwise.train.checkpoint.writer import CheckpointWriter
 from rankwise.train.ray_report import check_checkpoint_dir
 
@@ -75,6 +78,88 @@ def _background_write_fails() -> BaseException:
     )
     manager.save_async({"x": torch.ones(3)}, epoch=0, step=1)
     return warned(writer.drain)
+
+
+def _write_fails() -> BaseException:
+    """A synchronous save whose disk is full (the fault hook raises ENOSPC mid-write)."""
+    manager = CheckpointManager(_folder())
+    writer = CheckpointWriter(
+        manager, writes=True, background=False, shared=True, saved=lambda _path: None
+    )
+
+    def full(point: str) -> None:
+        if point == "mid-write":
+            raise OSError(28, "No space left on device")
+
+    previous = set_fault_hook(full)
+    try:
+        return raised(writer.save, _Savable())
+    finally:
+        set_fault_hook(previous)
+
+
+class _Savable:
+    epoch, step = 0, 1
+
+    def state_dict(self, *, sharded: bool = False) -> dict[str, object]:
+        return {"x": torch.ones(3)}
+
+
+@contextlib.contextmanager
+def _silent_store() -> Iterator[RemoteCheckpointManager]:
+    """A ``memory://`` store whose next write hangs before its pointer until the block ends."""
+    release = threading.Event()
+
+    def hang(point: str) -> None:
+        if point == "before-pointer":
+            release.wait(30)
+
+    previous = set_fault_hook(hang)
+    try:
+        yield RemoteCheckpointManager(Storage.for_url(f"memory://rankwise-ts-{_folder().name}"))
+    finally:
+        release.set()
+        set_fault_hook(previous)
+
+
+def _silent_store_warns() -> BaseException:
+    with _silent_store() as manager, _silent_after(0.0):
+        writer = CheckpointWriter(
+            manager, writes=True, background=True, shared=True, saved=lambda _path: None
+        )
+        writer.save(_Savable())
+        saved = _Savable()
+        saved.step = 2
+        return warned(writer.save, saved)
+
+
+@contextlib.contextmanager
+def _silent_after(seconds: float) -> Iterator[None]:
+    before, writer_module.SILENT_S = writer_module.SILENT_S, seconds
+    try:
+        yield
+    finally:
+        writer_module.SILENT_S = before
+
+
+def _final_wait_ends() -> BaseException:
+    with _silent_store() as manager:
+        writer = CheckpointWriter(
+            manager,
+            writes=True,
+            background=True,
+            shared=True,
+            saved=lambda _path: None,
+            final_wait_s=0.2,
+        )
+        writer.save(_Savable())
+        return raised(writer.finish)
+
+
+def _wait_times_out() -> BaseException:
+    with _silent_store() as manager:
+        manager.save_async({"x": torch.ones(3)}, epoch=0, step=1)
+        return raised(manager.wait, 0.1)
 
 
 # -- checkpoint folders (resume='auto' and CheckpointManager) ----------------------------------
@@ -458,6 +543,11 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "checkpoint-manifest-newer": lambda: _manifest('{"size": 1, "blake9": "00"}'),
     "checkpoint-not-plain": lambda: raised(save_file, {"step": np.float64(1.0)}, "x.pt"),
     "checkpoint-background-write-failed": _background_write_fails,
+    "checkpoint-write-failed": _write_fails,
+    "checkpoint-store-silent": _silent_store_warns,
+    "checkpoint-final-wait": _final_wait_ends,
+    "checkpoint-wait-timeout": _wait_times_out,
+    "config-final-wait": lambda: raised(DistributedTrainingConfig, checkpoint_final_wait_s=0),
     "checkpoint-auto-skips": _torn_newest,
     "checkpoint-pointer-unreadable": lambda: _pointer("{not json"),
     "checkpoint-pointer-dangling": lambda: _pointer(None),

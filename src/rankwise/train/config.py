@@ -102,6 +102,27 @@ def check_clip(value: Any) -> float | None:
     return float(value)
 
 
+def check_final_wait(value: Any) -> float:
+    """``checkpoint_final_wait_s``: a finite number of seconds > 0.
+
+    >>> check_final_wait(600)
+    600.0
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        fail(
+            "checkpoint_final_wait_s",
+            value,
+            "must be a finite number of seconds > 0 (how long the end of fit waits for the "
+            "last background checkpoint write, e.g. 600)",
+        )
+    return float(value)
+
+
 def did_you_mean(given: Any, choices: Sequence[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``choices``, or nothing.
 
@@ -414,6 +435,8 @@ class DistributedTrainingConfig:
     logger_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     check_sync_every_n_steps: int | None = None  # compare parameters across ranks; None = off
     async_checkpoints: bool = True  # write checkpoints in the background (False: on the loop)
+    # seconds the end of fit waits for the last background write, then fails naming it
+    checkpoint_final_wait_s: float = 600.0
     compile: bool = False  # torch.compile the model after wrapping (parallel.compile_model)
     compile_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # torch.compile(**)
     pin_memory: bool = True  # page-locked batches for async copies; only on CUDA
@@ -442,6 +465,7 @@ class DistributedTrainingConfig:
             setattr(self, name, check_path(name, getattr(self, name), hint))
         self.validation_split = check_validation_split(self.validation_split)
         self.grad_clip_norm = check_clip(self.grad_clip_norm)
+        self.checkpoint_final_wait_s = check_final_wait(self.checkpoint_final_wait_s)
         for name, choices in CHOICES.items():
             setattr(self, name, check_choice(name, getattr(self, name), choices))
         self.compile_options = check_compile_options(self.compile_options)

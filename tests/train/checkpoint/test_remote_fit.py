@@ -6,9 +6,14 @@ failures at start named before the first step, credentials kept out of every dum
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import os
+import signal
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -23,10 +28,12 @@ from rankwise.testing.s3server import S3_KEY, S3_SECRET, S3Server, start_server
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import (
     CheckpointError,
+    CheckpointWarning,
     RemoteCheckpointManager,
     Storage,
     StorageError,
     StorageWarning,
+    writer,
 )
 from rankwise.train.checks import RANK_LOCAL_FIELDS
 
@@ -94,7 +101,10 @@ def test_fit_saves_to_the_bucket_and_resumes_mid_epoch_bit_identical(s3_bucket: 
     _, trainer = _trainer([saved, _StopAt(step=8)])  # epoch 1, after the save at step 6
     with pytest.raises(KeyboardInterrupt):
         trainer.fit(x, y, _cfg(url))
-    assert saved.paths == [f"{url}/ckpt-e000000-s000000002.pt", f"{url}/ckpt-e000000-s000000004.pt"]
+    # reported once known durable, in order (a save that finds the last write running does
+    # not wait for it: the report of step 4 may come only with a later save)
+    reported = [f"{url}/ckpt-e000000-s000000002.pt", f"{url}/ckpt-e000000-s000000004.pt"]
+    assert saved.paths and saved.paths == reported[: len(saved.paths)], saved.paths
     # the save at step 6 was in flight when the fit stopped: drained, so it is in the bucket
     store = Storage.for_url(url)
     names = [n for n in store.names() if not n.endswith(".json")]
@@ -253,6 +263,86 @@ def test_a_store_lost_mid_run_is_retried_and_training_goes_on(own_server: S3Serv
     assert S3_SECRET not in said[0]
     store = Storage.for_url("s3://lost/run")
     assert RemoteCheckpointManager(store).latest() == "s3://lost/run/ckpt-e000002-s000000012.pt"
+
+
+class _Freeze:
+    """SIGSTOPs the server in step ``at`` (a store that takes connections and never answers)
+    and SIGCONTs it ``thaw_after`` seconds later (None: when the test says); notes each step's
+    time; each step takes ``step_s`` at least."""
+
+    def __init__(
+        self, server: S3Server, at: int, thaw_after: float | None, step_s: float = 0.25
+    ) -> None:
+        assert server.process is not None
+        self.group, self.at, self.thaw_after, self.step_s = (
+            server.process.pid, at, thaw_after, step_s
+        )  # fmt: skip
+        self.times: list[float] = []
+        self.frozen_at = math.nan
+        self.timer: threading.Timer | None = None
+
+    def on_batch(self, trainer: Any, epoch: int, step: int, ids: Any) -> None:
+        self.times.append(time.monotonic())
+        time.sleep(self.step_s)
+        if step + 1 == self.at:
+            os.killpg(self.group, signal.SIGSTOP)
+            self.frozen_at = time.monotonic()
+            if self.thaw_after is not None:
+                self.timer = threading.Timer(self.thaw_after, self.thaw)
+                self.timer.start()
+
+    def thaw(self) -> None:
+        os.killpg(self.group, signal.SIGCONT)
+
+
+def test_a_frozen_store_never_holds_the_loop_and_the_end_waits_a_bounded_time(
+    own_server: S3Server, monkeypatch: pytest.MonkeyPatch
+):
+    # issue 30: with the store SIGSTOPped during an upload, a save waited for the write in
+    # flight (421 s between two steps, nothing logged). Now each save snapshots and queues
+    # behind it (the newest state wins), one warning names the store, the end of fit waits.
+    monkeypatch.setattr(writer, "SILENT_S", 1.0)  # announced after 1 s of silence, not 5
+    x, y = _data()
+    freeze, saved = _Freeze(own_server, at=3, thaw_after=4.0), _Saved()
+    _, trainer = _trainer([saved, freeze])
+    cfg = _cfg("s3://lost/run", checkpoint_every_n_steps=1)  # 12 steps, a save after each
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(x, y, cfg)
+    finally:
+        freeze.thaw()
+    gaps = [b - a for a, b in itertools.pairwise(freeze.times)]
+    assert max(gaps) < 2.0, gaps  # the loop never waited for the frozen store (4 s)
+    assert sum(t > freeze.frozen_at for t in freeze.times) >= 6  # it trained while frozen
+    said = [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)]
+    assert len(said) == 1 and said[0].startswith(
+        "the checkpoint store s3://lost/run has not answered for "
+    ), said
+    # the end of fit waited for the thaw; the newest state was written, not every queued one
+    assert saved.paths[-1] == "s3://lost/run/ckpt-e000002-s000000012.pt"
+    assert len(saved.paths) < 12, saved.paths
+    store = Storage.for_url("s3://lost/run")
+    assert RemoteCheckpointManager(store).latest() == saved.paths[-1]
+
+    # The end of fit waits checkpoint_final_wait_s at most, then says so.
+    freeze = _Freeze(own_server, at=12, thaw_after=None, step_s=0.0)
+    _, trainer = _trainer([freeze])
+    cfg = _cfg("s3://lost/end", checkpoint_every_n_steps=1, checkpoint_final_wait_s=1.5)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CheckpointWarning)
+            with pytest.raises(CheckpointError, match="was not durable within") as e:
+                trainer.fit(x, y, cfg)
+        took = time.monotonic() - freeze.frozen_at
+    finally:
+        freeze.thaw()
+        checkpointer = trainer._checkpointer
+        if checkpointer is not None and checkpointer.writer is not None:
+            checkpointer.writer.manager.wait(30)  # thawed, the write lands: none outlives us
+    assert took < 10, took  # 1.5 s, then the error (before: until the store answered)
+    assert "s3://lost/end/ckpt-e000002-s000000012.pt" in str(e.value)
+    assert "checkpoint_final_wait_s=1.5 s" in str(e.value)
 
 
 def test_fit_ends_with_a_clear_error_when_the_last_checkpoint_is_not_durable(

@@ -36,14 +36,16 @@ class _Manager:
     def pending(self) -> concurrent.futures.Future[Path] | None:
         return self._pending
 
-    def wait(self) -> Path | None:
+    def wait(self, timeout: float | None = None, *, first: bool = False) -> Path | None:
         pending, self._pending = self._pending, None
-        return pending.result() if pending is not None else None
+        return pending.result(timeout) if pending is not None else None
 
     def path_for(self, epoch: int, step: int) -> Path:
         return self.directory / f"ckpt-s{step}.pt"
 
-    def save_async(self, state: Any, *, epoch: int, step: int) -> concurrent.futures.Future[Path]:
+    def save_async(
+        self, state: Any, *, epoch: int, step: int, behind: bool = False
+    ) -> concurrent.futures.Future[Path]:
         self._pending = concurrent.futures.Future()
         return self._pending
 

@@ -166,14 +166,16 @@ class CheckpointManager:
         return finish
 
     def save_async(
-        self, state: dict[str, Any], *, epoch: int, step: int
+        self, state: dict[str, Any], *, epoch: int, step: int, behind: bool = False
     ) -> concurrent.futures.Future[Path]:
         """Copy ``state``'s tensors, then write them as :meth:`save` does on a background thread.
 
         Blocks only for the copy (and for a previous async save still writing: one at a time,
         in order; its CPU copy is reused, so keep one manager for the run), so training can go on while the file is written; the pointer moves when the
         file is safe, exactly as with :meth:`save`. Returns a future of the path. An error in
-        the background is raised by :meth:`wait` and by the next ``save_async``. The
+        the background is raised by :meth:`wait` and by the next ``save_async``. ``behind``
+        (not sharded): do not wait for the write running; queue behind it, replacing a queued
+        save that has not started (its future is cancelled: the newest state wins). The
         interpreter waits for a pending save at exit; a kill leaves the previous checkpoint.
         """
         if self.sharded:  # every rank; DCP stages the tensors (cached buffers)
@@ -183,17 +185,17 @@ class CheckpointManager:
             return self._background.submit(lambda _: finish(), None, copy=False)
         check_plain(state, "state")  # here, not as an error on the background thread
         return self._background.submit(
-            lambda snapshot: self.save(snapshot, epoch=epoch, step=step), state
+            lambda snapshot: self.save(snapshot, epoch=epoch, step=step), state, behind=behind
         )
 
     def pending(self) -> concurrent.futures.Future[Path] | None:
         """The :meth:`save_async` not yet waited for (running or done), or None."""
         return self._background.pending()
 
-    def wait(self) -> Path | None:
-        """Block until the pending :meth:`save_async` (if any) is on disk; return its path.
-        Re-raises its error."""
-        return self._background.wait()
+    def wait(self, timeout: float | None = None, *, first: bool = False) -> Path | None:
+        """Block until the pending :meth:`save_async` (if any; ``first``: the oldest) is on
+        disk; return its path. Re-raises its error; ``TimeoutError`` after ``timeout`` s."""
+        return self._background.wait(timeout, first=first)
 
     def latest(self) -> Path | None:
         """The newest valid checkpoint, or ``None``.

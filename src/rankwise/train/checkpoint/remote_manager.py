@@ -28,6 +28,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -142,10 +143,11 @@ class RemoteCheckpointManager:
         return self.storage.url_of(name)
 
     def save_async(
-        self, state: dict[str, Any], *, epoch: int, step: int
+        self, state: dict[str, Any], *, epoch: int, step: int, behind: bool = False
     ) -> concurrent.futures.Future[str]:
         """Copy ``state``'s tensors, then :meth:`save` them on the background thread (one
-        save in flight; see ``CheckpointManager.save_async``)."""
+        save in flight; ``behind``: queued behind the one running, the newest state winning;
+        see ``CheckpointManager.save_async``)."""
         if self.sharded:  # every rank; DCP stages the tensors (cached buffers)
             self.wait()
             check_position(epoch, step)
@@ -154,7 +156,7 @@ class RemoteCheckpointManager:
         check_position(epoch, step)
         check_plain(state, "state")  # here, not as an error on the background thread
         return self._background.submit(
-            lambda snapshot: self.save(snapshot, epoch=epoch, step=step), state
+            lambda snapshot: self.save(snapshot, epoch=epoch, step=step), state, behind=behind
         )
 
     def _start_sharded(
@@ -166,10 +168,16 @@ class RemoteCheckpointManager:
     def pending(self) -> concurrent.futures.Future[str] | None:
         return self._background.pending()
 
-    def wait(self) -> str | None:
-        """Block until the pending :meth:`save_async` is in the store; return its URL.
-        Re-raises its error."""
-        return self._background.wait()
+    def unanswered_for(self) -> float:
+        """Seconds the store has not answered the write running now: since its start or the
+        store's last answer, whichever came later."""
+        since = max(self._background.started_at, self.storage.answered_at)
+        return time.monotonic() - since
+
+    def wait(self, timeout: float | None = None, *, first: bool = False) -> str | None:
+        """Block until the pending :meth:`save_async` (``first``: the oldest) is in the store;
+        return its URL. Re-raises its error; ``TimeoutError`` after ``timeout`` s."""
+        return self._background.wait(timeout, first=first)
 
     def latest(self) -> str | None:
         """The URL of the newest checkpoint that verifies, or ``None``."""

@@ -22,8 +22,11 @@ each other instead of each waiting for the last.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import os
+import threading
+import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -117,47 +120,88 @@ def _copy_tensor(tensor: torch.Tensor, into: Any, pending: list[Any]) -> torch.T
 
 
 class BackgroundSaves(Generic[T]):
-    """One background thread writing snapshots, one at a time, in order; the last snapshot's
-    buffers are refilled by the next (a folder's manager and a bucket's share it).
+    """One background thread writing snapshots, one at a time, in order; a snapshot's buffers
+    are refilled by a later one once its write ended (a folder's manager and a bucket's share
+    it).
 
-    :meth:`submit` waits for the previous write (re-raising its error), snapshots the state
-    and hands ``write(snapshot)`` to the thread; :meth:`wait` returns its result.
+    :meth:`submit` waits for the writes handed over before (re-raising an error), snapshots the
+    state and hands ``write(snapshot)`` to the thread; :meth:`wait` returns its result. With
+    ``behind=True`` it does not wait: the write queues behind the one running, and replaces a
+    queued one that has not started (the newest state wins), so a store that does not answer
+    holds the loop for the snapshot only; at most two snapshots then exist, the one being
+    written and the newest.
     """
 
     def __init__(self) -> None:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pending: concurrent.futures.Future[T] | None = None
-        self._staged: Any = None  # the last snapshot, refilled by the next one
+        # handed to the thread and not yet waited for, oldest first (the first runs or ended)
+        self._writes: collections.deque[concurrent.futures.Future[T]] = collections.deque()
+        self._free: list[Any] = []  # snapshots whose write ended: refilled by the next
+        self._lock = threading.Lock()
+        self.started_at = 0.0  # time.monotonic() when the thread began its latest write
 
     def submit(
-        self, write: Callable[[Any], T], state: Any, *, copy: bool = True
+        self, write: Callable[[Any], T], state: Any, *, copy: bool = True, behind: bool = False
     ) -> concurrent.futures.Future[T]:
         """``write(snapshot(state))`` on the thread (``copy=False``: ``write(state)``, for a
-        state that is staged already); blocks for the previous write and the copy only."""
-        self.wait()
+        state that is staged already); blocks for the previous writes and the copy only, or,
+        ``behind``, for the copy only (a queued write not started yet is cancelled: its
+        future says so)."""
+        if behind:
+            for queued in list(self._writes)[1:]:  # the first runs (or ended): never cancelled
+                if queued.cancel():
+                    self._writes.remove(queued)
+        else:
+            self.wait()
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, "rankwise-checkpoint")
         if copy:
-            # The model and optimizer change in place from now on: write a copy. The previous
-            # snapshot's write is finished (wait() above), so its memory can be refilled.
-            state = self._staged = snapshot(state, into=self._staged)
-        self._pending = self._executor.submit(write, state)
-        return self._pending
+            # The model and optimizer change in place from now on: write a copy, into the
+            # buffers of a snapshot whose write ended (never of one being written).
+            with self._lock:
+                into = self._free.pop() if self._free else None
+            state = staged = snapshot(state, into=into)
+        future = self._executor.submit(self._run, write, state)
+        if copy:
+            future.add_done_callback(lambda _: self._release(staged))
+        self._writes.append(future)
+        return future
+
+    def _run(self, write: Callable[[Any], T], state: Any) -> T:
+        self.started_at = time.monotonic()
+        return write(state)
+
+    def _release(self, staged: Any) -> None:
+        with self._lock:
+            self._free.append(staged)
 
     def pending(self) -> concurrent.futures.Future[T] | None:
-        """The write not yet waited for (running or done), or None."""
-        return self._pending
+        """The oldest write not yet waited for (running or done), or None."""
+        return self._writes[0] if self._writes else None
 
-    def wait(self) -> T | None:
-        """Block until the pending write (if any) is done; return its result. Re-raises its
-        error."""
-        # Cleared only once the write ended: a SIGTERM handler that runs while this waits
-        # (Python runs it in this thread, inside result()) must find the write and drain it.
-        pending = self._pending
-        if pending is None:
-            return None
-        try:
-            return pending.result()
-        finally:
-            if self._pending is pending:
-                self._pending = None
+    def wait(self, timeout: float | None = None, *, first: bool = False) -> T | None:
+        """Block until the writes handed over (``first``: the oldest only) are done; return
+        the last one's result (None for a write replaced before it started). Re-raises an
+        error, the oldest first (the later writes stay pending). ``timeout`` (seconds, in
+        all): raises ``TimeoutError`` once it passed, the write still pending."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        result: T | None = None
+        while self._writes:
+            # Removed only once the write ended: a SIGTERM handler that runs while this waits
+            # (Python runs it in this thread, inside result()) must find the write and drain it.
+            pending = self._writes[0]
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                result = pending.result(left)
+            except concurrent.futures.CancelledError:
+                result = None
+            except concurrent.futures.TimeoutError:
+                if pending.done():  # the write's own TimeoutError (3.11: the same class)
+                    raise
+                raise TimeoutError(f"the write did not end within {timeout:g} s") from None
+            finally:
+                if pending.done() and self._writes and self._writes[0] is pending:
+                    self._writes.popleft()
+            if first:
+                break
+        return result

@@ -27,6 +27,7 @@ import datetime
 import functools
 import importlib
 import os
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable
@@ -58,9 +59,15 @@ _BACKENDS = {
     "abfs": ("adlfs", "pip install adlfs"),
 }
 # S3 defaults, under the user's own config_kwargs: a dead endpoint fails in seconds (botocore's
-# defaults retry a refused connection for ~10 s, a silent one for minutes); rankwise retries
-# transient faults itself, with backoff and a warning naming the URL.
-_S3_CONFIG = {"connect_timeout": 5, "retries": {"total_max_attempts": 1, "mode": "standard"}}
+# defaults retry a refused connection for ~10 s, a silent one for minutes), and so does a store
+# that takes a request but never answers (a frozen server: read_timeout, counted from the end
+# of the request's body); rankwise retries transient faults itself, with backoff and a warning
+# naming the URL.
+_S3_CONFIG = {
+    "connect_timeout": 5,
+    "read_timeout": 30,
+    "retries": {"total_max_attempts": 1, "mode": "standard"},
+}
 # Upload parts: s3fs holds max_concurrency parts in memory at once; 8 x 32 MiB (256 MiB) beside
 # training instead of its default 10 x 50 MiB (500 MiB). Not slower: 300 MB to a local SeaweedFS
 # took a median 3.65 s against 3.97 s for s3fs's defaults (4 runs each, on a loaded 2-core host,
@@ -103,6 +110,7 @@ class Storage:
         self.retry = retry or RetryPolicy()
         self._secrets = list(secrets)
         self._in_outage = False  # a retry was announced and no call has succeeded since
+        self.answered_at = 0.0  # time.monotonic() of the last call that succeeded
 
     @classmethod
     def for_url(
@@ -216,6 +224,7 @@ class Storage:
             announce=self._announce,
         )
         self._in_outage = False
+        self.answered_at = time.monotonic()
         return result
 
     def _announce(self, message: str) -> None:
@@ -250,8 +259,8 @@ class Storage:
         }
         if not self.protocol.startswith("s3"):
             extra = {}
-        if uploaded is not None and not isinstance(source, (bytes, bytearray, memoryview)):
-            extra["callback"] = _progress(uploaded)
+        if not isinstance(source, (bytes, bytearray, memoryview)):
+            extra["callback"] = _progress(self, uploaded)
         if isinstance(source, (bytes, bytearray, memoryview)):
             data = bytes(source)
             self.call(
@@ -371,13 +380,16 @@ class Storage:
             self.call("delete", key, lambda: self._remote().rm_file(self._full(key)), retry=once)
 
 
-def _progress(uploaded: Callable[[int], None]) -> Any:
-    """An fsspec callback calling ``uploaded(n)`` for each ``n`` bytes an upload reports."""
+def _progress(storage: Storage, uploaded: Callable[[int], None] | None) -> Any:
+    """An fsspec callback calling ``uploaded(n)`` for each ``n`` bytes an upload reports; each
+    report is an answer of the store (``storage.answered_at``: a long upload is not silence)."""
     from fsspec.callbacks import Callback  # fsspec: present whenever a storage is remote
 
     class Progress(Callback):
         def relative_update(self, inc: int = 1) -> None:
-            uploaded(inc)
+            storage.answered_at = time.monotonic()
+            if uploaded is not None:
+                uploaded(inc)
 
     return Progress()
 

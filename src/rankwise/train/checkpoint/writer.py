@@ -6,7 +6,11 @@ copy to :meth:`CheckpointManager.save_async`'s one background thread, which writ
 as a synchronous save does: temporary file, fsync, checksum manifest, rename, pointer, pruning.
 The loop is held only for the state dict and the copy. At most one write is in flight: a save
 that comes before the last one is on disk waits for it, and the wait is counted
-(:class:`SaveStats`). The end of ``fit``, an exception and SIGTERM drain the writer, so the
+(:class:`SaveStats`); to an object store (plain checkpoints, outside continue mode) it queues
+its snapshot behind the running write instead, the newest state winning, so a store that does
+not answer never holds the loop (one warning names it, after :data:`SILENT_S`); the end of
+``fit`` waits ``checkpoint_final_wait_s`` at most. Any failure of a write, whatever the writing
+library raised, is one :class:`CheckpointWriteError` naming the file and the cause. The end of ``fit``, an exception and SIGTERM drain the writer, so the
 last checkpoint is never silently lost; after a crash (a SIGKILL) the newest *complete*
 checkpoint is the one a resume takes, so the work lost is at most one checkpoint interval plus
 one write.
@@ -48,6 +52,7 @@ import torch.distributed as dist
 
 import rankwise.distributed as rd
 from rankwise.train.checkpoint.files import CheckpointError, CheckpointWarning
+from rankwise.train.checkpoint.remote_manager import RemoteCheckpointManager
 from rankwise.train.checkpoint.resume import Location, Manager, broadcast_path
 from rankwise.train.checkpoint.storage import StorageError
 from rankwise.train.sigterm import Duty
@@ -65,11 +70,45 @@ _STOP_FIX = (
     " The run stops here (every rank); the previous checkpoint is intact: free space or fix "
     "the folder's permissions, then relaunch with resume='auto'."
 )
+# A store silent this long (seconds; no answer, no upload progress) while a save queues behind
+# its write is announced (once per outage); a shorter wait is a busy store, not an outage.
+SILENT_S = 5.0
+_STORE_FIX = (
+    " The run stops here (every rank); the previous checkpoint is intact: fix the store (see "
+    "above), then relaunch with resume='auto'."
+)
 
 
 class CheckpointWriteError(CheckpointError, OSError):
-    """A checkpoint could not be written (a full disk, a read-only folder): the run stops, on
-    every rank, naming the file and the OS error. An ``OSError`` too, as the failure was."""
+    """A checkpoint could not be written (a full disk, a read-only folder, a store that failed
+    or did not answer in time): the run stops, on every rank, naming the file and the cause,
+    whatever the writing library raised (an ``OSError``, torch's ``RuntimeError``, a store's
+    error). An ``OSError`` too, as most such failures are."""
+
+
+def describe(exc: BaseException) -> str:
+    """What made a write fail, for a message: the OS error at its root where there is one
+    (torch reports a full disk as ``RuntimeError: ... unexpected pos`` raised while handling
+    the ``OSError``), then what followed it; else the exception's type and message.
+
+    >>> try:
+    ...     try:
+    ...         raise OSError(28, "No space left on device")
+    ...     except OSError:
+    ...         raise RuntimeError("unexpected pos 704 vs 598")
+    ... except RuntimeError as e:
+    ...     describe(e)
+    '[Errno 28] No space left on device (then RuntimeError: unexpected pos 704 vs 598)'
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and not isinstance(cause, StorageError):
+            return str(cause) if cause is exc else f"{cause} (then {type(exc).__name__}: {exc})"
+        # a cause kept out on purpose (``raise ... from None``: unscrubbed) stays out
+        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+    return str(exc) if isinstance(exc, StorageError) else f"{type(exc).__name__}: {exc}"
 
 
 class Savable(Protocol):
@@ -116,13 +155,32 @@ class CheckpointWriter:
         background: bool,
         shared: bool,
         saved: Callable[[Location], None],
+        final_wait_s: float = 600.0,
     ) -> None:
         self.manager, self.background, self.shared = manager, background, shared
         self._writes = writes
         self.stats = SaveStats()
         self._saved = saved
+        self.final_wait_s = final_wait_s
         self._in_flight: Location | None = None  # a background save not yet known to be durable
         self._written_in: tuple[int, int] | None = None  # its (generation, writer's slot)
+        # queued saves (see _queues): this rank's writes not yet reported, oldest first
+        self._flights: list[tuple[Location, concurrent.futures.Future[Any]]] = []
+        self._stalled = False  # the store's silence was announced (once per outage)
+        self._gave_up = False  # the end of fit waited final_wait_s in vain (said in its error)
+
+    def _queues(self) -> bool:
+        """Whether a save that finds the last write still running queues behind it instead of
+        waiting (the newest state wins): background writes of plain checkpoints to an object
+        store, whose silence must not hold the loop. A local folder waits (its writes end);
+        sharded saves are collectives of DCP's; under ``--on-failure continue`` whoever started
+        a write waits for it (rank 0 may move)."""
+        return (
+            self.background
+            and isinstance(self.manager, RemoteCheckpointManager)
+            and not self.manager.sharded
+            and rd.membership() is None
+        )
 
     @property
     def writes(self) -> bool:
@@ -156,12 +214,23 @@ class CheckpointWriter:
         if self.background:
             path = self.manager.path_for(state.epoch, state.step)
             if self.writes:
-                self.manager.save_async(saved, epoch=state.epoch, step=state.step)
-                self._time_write(started)
+                queued = self._queues()
+                future = self.manager.save_async(
+                    saved, epoch=state.epoch, step=state.step, behind=queued
+                )
+                if queued:
+                    self._flights.append((path, future))
+                self._time_write(started, future)
             self._in_flight, self._written_in = path, _writer_now()
         else:
+            error = None
             if self.writes:
-                path = self.manager.save(saved, epoch=state.epoch, step=state.step)
+                try:
+                    path = self.manager.save(saved, epoch=state.epoch, step=state.step)
+                except Exception as exc:  # whatever the writing library raised: every rank stops
+                    where = self.manager.path_for(state.epoch, state.step)
+                    error = _failed(where, exc)
+            self._agree(error)
             path = broadcast_path(path) if self.shared else path
             rd.barrier()  # no rank runs ahead of a checkpoint that may not exist yet
         self.stats.saves += 1
@@ -181,6 +250,7 @@ class CheckpointWriter:
             return
         self._agree(self._wait_for_write(time.perf_counter(), final=True))  # all learn it
         self._report_in_flight()
+        self._in_flight, self._stalled = None, False
 
     def settle(self, state: Savable) -> Location | None:
         """Mid-fit: return once the background save in flight is durable, on every rank (the
@@ -196,12 +266,14 @@ class CheckpointWriter:
         path = self._in_flight
         # The writing rank waits (a store down past its retries is a warning here, a failed
         # local write stops every rank); the others learn that it is done.
-        self._agree(self._wait_for_write(started))
+        self._agree(self._wait_for_write(started, block=True))
         self.stats.blocked_seconds += time.perf_counter() - started
-        if self._in_flight is None:  # the write failed (its warning is given)
+        lost = self._in_flight is None  # the write failed (its warning is given)
+        if lost and not self._queues():
             return None
-        self._report_in_flight()
-        return path
+        self._report_in_flight()  # queued saves: a collective (the landed ones are broadcast)
+        self._in_flight = None  # every write ended: on every rank
+        return None if lost else path
 
     def _redo_lost_write(self, state: Savable | None) -> None:
         """Under ``--on-failure continue``: the save in flight, whose writer was lost, made
@@ -216,13 +288,21 @@ class CheckpointWriter:
         error that stopped ``fit``. Local: no collective."""
         if not self.background or self.manager.pending() is None:  # whoever started a write
             return
+        if self._gave_up:  # the end of fit waited for it already: its error says so
+            return
+        pending = self.manager.pending()
         try:
-            self.manager.wait()
+            self.manager.wait(self.final_wait_s)
         except Exception as e:  # the fit is already failing: say so, do not mask its error
+            late = isinstance(e, TimeoutError) and pending is not None and not pending.done()
+            said = (
+                f"did not end within checkpoint_final_wait_s={self.final_wait_s:g} s "
+                f"({self.manager.directory} did not answer)"
+                if late
+                else f"failed as well: {type(e).__name__}: {e}"
+            )
             warnings.warn(
-                f"the background checkpoint write failed as well: {type(e).__name__}: {e}",
-                CheckpointWarning,
-                stacklevel=2,
+                f"the background checkpoint write {said}", CheckpointWarning, stacklevel=2
             )
 
     def sigterm_duty(self) -> Duty:
@@ -236,7 +316,15 @@ class CheckpointWriter:
             pending: concurrent.futures.Future[Any] | None = self.manager.pending()
             if pending is None:
                 return
-            concurrent.futures.wait([pending])
+            concurrent.futures.wait([pending], timeout=self.final_wait_s)
+            if not pending.done():
+                print(
+                    "rankwise: the background checkpoint write did not end within "
+                    f"checkpoint_final_wait_s={self.final_wait_s:g} s; ending without it",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return
             if pending.exception() is not None:
                 print(
                     "rankwise: the background checkpoint write failed as well: "
@@ -249,41 +337,91 @@ class CheckpointWriter:
             "the checkpoint write in flight", lambda: self.may_have_write_in_flight, await_write
         )
 
-    def _wait_for_write(self, started: float, final: bool = False) -> str | None:
-        """Wait for the write this rank started, whatever its role now; return its error as
-        the message every rank raises (None: no write, or it landed)."""
+    def _wait_for_write(
+        self, started: float, final: bool = False, block: bool = False
+    ) -> str | None:
+        """Wait for the writes this rank started, whatever its role now; return an error as
+        the message every rank raises (None: no write, or they landed, or a store's failure
+        that is a warning). Queued saves (:meth:`_queues`) are not waited for while one still
+        runs (unless ``block``; one warning names the store's silence); the end of ``fit``
+        (``final``) waits at most ``final_wait_s`` seconds in all."""
         pending = self.manager.pending()
         if pending is None:
             return None
-        if not pending.done():
+        patient = final or block or not self._queues()
+        if not pending.done() and patient:
             self.stats.waits += 1
+        deadline = time.monotonic() + self.final_wait_s if final else None
         try:
-            self.manager.wait()  # re-raises the background write's error
-        except StorageError as e:
-            if final:
-                return (
-                    f"fit's last checkpoint ({self._in_flight}) could not be made durable: {e} "
-                    "Training finished, but the checkpoint store holds only the previous "
-                    "checkpoint: fix the store and train again with resume='auto' (it goes on "
-                    "from there)."
-                )
-            # The object store is down past the retries: this checkpoint is lost, training
-            # goes on, and the next save tries again (the end of fit insists: final).
-            warnings.warn(
-                f"the checkpoint {self._in_flight} was not saved: {e} Training goes on; "
-                "the next checkpoint save tries again.",
-                CheckpointWarning,
-                stacklevel=4,
-            )
-            self._in_flight = None
-        except OSError as exc:
-            return (
-                f"writing the checkpoint {self._in_flight or self.manager.directory} failed: "
-                f"{exc}.{_STOP_FIX}"
-            )
+            while (pending := self.manager.pending()) is not None:
+                if not patient and not pending.done():
+                    self._warn_unanswered()
+                    return None
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                where = self._location_of(pending)
+                try:
+                    self.manager.wait(left, first=True)  # re-raises the write's error
+                except StorageError as e:
+                    if final:
+                        return (
+                            f"fit's last checkpoint ({where}) could not be made durable: {e} "
+                            "Training finished, but the checkpoint store holds only the "
+                            "previous checkpoint: fix the store and train again with "
+                            "resume='auto' (it goes on from there)."
+                        )
+                    # The object store is down past the retries: this checkpoint is lost,
+                    # training goes on, and the next save tries again (the end of fit insists).
+                    warnings.warn(
+                        f"the checkpoint {where} was not saved: {e} Training goes on; "
+                        "the next checkpoint save tries again.",
+                        CheckpointWarning,
+                        stacklevel=4,
+                    )
+                    if where == self._in_flight:
+                        self._in_flight = None
+                except Exception as exc:  # any library's error: every rank stops, naming it
+                    if isinstance(exc, TimeoutError) and not pending.done():
+                        self._gave_up = True
+                        return (
+                            f"fit's last checkpoint ({self._in_flight}) was not durable within "
+                            f"checkpoint_final_wait_s={self.final_wait_s:g} s: "
+                            f"{self.manager.directory} did not answer. Training finished, but "
+                            "only the checkpoints written before are there: raise "
+                            "checkpoint_final_wait_s for a slow store, or fix the store, and "
+                            "train again with resume='auto'."
+                        )
+                    return _failed(where, exc)
+            self._stalled = False  # every write ended: a later silence is a new outage
         finally:
             self.stats.waited_seconds += time.perf_counter() - started
         return None
+
+    def _location_of(self, pending: concurrent.futures.Future[Any]) -> Location:
+        """The checkpoint ``pending`` writes (for messages)."""
+        for path, future in self._flights:
+            if future is pending:
+                return path
+        return self._in_flight or self.manager.directory
+
+    def _warn_unanswered(self) -> None:
+        """A save point found the last write still running (queued saves): once per outage
+        (a store silent for :data:`SILENT_S` or more), say which store has not answered for
+        how long; the loop goes on."""
+        silent = getattr(self.manager, "unanswered_for", lambda: 0.0)()
+        if self._stalled or silent < SILENT_S:
+            return
+        self._stalled = True
+        running = self.manager.pending()
+        where = self._in_flight if running is None else self._location_of(running)
+        warnings.warn(
+            f"the checkpoint store {self.manager.directory} has not answered for {silent:.0f} s "
+            f"(the write of {where} still runs). Training "
+            "goes on: each save now snapshots the state and queues it behind that write, a "
+            "newer save replacing an older queued one (the newest state wins); the end of fit "
+            "waits at most checkpoint_final_wait_s for it.",
+            CheckpointWarning,
+            stacklevel=5,
+        )
 
     def _agree(self, error: str | None) -> None:
         """Every rank learns whether a write failed (a collective in a world of more than
@@ -303,15 +441,35 @@ class CheckpointWriter:
             member.stop(str(error))
         raise CheckpointWriteError(str(error))
 
-    def _time_write(self, started: float) -> None:
-        pending = self.manager.pending()
-        if pending is not None:
-            done = self.stats.durable_after.append
-            pending.add_done_callback(lambda _: done(time.perf_counter() - started))
+    def _time_write(self, started: float, future: concurrent.futures.Future[Any]) -> None:
+        done = self.stats.durable_after.append
+
+        def landed(ended: concurrent.futures.Future[Any]) -> None:
+            if not ended.cancelled() and ended.exception() is None:
+                done(time.perf_counter() - started)
+
+        future.add_done_callback(landed)
 
     def _report_in_flight(self) -> None:
+        if self._queues():
+            self._report_landed()
+            return
         path, self._in_flight = self._in_flight, None
         if path is not None and not self._writer_lost():
+            self._saved(path)
+
+    def _report_landed(self) -> None:
+        """Queued saves: ``saved`` for each of this rank's writes that landed since the last
+        report, in order (a save replaced before it started never is); with one writer for
+        all ranks, the others learn the list from it (a collective)."""
+        landed: list[Location] = []
+        for path, future in self._flights:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                landed.append(path)
+        self._flights = [(path, future) for path, future in self._flights if not future.done()]
+        if self.shared and rd.get_world_size() > 1 and rd.has_group():
+            landed = list(rd.broadcast_plain([str(p) for p in landed], src=0))
+        for path in landed:
             self._saved(path)
 
     def _writer_lost(self) -> bool:
@@ -331,6 +489,12 @@ def _writer_now() -> tuple[int, int] | None:
     return None if member is None else (member.generation, member.members[0])
 
 
+def _failed(where: Location, exc: BaseException) -> str:
+    """The message every rank raises when writing ``where`` failed with ``exc``."""
+    fix = _STORE_FIX if isinstance(exc, StorageError) else _STOP_FIX
+    return f"writing the checkpoint {where} failed: {describe(exc).rstrip('.')}.{fix}"
+
+
 def writer_for(
     manager: Manager | None, cfg: Any, saved: Callable[[Location], None]
 ) -> CheckpointWriter | None:
@@ -347,4 +511,5 @@ def writer_for(
         background=cfg.async_checkpoints,
         shared=manager.sharded or cfg.save_on_master_only,
         saved=saved,
+        final_wait_s=cfg.checkpoint_final_wait_s,
     )
