@@ -201,6 +201,28 @@ def check_storage_options(value: Any) -> dict[str, Any] | None:
     return options
 
 
+def check_checkpoint_key(value: Any) -> None:
+    """Refuse a ``checkpoint_key`` that is not None or a non-empty string (the message never
+    shows the value: it is a secret).
+
+    >>> check_checkpoint_key("a-long-random-secret")
+    """
+    fix = (
+        "give the secret as a string (e.g. the output of 'openssl rand -hex 32'), or None to "
+        "take RANKWISE_CHECKPOINT_KEY from the environment (unset: unkeyed checkpoints)"
+    )
+    if value is None:
+        return
+    if not isinstance(value, str) or not value:
+        what = "an empty string" if value == "" else f"a {type(value).__name__}"
+        raise ValueError(f"DistributedTrainingConfig.checkpoint_key (not shown) is {what}: {fix}.")
+    if value == REDACTED:
+        raise ValueError(
+            f"DistributedTrainingConfig.checkpoint_key holds {REDACTED!r}, the key redacted from "
+            f"a saved config: {fix}."
+        )
+
+
 # The loggers a run may write to: rankwise's own files, and the experiment trackers
 # (rankwise.train.trackers), each configured by its own variables plus logger_options.
 LOGGERS = ("csv", "tensorboard", "wandb", "mlflow")
@@ -414,6 +436,8 @@ class DistributedTrainingConfig:
     checkpoint_dir: str | None = "./checkpoints"  # None = no checkpoints; or an fsspec URL
     # object store options (fsspec: endpoint_url, key, secret, ...); None = AWS_* / files
     checkpoint_storage_options: dict[str, Any] | None = None
+    # the secret that signs checkpoint manifests (HMAC); None = RANKWISE_CHECKPOINT_KEY, or none
+    checkpoint_key: str | None = dataclasses.field(default=None, repr=False)
     save_on_master_only: bool = True
     keep_last_checkpoints: int | None = 3  # None = keep all
     resume: str | None = None  # None | "auto" | a checkpoint path
@@ -470,6 +494,7 @@ class DistributedTrainingConfig:
             setattr(self, name, check_choice(name, getattr(self, name), choices))
         self.compile_options = check_compile_options(self.compile_options)
         self.checkpoint_storage_options = check_storage_options(self.checkpoint_storage_options)
+        check_checkpoint_key(self.checkpoint_key)
         self.loggers = check_loggers(self.loggers)
         self.logger_options = check_logger_options(self.logger_options)
         self.check_combinations()
@@ -607,8 +632,8 @@ class DistributedTrainingConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values by field name (what ``to_yaml`` writes and checkpoints keep), with the
-        credentials in ``checkpoint_storage_options`` and ``logger_options`` shown as ``"***"``: they never reach a
-        file, a log or a checkpoint.
+        credentials in ``checkpoint_storage_options`` and ``logger_options``, and the
+        ``checkpoint_key``, shown as ``"***"``: they never reach a file, a log or a checkpoint.
 
         >>> DistributedTrainingConfig(checkpoint_storage_options={"secret": "abc123"}
         ...                           ).to_dict()["checkpoint_storage_options"]
@@ -617,6 +642,8 @@ class DistributedTrainingConfig:
         values = dataclasses.asdict(self)
         if self.checkpoint_storage_options is not None:
             values["checkpoint_storage_options"] = redacted(self.checkpoint_storage_options)
+        if self.checkpoint_key is not None:
+            values["checkpoint_key"] = REDACTED
         values["logger_options"] = redacted(self.logger_options)
         return values
 

@@ -366,7 +366,11 @@ class DistributedTrainer:
         state = self.state
         with self.progress.operation(f"the resume from the checkpoints (resume={cfg.resume!r})"):
             loaded = load_resume(
-                cfg.resume, manager, not cfg.save_on_master_only, cfg.checkpoint_storage_options
+                cfg.resume,
+                manager,
+                not cfg.save_on_master_only,
+                cfg.checkpoint_storage_options,
+                cfg.checkpoint_key,
             )
         if loaded is not None:
             state.load_state_dict(loaded[1], loaded[0])
@@ -468,11 +472,13 @@ class DistributedTrainer:
         Works before the first ``fit`` too (e.g. to evaluate a saved model); an optimizer or
         scheduler given as a factory is then built fresh by ``fit``. ``path`` may be an
         object's URL (``s3://...``), reached with ``storage_options`` (the fsspec options, as
-        ``checkpoint_storage_options``; default: the last ``fit``'s config's).
+        ``checkpoint_storage_options``; default: the last ``fit``'s config's). It is checked
+        with the last ``fit``'s ``checkpoint_key`` (else ``RANKWISE_CHECKPOINT_KEY``).
         """
         if storage_options is None and self.config is not None:
             storage_options = self.config.checkpoint_storage_options
-        state = read_checkpoint(path, storage_options=storage_options)
+        key = None if self.config is None else self.config.checkpoint_key
+        state = read_checkpoint(path, storage_options=storage_options, key=key)
         self.state.load_state_dict(state, path)
 
     def _call(self, name: str, *args: Any) -> None:

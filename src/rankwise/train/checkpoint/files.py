@@ -28,8 +28,10 @@ import concurrent.futures
 import contextlib
 import datetime
 import hashlib
+import hmac
 import json
 import os
+import re
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -177,7 +179,11 @@ def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
 
 
 def save_file(
-    obj: dict[str, Any], path: str | os.PathLike[str], *, meta: dict[str, Any] | None = None
+    obj: dict[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    meta: dict[str, Any] | None = None,
+    key: str | bytes | None = None,
 ) -> Path:
     """Write ``obj`` with ``torch.save`` to ``path`` atomically, then its manifest; return path.
 
@@ -185,7 +191,9 @@ def save_file(
     that :func:`load_file` can read it with ``torch.load(weights_only=True)``: anything else
     raises ``TypeError`` naming where it sits, now rather than at resume time. ``meta`` (plain
     JSON values) is stored in the manifest. Overwriting an existing checkpoint leaves it
-    invalid between the data's rename and the manifest's, never wrongly valid.
+    invalid between the data's rename and the manifest's, never wrongly valid. ``key``: the
+    checkpoint key the manifest is signed with (default: ``RANKWISE_CHECKPOINT_KEY``; none:
+    no MAC), see :func:`resolve_key`.
     """
     if not isinstance(obj, dict):
         raise TypeError(f"save_file takes a dict, got {type(obj).__name__}.")
@@ -211,7 +219,7 @@ def save_file(
     writer = write_atomic(path, write, before_rename=before_rename)
     fault_point("before-manifest")
     manifest = new_manifest(path.name, writer.size, writer.checksum.hexdigest(), meta)
-    write_json_atomic(manifest_path(path), manifest)
+    write_json_atomic(manifest_path(path), sign(manifest, path.name, key))
     return path
 
 
@@ -249,6 +257,111 @@ USE_ANOTHER = (
 )
 
 
+# -- trust: the key, the manifest's MAC, the name against the position inside ---------------
+
+KEY_VARIABLE = "RANKWISE_CHECKPOINT_KEY"
+MAC = "hmac_sha256"  # the manifest key of its MAC
+_DOMAIN = b"rankwise checkpoint manifest\0"
+# The position a manager's name claims: {prefix}-e{epoch}-s{step} with a file's or folder's suffix.
+_POSITION = re.compile(r"-e(\d+)-s(\d+)(\.pt|\.dcp)$")
+_NO_MAC_FIX = (
+    "set the key it was written with (a checkpoint written before a key was set loads only "
+    "with the key unset, unchecked as every unkeyed checkpoint), or " + USE_ANOTHER
+)
+
+
+def resolve_key(key: str | bytes | None = None) -> bytes | None:
+    """The checkpoint key as bytes: ``key`` (the config's ``checkpoint_key``) when given, else
+    the environment variable ``RANKWISE_CHECKPOINT_KEY``, else None (manifests carry no MAC and
+    none is checked). An empty key is refused: it would sign with a secret everyone knows.
+
+    >>> resolve_key("s3cret")
+    b's3cret'
+    """
+    where = "checkpoint_key"
+    if key is None:
+        key, where = os.environ.get(KEY_VARIABLE), KEY_VARIABLE
+        if key is None:
+            return None
+    if isinstance(key, str):
+        key = key.encode()
+    if not isinstance(key, bytes | bytearray) or not key:
+        raise ValueError(
+            f"{where} is empty or not a string: give a secret (e.g. the output of "
+            f"'openssl rand -hex 32'), or leave {where} unset for unkeyed checkpoints."
+        )
+    return bytes(key)
+
+
+def manifest_mac(manifest: dict[str, Any], name: str, key: str | bytes | None = None) -> str:
+    """The HMAC-SHA256 (hex) of a manifest's content (all but its MAC) and the checkpoint's
+    ``name``, under ``key`` (see :func:`resolve_key`): renaming the checkpoint or changing a
+    byte of its manifest breaks it."""
+    secret = resolve_key(key)
+    if secret is None:
+        raise ValueError(f"no checkpoint key: set checkpoint_key or {KEY_VARIABLE}.")
+    body = {k: v for k, v in manifest.items() if k != MAC}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    message = _DOMAIN + name.encode() + b"\0" + canonical.encode()
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def sign(manifest: dict[str, Any], name: str, key: str | bytes | None = None) -> dict[str, Any]:
+    """``manifest`` with its MAC over its content and ``name`` when a key is set (see
+    :func:`resolve_key`), without one otherwise."""
+    body = {k: v for k, v in manifest.items() if k != MAC}
+    secret = resolve_key(key)
+    return body if secret is None else {**body, MAC: manifest_mac(body, name, secret)}
+
+
+def check_trust(
+    manifest: dict[str, Any], name: str, key: str | bytes | None, what: str, manifest_name: str
+) -> None:
+    """Raise :class:`CheckpointError` (naming ``what``) unless ``manifest`` vouches for
+    checkpoint ``name``: with a key (see :func:`resolve_key`), a MAC over its content and
+    ``name`` that matches; with or without one, the position ``name`` claims (``-e{epoch}-s
+    {step}``) the same as the manifest's ``meta``."""
+    secret = resolve_key(key)
+    if secret is not None:
+        mac = manifest.get(MAC)
+        if not isinstance(mac, str):
+            raise CheckpointError(
+                f"{what}: its manifest {manifest_name} carries no MAC, and a checkpoint key is "
+                f"set (checkpoint_key or {KEY_VARIABLE}): it was written without the key, or "
+                f"its MAC was removed, so it is not trusted. Fix: {_NO_MAC_FIX}."
+            )
+        if not hmac.compare_digest(mac, manifest_mac(manifest, name, secret)):
+            raise CheckpointError(
+                f"{what}: its manifest {manifest_name}'s MAC does not match (written under "
+                "another key, renamed, or its manifest changed after it was written), so it "
+                f"is not trusted. Fix: set the key it was written with, or {USE_ANOTHER}."
+            )
+    check_position(name, manifest.get("meta"), what, f"its manifest {manifest_name}")
+
+
+def check_position(name: str, held: Any, what: str, where: str) -> None:
+    """Raise :class:`CheckpointError` when ``name`` claims an epoch and step
+    (``...-e000001-s000000300.pt``) that ``held`` (a manifest's meta, or the state inside:
+    a dict with int ``epoch``/``step``) contradicts. Other names claim nothing."""
+    match = _POSITION.search(name)
+    if match is None or not isinstance(held, dict):
+        return
+    named = {"epoch": int(match[1]), "step": int(match[2])}
+    inside = {
+        k: v for k in named if isinstance(v := held.get(k), int) and not isinstance(v, bool)
+    }
+    if all(inside[k] == named[k] for k in inside):
+        return
+    epoch, step = inside.get("epoch", named["epoch"]), inside.get("step", named["step"])
+    own = f"{name[: match.start()]}-e{epoch:06d}-s{step:09d}{match[3]}"
+    raise CheckpointError(
+        f"{what} is named for epoch {named['epoch']} step {named['step']}, but {where} says "
+        f"epoch {epoch} step {step}: it was renamed (or copied under another checkpoint's "
+        "name), and a resume from it would go on from the wrong place, so it is not used. "
+        f"Fix: give it back its own name ({own}, with its manifest), or {USE_ANOTHER}."
+    )
+
+
 def new_manifest(name: str, size: int, digest: str, meta: dict[str, Any] | None) -> dict[str, Any]:
     """The manifest of checkpoint ``name`` (``size`` bytes of XXH3-128 ``digest``): the one
     format a local file and an object in a bucket both carry."""
@@ -263,9 +376,12 @@ def new_manifest(name: str, size: int, digest: str, meta: dict[str, Any] | None)
     }
 
 
-def parse_manifest(raw: bytes | str, what: str, manifest_name: str) -> tuple[dict[str, Any], str]:
-    """``(manifest, algorithm)`` of a manifest's bytes (``algorithm``: the checksum it holds);
-    :class:`CheckpointError` naming ``what`` when it is unreadable or from a newer rankwise."""
+def parse_manifest(
+    raw: bytes | str, what: str, manifest_name: str, *, name: str, key: str | bytes | None
+) -> tuple[dict[str, Any], str]:
+    """``(manifest, algorithm)`` of the manifest of checkpoint ``name`` from its bytes
+    (``algorithm``: the checksum it holds); :class:`CheckpointError` naming ``what`` when it is
+    unreadable, from a newer rankwise, or not trusted (:func:`check_trust` under ``key``)."""
     try:
         manifest = json.loads(raw)
         algorithm = next(name for name in _CHECKSUMS if name in manifest)
@@ -278,6 +394,7 @@ def parse_manifest(raw: bytes | str, what: str, manifest_name: str) -> tuple[dic
         ) from None
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{what}: its manifest {manifest_name} is unreadable ({e}).") from e
+    check_trust(manifest, name, key, what, manifest_name)
     return dict(manifest), algorithm
 
 
@@ -286,9 +403,11 @@ def new_checksum(algorithm: str = "xxh3_128") -> Any:
     return _CHECKSUMS[algorithm]()
 
 
-def verify_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+def verify_file(path: str | os.PathLike[str], *, key: str | bytes | None = None) -> dict[str, Any]:
     """Check ``path`` against its manifest; return the manifest or raise
-    :class:`CheckpointError` saying what is wrong (missing manifest, truncated, corrupt)."""
+    :class:`CheckpointError` saying what is wrong (missing manifest, truncated, corrupt, a
+    name that claims another step than the manifest's, and with a checkpoint ``key``
+    (default: ``RANKWISE_CHECKPOINT_KEY``) a MAC missing or wrong)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist.")
@@ -304,7 +423,7 @@ def verify_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         ) from None
     except OSError as e:
         raise CheckpointError(f"{what}: its manifest {mpath.name} is unreadable ({e}).") from e
-    manifest, algorithm = parse_manifest(raw, what, mpath.name)
+    manifest, algorithm = parse_manifest(raw, what, mpath.name, name=path.name, key=key)
     check_bytes(path, manifest["size"], manifest[algorithm], algorithm, what)
     return manifest
 
@@ -352,23 +471,32 @@ def check_content(
         )
 
 
-def load_file(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> dict[str, Any]:
+def load_file(
+    path: str | os.PathLike[str], *, map_location: Any = "cpu", key: str | bytes | None = None
+) -> dict[str, Any]:
     """Verify ``path`` against its manifest, then ``torch.load`` it (``weights_only=True``).
 
-    Raises :class:`CheckpointError` naming the file and the fault when it is torn, corrupt or
-    has no manifest, and ``FileNotFoundError`` when it does not exist.
+    Raises :class:`CheckpointError` naming the file and the fault when it is torn, corrupt,
+    has no manifest, holds another epoch or step than its name says, or (with a checkpoint
+    ``key``, default ``RANKWISE_CHECKPOINT_KEY``) its manifest's MAC is missing or wrong; and
+    ``FileNotFoundError`` when it does not exist.
     """
-    verify_file(path)
+    verify_file(path, key=key)
     return load_torch(Path(path), f"checkpoint {path}", map_location=map_location)
 
 
-def load_torch(path: Path, what: str, *, map_location: Any = "cpu") -> dict[str, Any]:
+def load_torch(
+    path: Path, what: str, *, map_location: Any = "cpu", name: str | None = None
+) -> dict[str, Any]:
     """``torch.load`` a verified checkpoint file (``weights_only=True``); ``what`` names it
-    in errors (a local path, or the URL it was downloaded from)."""
+    in errors (a local path, or the URL it was downloaded from); ``name``: the checkpoint's
+    name, whose position the state's ``epoch`` and ``step`` must match (default: the
+    file's)."""
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # verified bytes that do not unpickle: not a rankwise checkpoint
         raise CheckpointError(f"{what} verifies but does not load: {e}") from e
     if not isinstance(obj, dict):
         raise CheckpointError(f"{what} holds a {type(obj).__name__}, not a dict.")
+    check_position(name or path.name, obj, what, "the state inside")
     return obj

@@ -29,6 +29,7 @@ from rankwise.train.checkpoint.files import (
     fault_point,
     load_file,
     manifest_path,
+    resolve_key,
     save_file,
     verify_file,
     write_json_atomic,
@@ -55,7 +56,10 @@ class CheckpointManager:
     directory and prefix: with several writing ranks, give each its own prefix or folder.
     Nothing is created until the first save. ``sharded``: saves write DCP folders and are
     collectives, called on every rank (each writes its shards; rank 0 the rest and the
-    manifest, and moves the pointer).
+    manifest, and moves the pointer). ``key``: the checkpoint key (default: the environment
+    variable ``RANKWISE_CHECKPOINT_KEY``); with one, every manifest is signed with a MAC over
+    its content and the checkpoint's name, and a checkpoint without a valid MAC is not loaded
+    (see "Checkpoint trust" in docs/train.md).
     """
 
     def __init__(
@@ -65,8 +69,10 @@ class CheckpointManager:
         prefix: str = "ckpt",
         *,
         sharded: bool = False,
+        key: str | None = None,
     ) -> None:
         check_naming(keep_last, prefix)
+        self._secret = resolve_key(key)  # never shown: not in repr or messages
         self.directory = Path(directory)
         self.keep_last = keep_last
         self.prefix = prefix
@@ -133,7 +139,7 @@ class CheckpointManager:
         if self.sharded:
             return self._start_sharded(state, path, background=False)()
         self._remove_orphan_tmp_files()
-        save_file(state, path, meta={"epoch": epoch, "step": step})
+        save_file(state, path, meta={"epoch": epoch, "step": step}, key=self._secret)
         self._commit(path)
         return path
 
@@ -159,7 +165,7 @@ class CheckpointManager:
                 self._remove_orphan_tmp_files()
                 epoch, step = self._key(path)
                 meta = {"epoch": epoch, "step": step, "world_size": state.get("world_size")}
-                sharded.publish(tmp, path, rest, meta)
+                sharded.publish(tmp, path, rest, meta, self._secret)
                 self._commit(path)
             return path
 
@@ -206,7 +212,10 @@ class CheckpointManager:
         """
         for path in self._candidates():
             try:
-                sharded.verify_folder(path) if sharded.is_sharded_path(path) else verify_file(path)
+                if sharded.is_sharded_path(path):
+                    sharded.verify_folder(path, key=self._secret)
+                else:
+                    verify_file(path, key=self._secret)
             except CheckpointError as e:
                 self._skip(e)
                 continue
@@ -217,7 +226,7 @@ class CheckpointManager:
         """``(path, state)`` of the newest valid checkpoint (verified once), or ``None``."""
         for path in self._candidates():
             try:
-                return path, read_checkpoint(path)
+                return path, read_checkpoint(path, key=self._secret)
             except CheckpointError as e:
                 self._skip(e)
         return None
@@ -339,6 +348,7 @@ def read_checkpoint(
     *,
     verify_shards: bool = True,
     storage_options: dict[str, Any] | None = None,
+    key: str | None = None,
 ) -> dict[str, Any]:
     """A verified checkpoint's state: a file's whole content (:func:`load_file`), or a sharded
     folder's plain part whose ``"dcp"`` entry names the folder; ``TrainState.load_state_dict``
@@ -346,7 +356,10 @@ def read_checkpoint(
     only (a rank loading what rank 0 verified in full). ``path`` may be an object's URL
     (``s3://bucket/run/ckpt-e000001-s000000300.pt``, or a sharded folder's ``...300.dcp``),
     reached with ``storage_options``: it is downloaded, verified against its manifest and
-    loaded (a folder's local copy is deleted once its shards are loaded)."""
+    loaded (a folder's local copy is deleted once its shards are loaded). ``key``: the
+    checkpoint key (default: ``RANKWISE_CHECKPOINT_KEY``); with one, a checkpoint whose
+    manifest carries no valid MAC is refused. A name that claims another epoch or step
+    (``-e{epoch}-s{step}``) than the checkpoint holds is refused, key or not."""
     if is_remote_url(path):
         url = os.fspath(path).rstrip("/")
         folder, _, name = split_url(url)[1].rpartition("/")
@@ -358,11 +371,11 @@ def read_checkpoint(
             )
         storage = Storage.for_url(url.rpartition("/")[0], storage_options)
         if sharded.is_sharded_path(name):
-            return remote_sharded.fetch(storage, name)
-        return remote.load(storage, name)
+            return remote_sharded.fetch(storage, name, key)
+        return remote.load(storage, name, key)
     if sharded.is_sharded_path(path):
-        return sharded.read_state(path, verify_shards=verify_shards)
-    return load_file(path)
+        return sharded.read_state(path, verify_shards=verify_shards, key=key)
+    return load_file(path, key=key)
 
 
 def _pid_running(pid: int) -> bool:
@@ -375,6 +388,9 @@ def _pid_running(pid: int) -> bool:
     return True
 
 
-def find_latest(directory: str | os.PathLike[str], prefix: str = "ckpt") -> Path | None:
-    """The newest valid checkpoint in ``directory`` (see :meth:`CheckpointManager.latest`)."""
-    return CheckpointManager(directory, prefix=prefix).latest()
+def find_latest(
+    directory: str | os.PathLike[str], prefix: str = "ckpt", *, key: str | None = None
+) -> Path | None:
+    """The newest valid checkpoint in ``directory`` (see :meth:`CheckpointManager.latest`;
+    ``key``: the checkpoint key, default ``RANKWISE_CHECKPOINT_KEY``)."""
+    return CheckpointManager(directory, prefix=prefix, key=key).latest()

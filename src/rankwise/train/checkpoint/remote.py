@@ -9,7 +9,8 @@ written in this order by :func:`publish`:
    checked by the same code as on disk (``files.parse_manifest``, ``files.check_content``);
 3. the pointer ``{prefix}-latest.json`` (``{"file": NAME, ...}``), as on disk.
 
-A reader trusts a checkpoint only when its manifest exists and the object's size and XXH3-128
+A reader trusts a checkpoint only when its manifest exists (with a checkpoint key: carrying a
+valid MAC over its content and the checkpoint's name) and the object's size and XXH3-128
 match it (:func:`verify`). A writer killed after (1) leaves data with no manifest, after (2) a
 good checkpoint the pointer does not name yet: :func:`latest` follows the pointer when its
 target verifies and otherwise scans the checkpoints newest first, so it never returns a torn
@@ -47,6 +48,7 @@ from rankwise.train.checkpoint.files import (
     new_checksum,
     new_manifest,
     parse_manifest,
+    sign,
 )
 from rankwise.train.checkpoint.storage import Storage
 
@@ -80,13 +82,15 @@ def publish(
     meta: dict[str, Any] | None = None,
     manifest: dict[str, Any] | None = None,
     keep_last: int | None = None,
+    key: str | bytes | None = None,
 ) -> dict[str, Any]:
     """Write checkpoint ``name`` from ``source`` (bytes, or a local file): data, then
     manifest, then the pointer (with ``pointer``'s extra fields, e.g. epoch and step), then
     prune to ``keep_last`` (``None`` keeps all). Returns the manifest. ``manifest``: the local
     file's own (``save_file`` computed it while writing), uploaded as it is; otherwise one is
     made here (with ``meta``). Each upload retries transient failures under ``storage.retry``;
-    when one gives up, the pointer still names the previous checkpoint.
+    when one gives up, the pointer still names the previous checkpoint. The manifest is
+    signed under ``key`` (default: ``RANKWISE_CHECKPOINT_KEY``; none: no MAC).
 
     Fault points (:func:`~rankwise.train.checkpoint.set_fault_hook`): ``mid-upload`` once the
     first part of a file's data is up (the whole object, for one part), ``before-pointer`` and
@@ -112,7 +116,8 @@ def publish(
 
         if storage.put(source, name, uploaded=uploaded) != manifest["size"]:
             raise CheckpointError(f"{source} changed while it was uploaded to {name}.")
-    storage.put(_json({**manifest, "file": name}), manifest_key(name))
+    manifest = sign({**manifest, "file": name}, name, key)
+    storage.put(_json(manifest), manifest_key(name))
     fault_point("before-pointer")
     storage.put(_json({**(pointer or {}), "file": name}), pointer_key(prefix))
     fault_point("before-prune")
@@ -140,10 +145,13 @@ def checkpoints(storage: Storage, prefix: str = "ckpt") -> list[str]:
     ]
 
 
-def read_manifest(storage: Storage, name: str) -> tuple[dict[str, Any], str]:
-    """``(manifest, algorithm)`` of ``name``; :class:`CheckpointError` when it is missing or
-    unreadable."""
-    key = manifest_key(name)
+def read_manifest(
+    storage: Storage, name: str, key: str | bytes | None = None
+) -> tuple[dict[str, Any], str]:
+    """``(manifest, algorithm)`` of ``name``; :class:`CheckpointError` when it is missing,
+    unreadable or not trusted (``files.check_trust`` under ``key``: a MAC missing or wrong, a
+    name claiming another step)."""
+    checkpoint_key, key = key, manifest_key(name)
     what = f"checkpoint {storage.url_of(name)}"
     try:
         raw = storage.read(key)
@@ -152,13 +160,14 @@ def read_manifest(storage: Storage, name: str) -> tuple[dict[str, Any], str]:
             f"{what} has no manifest ({key}): its upload did not finish; it cannot be "
             "verified, so it is not used."
         ) from None
-    return parse_manifest(raw, what, key)
+    return parse_manifest(raw, what, key, name=name, key=checkpoint_key)
 
 
-def verify(storage: Storage, name: str) -> dict[str, Any]:
-    """Check ``name`` against its manifest (size first, then the checksum of its bytes,
-    streamed); return the manifest or raise :class:`CheckpointError` saying what is wrong."""
-    manifest, algorithm = read_manifest(storage, name)
+def verify(storage: Storage, name: str, key: str | bytes | None = None) -> dict[str, Any]:
+    """Check ``name`` against its manifest (trusted under ``key``, see :func:`read_manifest`;
+    then size, then the checksum of its bytes, streamed); return the manifest or raise
+    :class:`CheckpointError` saying what is wrong."""
+    manifest, algorithm = read_manifest(storage, name, key)
     try:
         size = storage.size(name)
     except FileNotFoundError:
@@ -178,10 +187,13 @@ def verify(storage: Storage, name: str) -> dict[str, Any]:
     return manifest
 
 
-def fetch(storage: Storage, name: str, dest: str | os.PathLike[str]) -> Path:
+def fetch(
+    storage: Storage, name: str, dest: str | os.PathLike[str], key: str | bytes | None = None
+) -> Path:
     """Download ``name`` to the local file ``dest`` and verify it there (one read of the
-    object); raises :class:`CheckpointError` (and removes ``dest``) when it does not match."""
-    manifest, algorithm = read_manifest(storage, name)
+    object; the manifest trusted under ``key``, see :func:`read_manifest`); raises
+    :class:`CheckpointError` (and removes ``dest``) when it does not match."""
+    manifest, algorithm = read_manifest(storage, name, key)
     path = storage.download(name, dest)
     try:
         check_content(
@@ -198,12 +210,13 @@ def fetch(storage: Storage, name: str, dest: str | os.PathLike[str]) -> Path:
     return path
 
 
-def load(storage: Storage, name: str) -> dict[str, Any]:
-    """Checkpoint ``name``'s state: downloaded to a temporary file, verified, loaded
-    (``torch.load(weights_only=True)``); the file is gone when this returns."""
+def load(storage: Storage, name: str, key: str | bytes | None = None) -> dict[str, Any]:
+    """Checkpoint ``name``'s state: downloaded to a temporary file, verified (under ``key``,
+    see :func:`read_manifest`), loaded (``torch.load(weights_only=True)``); the file is gone
+    when this returns."""
     with tempfile.TemporaryDirectory(prefix="rankwise-fetch-") as folder:
-        path = fetch(storage, name, Path(folder) / name)
-        return load_torch(path, f"checkpoint {storage.url_of(name)}")
+        path = fetch(storage, name, Path(folder) / name, key)
+        return load_torch(path, f"checkpoint {storage.url_of(name)}", name=name)
 
 
 def pointer_target(storage: Storage, prefix: str = "ckpt") -> str | None:

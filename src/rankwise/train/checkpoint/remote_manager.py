@@ -38,6 +38,7 @@ from rankwise.train.checkpoint.files import (
     CheckpointError,
     check_plain,
     manifest_path,
+    resolve_key,
     save_file,
 )
 from rankwise.train.checkpoint.manager import check_naming, check_position, name_pattern
@@ -56,6 +57,8 @@ class RemoteCheckpointManager:
     uploads a killed writer left (call it once, before the first save). One writer per URL and
     prefix. ``sharded``: saves write DCP folders and are collectives, called on every rank
     (each uploads its shards; rank 0 the rest and the manifest, and moves the pointer).
+    ``key``: the checkpoint key, as ``CheckpointManager``'s (default:
+    ``RANKWISE_CHECKPOINT_KEY``).
     """
 
     def __init__(
@@ -65,8 +68,10 @@ class RemoteCheckpointManager:
         prefix: str = "ckpt",
         *,
         sharded: bool = False,
+        key: str | None = None,
     ) -> None:
         check_naming(keep_last, prefix)
+        self._secret = resolve_key(key)  # never shown: not in repr or messages
         if not storage.is_remote:
             raise ValueError(
                 f"{storage.display_url} is a local folder: use CheckpointManager there "
@@ -77,7 +82,7 @@ class RemoteCheckpointManager:
         self.prefix = prefix
         self.sharded = sharded
         self._name = name_pattern(prefix)
-        self._dcp = remote_sharded.RemoteShardedWriter(storage, prefix, keep_last)
+        self._dcp = remote_sharded.RemoteShardedWriter(storage, prefix, keep_last, self._secret)
         self._background: BackgroundSaves[str] = BackgroundSaves()
 
     def __repr__(self) -> str:
@@ -129,7 +134,8 @@ class RemoteCheckpointManager:
         if self.sharded:
             return self._start_sharded(state, epoch, step, background=False)()
         with tempfile.TemporaryDirectory(prefix="rankwise-upload-") as folder:
-            local = save_file(state, Path(folder) / name, meta={"epoch": epoch, "step": step})
+            meta = {"epoch": epoch, "step": step}
+            local = save_file(state, Path(folder) / name, meta=meta, key=self._secret)
             manifest = json.loads(manifest_path(local).read_text())
             remote.publish(
                 self.storage,
@@ -139,6 +145,7 @@ class RemoteCheckpointManager:
                 pointer={"epoch": epoch, "step": step},
                 manifest=manifest,
                 keep_last=self.keep_last,
+                key=self._secret,
             )
         return self.storage.url_of(name)
 
@@ -196,19 +203,24 @@ class RemoteCheckpointManager:
 
     def _verify(self, name: str) -> Any:
         if name.endswith(sharded.SUFFIX):
-            return _found(remote_sharded.verify, self.storage, name)
-        return remote.verify(self.storage, name)
+            return _found(remote_sharded.verify, self.storage, name, self._secret)
+        return remote.verify(self.storage, name, self._secret)
 
     def _load(self, name: str) -> dict[str, Any]:
         if name.endswith(sharded.SUFFIX):
-            return _found(remote_sharded.fetch, self.storage, name)
-        return remote.load(self.storage, name)
+            return _found(remote_sharded.fetch, self.storage, name, self._secret)
+        return remote.load(self.storage, name, self._secret)
 
 
-def _found(take: Callable[[Storage, str], dict[str, Any]], storage: Storage, name: str) -> Any:
-    """``take(storage, name)``; a folder listed but empty (a store that keeps the name of a
-    pruned folder, as ``memory://`` does) is a checkpoint that is not there: skipped."""
+def _found(
+    take: Callable[[Storage, str, bytes | None], dict[str, Any]],
+    storage: Storage,
+    name: str,
+    key: bytes | None,
+) -> Any:
+    """``take(storage, name, key)``; a folder listed but empty (a store that keeps the name of
+    a pruned folder, as ``memory://`` does) is a checkpoint that is not there: skipped."""
     try:
-        return take(storage, name)
+        return take(storage, name, key)
     except FileNotFoundError as e:
         raise CheckpointError(str(e)) from None

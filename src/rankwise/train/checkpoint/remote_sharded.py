@@ -29,7 +29,8 @@ The design, and why it is this one:
   first); its outcome is broadcast back, so every rank reports the same save as done or
   failed. A kill at any point leaves the previous checkpoint as the latest valid one.
 
-A reader trusts a folder only when its manifest exists and every file it lists matches it:
+A reader trusts a folder only when its manifest exists, lists every object in the folder (and
+``.metadata``), carries a valid MAC when a checkpoint key is set, and every file matches it:
 :func:`fetch` downloads the folder to a local temporary one and verifies it there with the
 local folder's own code (``sharded.read_state``, messages naming the URL); ``load_shards``
 loads it with DCP, which reshards onto any world size, then deletes it. Every rank downloads
@@ -53,7 +54,7 @@ import torch.distributed as dist
 
 import rankwise.distributed as rd
 from rankwise.train.checkpoint import remote, sharded
-from rankwise.train.checkpoint.files import checksum_of, fault_point
+from rankwise.train.checkpoint.files import checksum_of, fault_point, sign
 from rankwise.train.checkpoint.sharded import MANIFEST, REST, SUFFIX, ShardedWriter
 from rankwise.train.checkpoint.storage import Storage
 from rankwise.train.checkpoint.storage_errors import StorageError
@@ -68,8 +69,15 @@ class RemoteShardedWriter:
     """Every rank's side of sharded saves to one URL (see the module): it keeps DCP's staging
     buffers and the background group from save to save."""
 
-    def __init__(self, storage: Storage, prefix: str, keep_last: int | None) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        prefix: str,
+        keep_last: int | None,
+        key: str | bytes | None = None,
+    ) -> None:
         self.storage, self.prefix, self.keep_last = storage, prefix, keep_last
+        self.key = key  # the checkpoint key manifests are signed with (files.resolve_key)
         self._dcp = ShardedWriter()
 
     def start(
@@ -138,7 +146,7 @@ class RemoteShardedWriter:
         files = {**files, REST: {"size": path.stat().st_size, "xxh3_128": checksum_of(path)}}
         folder.put(path, REST)
         fault_point("before-manifest")
-        folder.put(_json(sharded.new_manifest(files, meta)), MANIFEST)
+        folder.put(_json(sign(sharded.new_manifest(files, meta), name, self.key)), MANIFEST)
         fault_point("before-pointer")
         pointer = {"file": name, "epoch": meta["epoch"], "step": meta["step"]}
         self.storage.put(_json(pointer), remote.pointer_key(self.prefix))
@@ -209,11 +217,13 @@ def folders(storage: Storage, prefix: str = "ckpt") -> list[str]:
     ]
 
 
-def fetch(storage: Storage, name: str) -> dict[str, Any]:
+def fetch(storage: Storage, name: str, key: str | bytes | None = None) -> dict[str, Any]:
     """Folder ``name`` downloaded to a local temporary folder and verified there against its
     manifest: its plain state (``sharded.read_state``), whose ``"dcp"`` entry names the local
     copy that ``load_shards`` reads and then deletes. Raises :class:`CheckpointError` naming
-    the URL and the fault, as a local folder's."""
+    the URL and the fault, as a local folder's: the manifest must list every object in the
+    folder (only listed ones are downloaded) and, with a checkpoint ``key`` (default:
+    ``RANKWISE_CHECKPOINT_KEY``), carry a MAC over its content and ``name``."""
     url = storage.url_of(name)
     folder = storage.child(name)
     present = set(folder.names())
@@ -226,7 +236,8 @@ def fetch(storage: Storage, name: str) -> dict[str, Any]:
             folder.download(MANIFEST, local / MANIFEST)
             for file in _listed(local / MANIFEST) & present:  # plain names: never a path
                 folder.download(file, local / file)
-        state = sharded.read_state(local, source=url)  # a missing manifest or file: named
+        # a missing manifest or file, an unlisted object, a wrong MAC or name: named
+        state = sharded.read_state(local, source=url, name=name, key=key, present=present)
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)
         raise
@@ -242,10 +253,10 @@ def _listed(manifest: Path) -> set[str]:
         return set()
 
 
-def verify(storage: Storage, name: str) -> dict[str, Any]:
+def verify(storage: Storage, name: str, key: str | bytes | None = None) -> dict[str, Any]:
     """Check folder ``name`` against its manifest (downloaded, verified, deleted); return its
-    plain state or raise :class:`CheckpointError` saying what is wrong."""
-    state = fetch(storage, name)
+    plain state or raise :class:`CheckpointError` saying what is wrong (see :func:`fetch`)."""
+    state = fetch(storage, name, key)
     shutil.rmtree(state["dcp"]["folder"], ignore_errors=True)
     return state
 

@@ -47,7 +47,9 @@ def manager_for(cfg: DistributedTrainingConfig) -> Manager | None:
     if is_remote_url(cfg.checkpoint_dir):
         url = cfg.checkpoint_dir.rstrip("/") + (f"/{per_rank}" if per_rank else "")
         storage = Storage.for_url(url, cfg.checkpoint_storage_options)
-        manager = RemoteCheckpointManager(storage, keep_last=keep, sharded=sharded)
+        manager = RemoteCheckpointManager(
+            storage, keep_last=keep, sharded=sharded, key=cfg.checkpoint_key
+        )
         if per_rank or rd.is_master():  # the writer cleans its own URL
             manager.start()
         else:
@@ -63,7 +65,7 @@ def manager_for(cfg: DistributedTrainingConfig) -> Manager | None:
             "'/shared/run1/ckpt')."
         )
     folder = base / per_rank if per_rank else base
-    return CheckpointManager(folder, keep_last=keep, sharded=sharded)
+    return CheckpointManager(folder, keep_last=keep, sharded=sharded, key=cfg.checkpoint_key)
 
 
 def load_resume(
@@ -71,8 +73,12 @@ def load_resume(
     manager: Manager | None,
     per_rank: bool,
     storage_options: dict[str, Any] | None = None,
+    key: str | None = None,
 ) -> tuple[Location, dict[str, Any]] | None:
     """``(path, state)`` to resume from, or None for a fresh start; collective.
+
+    ``key``: the checkpoint key a ``resume`` path is checked with (default:
+    ``RANKWISE_CHECKPOINT_KEY``); ``resume="auto"`` uses the manager's.
 
     ``per_rank`` (``save_on_master_only=False``): each rank takes the newest valid copy in its
     own folder. Otherwise rank 0 picks the newest valid checkpoint (verified once) and the
@@ -88,7 +94,7 @@ def load_resume(
     try:
         if resume != "auto":  # a sharded folder's shards: checked in full by rank 0 alone
             state = read_checkpoint(
-                resume, verify_shards=rd.is_master(), storage_options=storage_options
+                resume, verify_shards=rd.is_master(), storage_options=storage_options, key=key
             )
             found = location(resume), state
         elif per_rank or rd.is_master():
@@ -102,7 +108,7 @@ def load_resume(
                 if isinstance(manager, RemoteCheckpointManager):
                     found = path, manager.read(str(path))
                 else:
-                    found = path, read_checkpoint(path, verify_shards=False)
+                    found = path, read_checkpoint(path, verify_shards=False, key=key)
             except Exception as e:
                 error = f"{type(e).__name__}: {e}"
     _agree(found, error)

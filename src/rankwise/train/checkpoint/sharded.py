@@ -8,7 +8,8 @@ Under ``strategy="fsdp"`` a checkpoint is a folder, not a file::
         train_state.pt                   everything else (rank 0): epoch, step, sampler cursor,
                                          the epoch's sums, RNG, config, world size, scheduler,
                                          history, the optimizer's param groups
-        manifest.json                    size and XXH3-128 of every file above (rank 0, last)
+        manifest.json                    size and XXH3-128 of every file above (rank 0, last),
+                                         and its MAC when a checkpoint key is set
 
 Every rank writes its own shards with ``torch.distributed.checkpoint.async_save``: the loop is
 held for the staging copy only; the write and DCP's collectives (plans, metadata) run on a
@@ -20,7 +21,14 @@ checkpoint file's: a folder without a manifest that matches is never loaded, and
 :meth:`CheckpointManager.latest` falls back past it.
 
 The DCP part holds tensors only: DCP unpickles non-tensor entries with ``weights_only=False``,
-so every plain value goes to ``train_state.pt``, read with ``weights_only=True``. Loading
+so every plain value goes to ``train_state.pt``, read with ``weights_only=True``. DCP also
+unpickles ``.metadata`` with plain ``pickle``: code, if the file is not the one written. So a
+folder is trusted only when its manifest lists every file in it (an unlisted one is refused:
+DCP would read a planted ``__0.metadata``), lists ``.metadata``, and every file matches; the
+``.metadata`` DCP unpickles is the very bytes checked, on every rank (:func:`load_shards`
+hands DCP a reader of them). A checksum anyone can recompute; with a checkpoint key the
+manifest carries a MAC too (``files.check_trust``), without one the folder must be trusted as
+code. Loading
 (:func:`load_shards`) reads the shards into the live model's and optimizer's layout with
 ``torch.distributed.checkpoint.load``, which reshards onto any world size, or into a plain
 model in a world of one.
@@ -30,8 +38,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import io
 import json
 import os
+import pickle
 import shutil
 import warnings
 from pathlib import Path
@@ -39,6 +49,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import xxhash
 from torch import nn
 
 import rankwise.distributed as rd
@@ -46,10 +57,14 @@ from rankwise.train.checkpoint.files import (
     USE_ANOTHER,
     CheckpointError,
     check_bytes,
+    check_content,
     check_plain,
+    check_position,
+    check_trust,
     checksum_of,
     fault_point,
     fsync_dir,
+    sign,
     tmp_name,
     write_atomic,
     write_json_atomic,
@@ -64,6 +79,7 @@ from rankwise.train.checkpoint.staging import snapshot
 
 __all__ = [
     "MANIFEST",
+    "METADATA",
     "REST",
     "SUFFIX",
     "ShardedWriter",
@@ -80,6 +96,7 @@ __all__ = [
 SUFFIX = ".dcp"
 MANIFEST = "manifest.json"
 REST = "train_state.pt"
+METADATA = ".metadata"  # DCP's index of the shards, which DCP unpickles
 _VERSION = 1  # of the folder manifest
 
 
@@ -213,12 +230,20 @@ def _shared_tmp(final: Path) -> Path:
     return tmp
 
 
-def publish(tmp: Path, final: Path, rest: dict[str, Any], meta: dict[str, Any]) -> None:
-    """Rank 0, once every rank's shards are in ``tmp``: the rest, the manifest (last), then
-    ``tmp`` renamed to ``final`` and the parent folder fsynced."""
+def publish(
+    tmp: Path,
+    final: Path,
+    rest: dict[str, Any],
+    meta: dict[str, Any],
+    key: str | bytes | None = None,
+) -> None:
+    """Rank 0, once every rank's shards are in ``tmp``: the rest, the manifest (last; signed
+    under ``key``, see ``files.resolve_key``), then ``tmp`` renamed to ``final`` and the
+    parent folder fsynced."""
     write_atomic(tmp / REST, lambda f: torch.save(rest, f))
     fault_point("before-manifest")
-    write_json_atomic(tmp / MANIFEST, new_manifest(file_entries(tmp), meta))
+    manifest = sign(new_manifest(file_entries(tmp), meta), final.name, key)
+    write_json_atomic(tmp / MANIFEST, manifest)
     fault_point("before-rename")
     if final.exists():  # the same step saved again: the old folder goes first (a kill in
         remove_folder(final)  # between leaves neither, and the previous checkpoint is used)
@@ -260,64 +285,123 @@ def remove_folder(folder: Path) -> None:
 
 
 def verify_folder(
-    folder: str | os.PathLike[str], *, shards: bool = True, source: str | None = None
+    folder: str | os.PathLike[str],
+    *,
+    shards: bool = True,
+    source: str | None = None,
+    name: str | None = None,
+    key: str | bytes | None = None,
+    present: set[str] | None = None,
 ) -> dict[str, Any]:
     """Check a sharded checkpoint folder against its manifest; return the manifest or raise
-    :class:`CheckpointError` naming the folder, the file and the fault. ``shards=False``
-    checks every file's size but only ``train_state.pt``'s checksum (for ranks that load a
-    folder rank 0 has verified in full). ``source``: what messages name instead of
-    ``folder`` (the URL a downloaded copy came from)."""
+    :class:`CheckpointError` naming the folder, the file and the fault.
+
+    The manifest must list every file in the folder and ``.metadata``, and with a checkpoint
+    ``key`` (default: ``RANKWISE_CHECKPOINT_KEY``) carry a MAC over its content and the
+    folder's ``name`` (default: the folder's own); a name claiming another epoch or step than
+    the manifest's is refused. ``shards=False`` checks every file's size but only
+    ``train_state.pt``'s and ``.metadata``'s checksums (for ranks that load a folder rank 0
+    has verified in full). ``source``: what messages name instead of ``folder`` (the URL a
+    downloaded copy came from); ``present``: the names the checkpoint holds there (default:
+    the files in ``folder``)."""
     path = Path(folder)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {source or path} does not exist.")
-    return _verify(path, source or str(path), shards)
+    return _verify(path, source or str(path), shards, name or path.name, key, present)
 
 
-def _verify(folder: Path, shown: str, shards: bool) -> dict[str, Any]:
+def _verify(
+    folder: Path,
+    shown: str,
+    shards: bool,
+    name: str,
+    key: str | bytes | None,
+    present: set[str] | None,
+) -> dict[str, Any]:
+    what = f"checkpoint {shown}"
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
         files = {str(k): (int(v["size"]), str(v["xxh3_128"])) for k, v in manifest["files"].items()}
     except FileNotFoundError:
         raise CheckpointError(
-            f"checkpoint {shown} has no manifest ({MANIFEST}): its save did not finish, or "
+            f"{what} has no manifest ({MANIFEST}): its save did not finish, or "
             "it was copied without it; it cannot be verified, so it is not used. Copy the "
             f"whole folder, or {USE_ANOTHER}."
         ) from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{what}: its manifest {MANIFEST} is unreadable ({e}).") from e
+    check_trust(manifest, name, key, what, MANIFEST)
+    if present is None:
+        present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    unlisted = sorted(present - set(files) - {MANIFEST})
+    if unlisted:
         raise CheckpointError(
-            f"checkpoint {shown}: its manifest {MANIFEST} is unreadable ({e})."
-        ) from e
-    for name, (size, digest) in sorted(files.items()):
-        path = folder / name
-        if not path.is_file():
+            f"{what} holds {', '.join(unlisted)}, which its manifest does not list (added "
+            "after it was written, or its entry removed); torch would read it, so the "
+            f"checkpoint is not used. Fix: {USE_ANOTHER}."
+        )
+    for needed in (METADATA, REST):
+        if needed not in files:
             raise CheckpointError(
-                f"checkpoint {shown} lacks {name}, which its manifest lists (a file lost or "
+                f"{what}: its manifest lists no {needed} (a sharded checkpoint's manifest "
+                "lists it: the manifest was altered or is not rankwise's), so it is not used. "
+                f"Fix: {USE_ANOTHER}."
+            )
+    for file, (size, digest) in sorted(files.items()):
+        if file not in present:  # also a listed name outside the folder ("../x")
+            raise CheckpointError(
+                f"{what} lacks {file}, which its manifest lists (a file lost or "
                 f"not copied); it is not used: {USE_ANOTHER}."
             )
+        path = folder / file
         # Without ``shards`` a size that differs still fails here, with the full message.
-        if shards or name == REST or path.stat().st_size != size:
-            check_bytes(path, size, digest, "xxh3_128", f"checkpoint {shown}: {name}")
-    if REST not in files:
-        raise CheckpointError(f"checkpoint {shown}: its manifest lists no {REST}.")
+        if shards or file in (REST, METADATA) or path.stat().st_size != size:
+            check_bytes(path, size, digest, "xxh3_128", f"{what}: {file}")
     return dict(manifest)
 
 
 def read_state(
-    folder: str | os.PathLike[str], *, verify_shards: bool = True, source: str | None = None
+    folder: str | os.PathLike[str],
+    *,
+    verify_shards: bool = True,
+    source: str | None = None,
+    name: str | None = None,
+    key: str | bytes | None = None,
+    present: set[str] | None = None,
 ) -> dict[str, Any]:
-    """The plain part of a verified sharded checkpoint, with ``"dcp"`` naming the folder whose
-    shards :func:`load_shards` reads (``TrainState.load_state_dict`` does). ``source``: what
-    messages name instead of ``folder`` (see :func:`verify_folder`)."""
+    """The plain part of a verified sharded checkpoint (see :func:`verify_folder` for the
+    arguments), with ``"dcp"`` naming the folder whose shards :func:`load_shards` reads
+    (``TrainState.load_state_dict`` does) and the ``.metadata`` it was verified against."""
     folder = Path(folder)
     shown = source or str(folder)
-    verify_folder(folder, shards=verify_shards, source=source)
+    manifest = verify_folder(
+        folder, shards=verify_shards, source=source, name=name, key=key, present=present
+    )
+    data = (folder / REST).read_bytes()  # the bytes checked are the bytes loaded
+    size, digest = manifest["files"][REST]["size"], manifest["files"][REST]["xxh3_128"]
+    check_content(
+        f"checkpoint {shown}: {REST}",
+        int(size),
+        str(digest),
+        "xxh3_128",
+        len(data),
+        lambda: xxhash.xxh3_128_hexdigest(data),
+    )
     try:
-        state = torch.load(folder / REST, map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # verified bytes that do not unpickle
         raise CheckpointError(f"checkpoint {shown}: {REST} verifies but does not load: {e}") from e
     if not isinstance(state, dict) or not isinstance(state.get("dcp"), dict):
         raise CheckpointError(f"checkpoint {shown}: {REST} is not a rankwise training state.")
-    state["dcp"] = {**state["dcp"], "folder": str(folder)}
+    check_position(name or folder.name, state, f"checkpoint {shown}", f"its {REST}")
+    index = manifest["files"][METADATA]
+    state["dcp"] = {
+        **state["dcp"],
+        "folder": str(folder),
+        "shown": shown,
+        "metadata": {"size": int(index["size"]), "xxh3_128": str(index["xxh3_128"])},
+        "downloaded": False,
+    }
     return state
 
 
@@ -326,7 +410,9 @@ def load_shards(
 ) -> None:
     """Read the shards of :func:`read_state`'s folder into ``model`` (and ``optimizer``) as
     this world lays them out; a collective. DCP reshards: the folder may come from any world
-    size, and loads into a plain model in a world of one."""
+    size, and loads into a plain model in a world of one. The ``.metadata`` DCP unpickles is
+    read once and checked against what :func:`read_state` verified: DCP gets those bytes,
+    not the file again (a state without that record is refused)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -342,7 +428,8 @@ def load_shards(
         # DCP creates the state it fills (a zero step); every entry is overwritten below.
         target["optimizer"] = get_optimizer_state_dict(view, optimizer)["state"]
     try:
-        dcp.load(target, checkpoint_id=info["folder"], no_dist=_no_dist())
+        reader = _verified_reader(info)  # checked here, before DCP opens anything
+        dcp.load(target, storage_reader=reader, checkpoint_id=info["folder"], no_dist=_no_dist())
     finally:
         if info.get("downloaded"):  # a bucket's folder, fetched for this load only
             shutil.rmtree(info["folder"], ignore_errors=True)
@@ -355,3 +442,40 @@ def load_shards(
         set_optimizer_state_dict(view, optimizer, loaded)
     else:  # saved before its first step: hyper-parameters alone
         load_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+
+def _verified_reader(info: dict[str, Any]) -> Any:
+    """A DCP reader of ``info["folder"]`` whose ``.metadata`` is the bytes checked here
+    against ``info["metadata"]`` (the manifest's entry :func:`read_state` verified), read
+    once: a file swapped after the check is never what DCP unpickles."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    shown = str(info.get("shown") or info["folder"])
+    expected = info.get("metadata")
+    if not isinstance(expected, dict):
+        raise CheckpointError(
+            f"checkpoint {shown}: the state names no verified {METADATA}; load it with "
+            "rankwise.train.checkpoint.read_checkpoint, which verifies the folder first."
+        )
+    data = (Path(info["folder"]) / METADATA).read_bytes()
+    check_content(
+        f"checkpoint {shown}: {METADATA}",
+        int(expected["size"]),
+        str(expected["xxh3_128"]),
+        "xxh3_128",
+        len(data),
+        lambda: xxhash.xxh3_128_hexdigest(data),
+    )
+
+    class VerifiedReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("rank") is not None:  # DCP's per-rank fallback: never written here
+                raise CheckpointError(f"checkpoint {shown}: DCP asked for a per-rank index.")
+            metadata = pickle.loads(data)  # verified above (with a key: signed)
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return VerifiedReader(info["folder"])
