@@ -51,7 +51,7 @@ __all__ = [
     "serve",
 ]
 
-CONNECT_S = 120.0  # a launcher started before the store host waits this long for it
+CONNECT_S = 120.0  # a launcher started before the store host waits this long for it (default)
 HEARTBEAT_S = 1.0  # every launcher bumps launch/hb/<node> this often
 LAUNCHER_STALE_S = 30.0  # a launcher heartbeat still for this long: its node is gone
 
@@ -150,14 +150,14 @@ class JobStore:
 
     def __init__(
         self, host: str, port: int, hosting: bool, node: int, nnodes: int,
-        stale_s: float = LAUNCHER_STALE_S,
+        stale_s: float = LAUNCHER_STALE_S, connect_s: float = CONNECT_S,
     ) -> None:  # fmt: skip
         self.host, self.node, self.nnodes, self.hosting = host, node, nnodes, hosting
         self._listener: socket.socket | None = None
         if hosting:
             self.store, self._listener = host_store(host, port, CONNECT_S)
         else:
-            self.store = _client(host, port)
+            self.store = _client(host, port, connect_s)
         self.port = self.store.port  # the OS's choice for port 0
         self.lost = False
         self.store.compare_set("auth/nonce", "", secrets.token_hex(16))  # the first one stays
@@ -169,9 +169,9 @@ class JobStore:
                 f"--node-rank, 0 to {nnodes - 1}, and start a fresh store (a fresh "
                 "--master-port, or a fresh `rankwise store`) for a new job."
             )
-        self.watch = LauncherWatch(self.store, nnodes, stale_s, CONNECT_S, time.monotonic())
+        self.watch = LauncherWatch(self.store, nnodes, stale_s, connect_s, time.monotonic())
         self._stop = threading.Event()
-        beats = _client(host, self.port)  # the heartbeat thread's own connection
+        beats = _client(host, self.port, connect_s)  # the heartbeat thread's own connection
         # The thread holds no reference to this handle: dropping it drops a hosted store.
         self._beating = threading.Thread(
             target=_beat, args=(beats, f"launch/hb/{node}", self._stop),
@@ -266,10 +266,30 @@ def _beat(beats: dist.TCPStore, key: str, stop: threading.Event) -> None:
             return
 
 
-def _client(host: str, port: int) -> dist.TCPStore:
-    return dist.TCPStore(
-        host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=CONNECT_S)
-    )
+def _client(host: str, port: int, connect_s: float = CONNECT_S) -> dist.TCPStore:
+    """A client of the store at ``host:port``, waiting for it at most ``connect_s`` (plus a
+    connection attempt's second); ``ConnectionError`` naming the last error past that.
+
+    torch's own client retries past its timeout (a 120 s one gave up after about 280 s), so
+    the wait is made here, with plain connection attempts, and torch's client is built only
+    once the port answers.
+    """
+    deadline = time.monotonic() + connect_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection((host, port), timeout=min(max(left, 0.1), 1.0)).close()
+            break
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise ConnectionError(f"nothing answered within {connect_s:g} s: {exc}") from exc
+            time.sleep(min(0.2, max(deadline - time.monotonic(), 0.0)))
+    store = dist.TCPStore(
+        host, port, is_master=False, wait_for_workers=False,
+        timeout=timedelta(seconds=max(deadline - time.monotonic(), 1.0)),
+    )  # fmt: skip
+    store.set_timeout(timedelta(seconds=CONNECT_S))  # each call's bound, once connected
+    return store
 
 
 def add_store_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
