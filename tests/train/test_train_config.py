@@ -350,9 +350,7 @@ _LEAVES = st.one_of(
 _WRONG = st.one_of(st.lists(st.integers(), max_size=2), st.binary(max_size=3), st.dates())
 _OPTIONS = st.recursive(
     st.one_of(_LEAVES, _WRONG),
-    lambda inner: st.dictionaries(
-        st.one_of(_KEYS, st.integers(0, 3)), inner, max_size=3
-    ),
+    lambda inner: st.dictionaries(st.one_of(_KEYS, st.integers(0, 3)), inner, max_size=3),
     max_leaves=8,
 )
 

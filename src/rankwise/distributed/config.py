@@ -406,16 +406,17 @@ def check_variables(environ: Mapping[str, str] | None = None, launching: str | N
             var = owned[0]
             shown = "<secret>" if var == "RANKWISE_JOB_TOKEN" else repr(env[var])
             raise DistributedConfigError(
-                f"{var}={shown} is set in the environment of `rankwise launch`, which sets "
-                f"{var} for each process itself; unset it (env -u {var} rankwise launch ...)."
+                f"{var}={shown} is set in the environment of `rankwise launch`, but it is the "
+                "launcher's own, set for each process of --on-failure continue (and meaning "
+                f"nothing elsewhere); unset it (env -u {var} rankwise launch ...)."
             )
         given = env.get(ON_FAILURE, "").strip()
         if given and given != launching:
             on_failure_mode({ON_FAILURE: given, "RANKWISE_SLOT": "0"})  # a bad value: said so
             raise DistributedConfigError(
                 f"{ON_FAILURE}={given!r} is set in the environment of `rankwise launch "
-                f"--on-failure {launching}`, which sets {ON_FAILURE} from --on-failure; unset "
-                f"it, and give --on-failure {given} to the launcher instead."
+                f"--on-failure {launching}`, which takes the mode from --on-failure only; "
+                f"unset it, and give --on-failure {given} to the launcher instead."
             )
     elif on_failure_mode(env) == "continue":
         MemberConfig.from_environment(env)  # every variable of the mode, as the ranks read it
