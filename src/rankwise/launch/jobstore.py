@@ -3,7 +3,7 @@
 One ``TCPStore`` per job holds the generations (:mod:`rankwise.distributed.membership`) and,
 under ``launch/``, what the launchers tell each other::
 
-    launch/finished      -> "1"       (a process exited 0 somewhere: training finished)
+    launch/finished      -> "1"       (a rank recorded that fit completed: training finished)
     launch/done/<node>   -> "<code>"  (node's launcher has ended its processes; its exit code)
     launch/hb/<node>     -> a counter node's launcher bumps every HEARTBEAT_S seconds
     launch/node/<node>   -> "<id>"    (the launcher that claimed --node-rank <node>)
