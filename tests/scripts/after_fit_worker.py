@@ -1,6 +1,7 @@
 """Work after training under ``rankwise launch`` (tests/launch/test_continue_launcher.py).
 
-Every rank joins the group and checks one all-reduce (training over); then rank 0 alone keeps
+Every rank joins the group and checks one all-reduce (training over, which it tells the launcher
+with ``rd.mark_training_finished()``); then rank 0 alone keeps
 working for ``--rank0-seconds`` (a test set, an export) and writes ``OUT/final`` with its
 result, while the other ranks exit 0 at once.
 """
@@ -22,6 +23,7 @@ args = p.parse_args()
 
 rd.init()
 total = rd.all_reduce(torch.ones(1)).item()
+rd.mark_training_finished()  # the training of this loop of its own is over (continue mode)
 if rd.is_master():
     time.sleep(args.rank0_seconds)
     (args.out / "final").write_text(f"{total:g}\n")

@@ -32,6 +32,9 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
   only: that rank fails, the others go on without it. ``--own-error-kind timeout``: a plain
   ``TimeoutError`` from the user's code instead (``dataloader``, the default: the
   ``RuntimeError`` a DataLoader raises).
+- ``--exit-zero S:K``: slot S exits 0 (``os._exit(0)``, no error) in optimizer step K, after
+  its micro-batch is recorded, on its first start only: a rank that leaves before training
+  finished.
 - ``--joiner-dies-waiting``: a slot's first restart SIGKILLs itself ``--joiner-dies-after``
   seconds (0.5) after it is on the store's waiting list (a joiner lost while it waits to be let
   in, or on its way in), writing ``OUT/joiner-died-<slot>`` (its time) first.
@@ -92,6 +95,7 @@ p.add_argument("--step-delay", type=float, default=0.0)
 p.add_argument("--await-joiners", action="store_true")
 p.add_argument("--crash-before-init", type=int, default=-1)
 p.add_argument("--own-error", default="", help="S:K")
+p.add_argument("--exit-zero", default="", help="S:K")
 p.add_argument("--own-error-kind", choices=("dataloader", "timeout"), default="dataloader")
 p.add_argument("--joiner-dies-waiting", action="store_true")
 p.add_argument("--joiner-dies-after", type=float, default=0.5)
@@ -185,6 +189,9 @@ class Fault:
             await_joiner(member)
         if step + 1 == args.await_joiner_death and smaller:
             await_joiner_death(member)
+        if args.exit_zero == f"{slot}:{step + 1}":
+            steps_log.flush()
+            os._exit(0)  # leaves early without an error: not the end of training
         if slot == args.kill_slot and step + 1 == args.kill_step:
             if args.kill_group:
                 node_records(step + 1)

@@ -149,3 +149,28 @@ def test_sigterm_ends_a_writer_blocked_in_a_collective_at_once(tmp_path):
         took = time.monotonic() - sent
         print(f"SIGTERM to exit: {took:.2f} s")
         assert took < 5, took
+
+
+def test_an_early_exit_0_is_restarted_and_the_job_ends_0_only_once_training_finished(tmp_path):
+    # Issue 30's finding: slot 1 exits 0 in step 3 (no error, training not finished) and slot
+    # 0 raises in step 6. Main took the exit 0 for the job's end: slot 0 was not restarted,
+    # the launcher exited 0 without a final model. Now the exit 0 is a lost slot like any:
+    # restarted (it rejoins at the end of step 4, where slot 0 waits for it), slot 0's error
+    # restarts slot 0 too, slot 1 trains on to the end and the job exits 0 with final.pt.
+    result, _ = launch(
+        tmp_path,
+        *("--exit-zero", "1:3", "--own-error", "0:6", "--await-joiner-step", "4"),
+        restarts=2,
+        nproc=2,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    err = result.stderr
+    assert (
+        "slot 1 exited with exit code 0 before training finished (no rank has completed fit); "
+        "restarting it (1/2)" in err
+    )
+    assert "slot 0 exited with exit code 1; restarting it (1/2)" in err
+    assert (tmp_path / "final.pt").exists()
+    assert (tmp_path / "rejoined-1").read_text().split()[0] == "5"  # let in after step 4
+    report = read_audit(tmp_path / "audit")
+    assert_exactly_once(tmp_path / "audit", len(report.attempts), NUM_SAMPLES, EPOCHS)

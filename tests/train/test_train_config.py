@@ -338,3 +338,47 @@ def test_yaml_round_trip_of_awkward_values(
     )
     path = config.to_yaml(tmp_path_factory.mktemp("yaml") / "run.yaml")
     assert DistributedTrainingConfig.from_yaml(path) == config
+
+
+# -- checkpoint_storage_options from YAML (issue 30): what fsspec/s3fs take, or an error
+# naming the key ------------------------------------------------------------------------------
+
+_KEYS = st.text(alphabet="abc_xyz", min_size=1, max_size=4)
+_LEAVES = st.one_of(
+    st.text(max_size=5), st.integers(), st.floats(allow_nan=False), st.booleans(), st.none()
+)
+_WRONG = st.one_of(st.lists(st.integers(), max_size=2), st.binary(max_size=3), st.dates())
+_OPTIONS = st.recursive(
+    st.one_of(_LEAVES, _WRONG),
+    lambda inner: st.dictionaries(st.one_of(_KEYS, st.integers(0, 3)), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def _wrong_places(item: Any, where: str = "options") -> list[str]:
+    """Where ``item`` holds what storage options may not: a key that is not a string, or a
+    value that is not a string, number, boolean, None or dict of those."""
+    if isinstance(item, dict):
+        places = [where for key in item if not isinstance(key, str)]
+        for key, inner in item.items():
+            places += _wrong_places(inner, f"{where}[{key!r}]")
+        return places
+    return [] if item is None or isinstance(item, str | int | float | bool) else [where]
+
+
+@settings(max_examples=150, deadline=None)
+@given(options=st.dictionaries(_KEYS, _OPTIONS, max_size=3))
+def test_storage_options_from_yaml_are_checked_naming_the_key(tmp_path_factory, options):
+    import yaml
+
+    path = tmp_path_factory.mktemp("yaml") / "config.yaml"
+    path.write_text(yaml.safe_dump({"checkpoint_storage_options": options}))
+    read = yaml.safe_load(path.read_text())["checkpoint_storage_options"]
+    wrong = _wrong_places(read)
+    if not wrong:
+        cfg = DistributedTrainingConfig.from_yaml(path)
+        assert cfg.checkpoint_storage_options == read
+        return
+    with pytest.raises(ValueError, match="checkpoint_storage_options") as caught:
+        DistributedTrainingConfig.from_yaml(path)
+    assert any(place in str(caught.value) for place in wrong), (wrong, str(caught.value))

@@ -42,7 +42,7 @@ import rankwise.distributed as rd
 import rankwise.parallel as rp
 from helpers.troubleshooting_table import check_row, raised, rows, run_cases
 from rankwise.distributed import DistributedConfig
-from rankwise.distributed.config import MemberConfig, on_failure_mode
+from rankwise.distributed.config import MemberConfig, check_variables, on_failure_mode
 from rankwise.distributed.membership import Membership, check_min_nproc
 from rankwise.launch import check_args
 from rankwise.testing import child_env, free_port, run_distributed, run_isolated
@@ -307,6 +307,7 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
         on_failure_mode, {"RANKWISE_ON_FAILURE": "continue", "TORCHELASTIC_RUN_ID": "x"}
     ),
     "continue-mode-value": lambda: raised(on_failure_mode, {"RANKWISE_ON_FAILURE": "sometimes"}),
+    "continue-variable-owned": lambda: raised(check_variables, {"RANKWISE_SLOT": "1"}),
     "continue-variable": lambda: _member_from_environment(RANKWISE_STALE_S="0"),
     "continue-variable-not-number": lambda: _member_from_environment(RANKWISE_STALE_S="soon"),
     "continue-variable-missing": lambda: _member_from_environment(WORLD_SIZE=""),

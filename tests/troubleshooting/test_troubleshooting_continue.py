@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers.troubleshooting_table import check_row, raised
+from rankwise.distributed.config import check_variables
 from rankwise.launch import JobStore, check_args, check_continue_args
 from rankwise.launch.supervisor import job_token
 
@@ -39,6 +40,19 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     ),
     "launch-continue-only": lambda: raised(
         check_args, argparse.Namespace(nproc_per_node="2", nnodes="1", min_nproc=2)
+    ),
+    "launch-master-port": lambda: raised(
+        check_args, argparse.Namespace(nproc_per_node="2", nnodes="1", master_port=99999)
+    ),
+    "launch-node-rank": lambda: raised(
+        check_args, argparse.Namespace(nproc_per_node="2", nnodes="2", node_rank=2)
+    ),
+    "continue-store-wait": lambda: _refused(store_wait_s=0.0),
+    "launch-variable-owned": lambda: raised(
+        check_variables, {"RANKWISE_SLOT": "1"}, launching="continue"
+    ),
+    "launch-variable-mode": lambda: raised(
+        check_variables, {"RANKWISE_ON_FAILURE": "continue"}, launching="restart"
     ),
     "continue-node-rank-twice": lambda: _node_rank_twice(),
     "continue-job-token-missing": lambda: _token_file(None),

@@ -60,6 +60,10 @@ INTERNAL: dict[tuple[str, str], str] = {
     ("distributed/rendezvous.py", "no live store at {}"): (
         "the cause quoted inside the master-unreachable error, never raised on its own"
     ),
+    ("launch/jobstore.py", "nothing answered within {} s: {}"): (
+        "the cause quoted inside the launcher's `cannot reach the membership store` line "
+        "(row continue-store-wait's fix), never shown on its own"
+    ),
 }
 
 # The backlog: user-facing, each names the value and the fix, but no row documents it yet,

@@ -570,6 +570,10 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "config-yaml-invalid": lambda: _yaml("epochs: [1\n"),
     "config-yaml-not-mapping": lambda: _yaml("- epochs\n- 5\n"),
     "config-from-dict-type": lambda: raised(DistributedTrainingConfig.from_dict, ["epochs", 5]),
+    "config-storage-options-list": lambda: raised(
+        DistributedTrainingConfig,
+        checkpoint_storage_options={"client_kwargs": {"region_name": ["eu-west-1"]}},
+    ),
     "config-override-yaml": lambda: raised(
         DistributedTrainingConfig().with_overrides, ["epochs=[1"]
     ),

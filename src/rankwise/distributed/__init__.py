@@ -39,6 +39,7 @@ from rankwise.distributed.group import (
     is_initialized,
     is_joining,
     is_master,
+    mark_training_finished,
     membership,
     select_backend,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "is_master",
     "is_peer_failure",
     "is_timeout",
+    "mark_training_finished",
     "membership",
     "normalize_backend",
     "reduce_metrics",

@@ -308,18 +308,25 @@ class DistributedConfig:
             kwargs["master_addr"] = found.master_addr
         if found.master_port is not None:
             kwargs["master_port"] = found.master_port
-        for field in ("timeout_ms", "collective_timeout_ms"):
-            raw = env.get(ENV_VARS[field])
-            if raw is not None and raw.strip() != "":
-                kwargs[field] = parse_int(ENV_VARS[field], raw)
-        if env.get("DISTRIBUTED_BACKEND"):
-            kwargs["backend"] = env["DISTRIBUTED_BACKEND"]
+        kwargs.update(_settings(env))
         if found.kind == "torchelastic":
             kwargs["use_agent_store"] = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
             raw_restart = env.get("TORCHELASTIC_RESTART_COUNT")
             if raw_restart:
                 kwargs["restart_count"] = parse_int("TORCHELASTIC_RESTART_COUNT", raw_restart)
         return cls(**kwargs)
+
+
+def _settings(env: Mapping[str, str]) -> dict[str, Any]:
+    """The CyxWiz guide's settings given in ``env`` (backend, timeouts) as config fields."""
+    kwargs: dict[str, Any] = {}
+    for field in ("timeout_ms", "collective_timeout_ms"):
+        raw = env.get(ENV_VARS[field])
+        if raw is not None and raw.strip() != "":
+            kwargs[field] = parse_int(ENV_VARS[field], raw)
+    if env.get("DISTRIBUTED_BACKEND"):
+        kwargs["backend"] = env["DISTRIBUTED_BACKEND"]
+    return kwargs
 
 
 def _require_int(name: str, value: object) -> None:
@@ -334,7 +341,7 @@ def _require_int(name: str, value: object) -> None:
 
 ON_FAILURE = "RANKWISE_ON_FAILURE"
 
-# Where each MemberConfig field comes from; all but the last two are set by the launcher.
+# Where each MemberConfig field comes from; MEMBER_TUNABLE are the user's, the rest the launcher's.
 MEMBER_ENV_VARS = {
     "slot": "RANKWISE_SLOT",
     "world_size": "WORLD_SIZE",
@@ -351,6 +358,81 @@ MEMBER_ENV_VARS = {
 }
 
 
+# The MemberConfig fields a user may set (the other variables are `rankwise launch`'s own).
+MEMBER_TUNABLE = ("collective_timeout_s", "stale_s", "join_check_every")
+
+
+def launcher_variables() -> tuple[str, ...]:
+    """The ``RANKWISE_*`` variables ``rankwise launch --on-failure continue`` sets for each
+    process (never the user).
+
+    >>> launcher_variables()[:2]
+    ('RANKWISE_SLOT', 'RANKWISE_INCARNATION')
+    """
+    return tuple(
+        var for field, var in MEMBER_ENV_VARS.items()
+        if var.startswith("RANKWISE_") and field not in MEMBER_TUNABLE
+    )  # fmt: skip
+
+
+def rankwise_variables() -> tuple[str, ...]:
+    """Every ``RANKWISE_*`` variable rankwise reads (:func:`check_variables` checks them all).
+
+    >>> "RANKWISE_ON_FAILURE" in rankwise_variables()
+    True
+    """
+    return (ON_FAILURE, *(v for v in MEMBER_ENV_VARS.values() if v.startswith("RANKWISE_")))
+
+
+def check_variables(environ: Mapping[str, str] | None = None, launching: str | None = None) -> None:
+    """Check every variable rankwise reads (``RANKWISE_*`` and the ``DISTRIBUTED_*`` settings);
+    raise one :class:`DistributedConfigError` naming the variable, its value and the fix.
+
+    ``launching``: the ``--on-failure`` of a ``rankwise launch`` about to start processes with
+    this environment, which checks it once, before any of them starts: the variables it sets
+    for each process must not be set already, and ``RANKWISE_ON_FAILURE`` (which it sets from
+    ``--on-failure``) must not say otherwise. ``None``: this process reads them for itself (a
+    rank, or a script under plain ``python``), where an unset launcher is caught too.
+
+    >>> check_variables({"RANKWISE_STALE_S": "2"})
+    >>> check_variables({"RANKWISE_ON_FAILURE": "sometimes"})
+    Traceback (most recent call last):
+    ...
+    rankwise.distributed.errors.DistributedConfigError: RANKWISE_ON_FAILURE ('sometimes') ...
+    """
+    env = os.environ if environ is None else environ
+    owned = [var for var in launcher_variables() if env.get(var) is not None]
+    if launching is not None:
+        if owned:
+            var = owned[0]
+            shown = "<secret>" if var == "RANKWISE_JOB_TOKEN" else repr(env[var])
+            raise DistributedConfigError(
+                f"{var}={shown} is set in the environment of `rankwise launch`, but it is the "
+                "launcher's own, set for each process of --on-failure continue (and meaning "
+                f"nothing elsewhere); unset it (env -u {var} rankwise launch ...)."
+            )
+        given = env.get(ON_FAILURE, "").strip()
+        if given and given != launching:
+            on_failure_mode({ON_FAILURE: given, "RANKWISE_SLOT": "0"})  # a bad value: said so
+            raise DistributedConfigError(
+                f"{ON_FAILURE}={given!r} is set in the environment of `rankwise launch "
+                f"--on-failure {launching}`, which takes the mode from --on-failure only; "
+                f"unset it, and give --on-failure {given} to the launcher instead."
+            )
+    elif on_failure_mode(env) == "continue":
+        MemberConfig.from_environment(env)  # every variable of the mode, as the ranks read it
+    elif owned:
+        raise DistributedConfigError(
+            f"{owned[0]} is set, but {ON_FAILURE} is not 'continue': it is set by `rankwise "
+            f"launch --on-failure continue` for each of its processes and means nothing "
+            f"elsewhere; unset {owned[0]} (or start the job with that launcher)."
+        )
+    MemberConfig(
+        slot=0, world_size=1, host="127.0.0.1", port=1, **_member_kwargs(env, MEMBER_TUNABLE)
+    )
+    DistributedConfig(**_settings(env))
+
+
 def on_failure_mode(environ: Mapping[str, str] | None = None) -> str:
     """``"restart"`` (torchrun's stop-the-world restarts, the default) or ``"continue"``.
 
@@ -364,8 +446,8 @@ def on_failure_mode(environ: Mapping[str, str] | None = None) -> str:
     mode = env.get(ON_FAILURE, "restart").strip() or "restart"
     if mode not in ("restart", "continue"):
         raise DistributedConfigError(
-            f"{ON_FAILURE} ({mode!r}) must be 'restart' or 'continue'; it is set by "
-            "`rankwise launch --on-failure ...`."
+            f"{ON_FAILURE} ({mode!r}) must be 'restart' or 'continue'; `rankwise launch "
+            f"--on-failure ...` sets it: unset {ON_FAILURE} and give the launcher --on-failure."
         )
     if mode == "continue" and "RANKWISE_SLOT" not in env:
         launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "this launcher"
@@ -488,26 +570,10 @@ class MemberConfig:
         env = os.environ if environ is None else environ
         if on_failure_mode(env) != "continue":
             return None
-
-        def given(field: str) -> str | None:
-            raw = env.get(MEMBER_ENV_VARS[field])
-            return None if raw is None or raw.strip() == "" else raw
-
-        kwargs: dict[str, Any] = {"host": given("host") or "127.0.0.1"}
-        kwargs["job_token"] = (given("job_token") or "").strip()
-        kwargs["job_id"] = (given("job_id") or "").strip()
-        for field in (
-            "slot", "world_size", "port", "incarnation", "min_nproc", "join_check_every",
-            "local_world_size",
-        ):  # fmt: skip
-            if (raw := given(field)) is not None:
-                kwargs[field] = parse_int(MEMBER_ENV_VARS[field], raw)
-        if (raw := given("stale_s")) is not None:
-            kwargs["stale_s"] = parse_float(MEMBER_ENV_VARS["stale_s"], raw)
-        if (raw := given("collective_timeout_s")) is not None:
-            kwargs["collective_timeout_s"] = (
-                parse_int(MEMBER_ENV_VARS["collective_timeout_s"], raw) / 1000
-            )
+        kwargs = _member_kwargs(env, tuple(MEMBER_ENV_VARS))
+        kwargs["host"] = kwargs.get("host") or "127.0.0.1"
+        kwargs["job_token"] = kwargs.get("job_token", "").strip()
+        kwargs["job_id"] = kwargs.get("job_id", "").strip()
         for field in ("slot", "world_size", "port"):
             if field not in kwargs:
                 raise DistributedConfigError(
@@ -515,3 +581,27 @@ class MemberConfig:
                     "start the job with `rankwise launch --on-failure continue`, which sets it."
                 )
         return cls(**kwargs)
+
+
+_MEMBER_INTS = ("slot", "world_size", "port", "incarnation", "min_nproc", "join_check_every",
+                "local_world_size")  # fmt: skip
+
+
+def _member_kwargs(env: Mapping[str, str], fields: tuple[str, ...]) -> dict[str, Any]:
+    """``fields`` of :class:`MemberConfig` as given in ``env`` (unset or blank: left out),
+    parsed; a value that is not a number raises, naming the variable."""
+    kwargs: dict[str, Any] = {}
+    for field in fields:
+        var = MEMBER_ENV_VARS[field]
+        raw = env.get(var)
+        if raw is None or raw.strip() == "":
+            continue
+        if field in _MEMBER_INTS:
+            kwargs[field] = parse_int(var, raw)
+        elif field == "stale_s":
+            kwargs[field] = parse_float(var, raw)
+        elif field == "collective_timeout_s":
+            kwargs[field] = parse_int(var, raw) / 1000  # the variable is in milliseconds
+        else:
+            kwargs[field] = raw
+    return kwargs

@@ -24,11 +24,13 @@ import torch.distributed as dist
 from rankwise.distributed.config import (
     DistributedConfig,
     MemberConfig,
+    check_variables,
     choose_gloo_interface,
     restore_gloo_interface,
 )
 from rankwise.distributed.drain import drain, gloo_threads_alive
 from rankwise.distributed.errors import DistributedConfigError, DistributedStateError
+from rankwise.distributed.finish import mark_finished
 from rankwise.distributed.membership import Membership
 from rankwise.distributed.rendezvous import lost_store, rendezvous, wait_until_all_joined
 
@@ -58,6 +60,16 @@ def membership() -> Membership | None:
     return _membership
 
 
+def mark_training_finished() -> None:
+    """Under ``rankwise launch --on-failure continue``: record that this job's training
+    finished, so that the launcher counts the processes' exit 0 as the job's end (an exit 0
+    before any rank recorded it is a rank that left early, restarted like a lost one).
+    ``DistributedTrainer.fit`` calls it when its last epoch is saved; a training loop of one's
+    own calls it once its training is done. Nothing to do in any other mode."""
+    if _membership is not None:
+        mark_finished(_membership.signed)
+
+
 def init(config: DistributedConfig | None = None) -> DistributedConfig:
     """Join the process group described by ``config`` (default: the environment).
 
@@ -73,6 +85,7 @@ def init(config: DistributedConfig | None = None) -> DistributedConfig:
     >>> rd.finalize()
     """
     global _session, _init_called
+    check_variables()  # every RANKWISE_* / DISTRIBUTED_* setting, under plain python too
     cfg = DistributedConfig.from_environment() if config is None else config
     cfg.validate()
     if _session is not None and _session.owns_group and not has_group():

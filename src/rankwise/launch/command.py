@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from torch.distributed.run import get_args_parser, parse_min_max_nnodes
 
+from rankwise.distributed.config import check_variables
 from rankwise.launch.supervisor import check_continue_args, run_continue
 from rankwise.launch.torchrun import run_torchrun
 
@@ -90,6 +91,15 @@ def add_launch_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         "node (node 0 included) leaves the others their store. Give it to every node.",
     )
     parser.add_argument(
+        "--store-wait-s",
+        type=float,
+        default=None,  # None = not given: refused under restart only when given
+        metavar="SECONDS",
+        help="--on-failure continue: how long a launcher that does not host the membership "
+        "store (a node other than 0, or any with --store-endpoint) waits to reach it before it "
+        "gives up, naming the address (default 120)",
+    )
+    parser.add_argument(
         "--job-token-file",
         default=None,
         metavar="PATH",
@@ -136,7 +146,19 @@ def check_args(args: argparse.Namespace) -> None:
             "--on-failure continue) or the whole world (under restart) is started again; e.g. "
             "--max-restarts 2, or 0 for none."
         )
+    port = getattr(args, "master_port", None)
+    if port is not None and not (0 <= port <= 65535 and (port > 0 or high == 1)):
+        raise ValueError(
+            f"--master-port ({port}) must be a TCP port, 1 to 65535 (0 on one node: a free "
+            "port the OS picks, the default there); e.g. --master-port 29500."
+        )
     if getattr(args, "on_failure", "restart") == "restart":
+        node = getattr(args, "node_rank", None)  # continue mode's check says more
+        if node is not None and not 0 <= node < high:
+            raise ValueError(
+                f"--node-rank ({node}) must be between 0 and {high - 1}: the nodes of "
+                f"--nnodes {args.nnodes} are numbered from 0; give each node's launcher its own."
+            )
         _refuse_continue_only(args)
     script = getattr(args, "training_script", None)
     direct = not (getattr(args, "module", False) or getattr(args, "no_python", False))
@@ -154,6 +176,7 @@ def _refuse_continue_only(args: argparse.Namespace) -> None:
         ("--min-nproc", getattr(args, "min_nproc", None)),
         ("--store-endpoint", getattr(args, "store_endpoint", None)),
         ("--job-token-file", getattr(args, "job_token_file", None)),
+        ("--store-wait-s", getattr(args, "store_wait_s", None)),
     ):
         if value is not None:
             raise ValueError(
@@ -170,6 +193,9 @@ def run_launch(args: argparse.Namespace) -> int:
         check_args(args)
         if getattr(args, "on_failure", "restart") == "continue":
             check_continue_args(args)
+        # Every variable the ranks will read, once, before any of them starts (each rank
+        # would otherwise refuse it in turn, and again after every restart).
+        check_variables(launching=getattr(args, "on_failure", "restart"))
     except ValueError as exc:  # argparse's way: a usage error exits 2, no traceback
         print(f"rankwise launch: error: {exc}", file=sys.stderr)
         return 2

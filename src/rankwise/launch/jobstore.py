@@ -3,7 +3,7 @@
 One ``TCPStore`` per job holds the generations (:mod:`rankwise.distributed.membership`) and,
 under ``launch/``, what the launchers tell each other::
 
-    launch/finished      -> "1"       (a process exited 0 somewhere: training finished)
+    launch/finished      -> "1"       (a rank recorded that fit completed: training finished)
     launch/done/<node>   -> "<code>"  (node's launcher has ended its processes; its exit code)
     launch/hb/<node>     -> a counter node's launcher writes every HEARTBEAT_S seconds
     launch/node/<node>   -> "<id>"    (the launcher that claimed --node-rank <node>)
@@ -62,7 +62,7 @@ __all__ = [
     "serve",
 ]
 
-CONNECT_S = 120.0  # a launcher started before the store host waits this long for it
+CONNECT_S = 120.0  # a launcher started before the store host waits this long for it (default)
 HEARTBEAT_S = 1.0  # every launcher bumps launch/hb/<node> this often
 LAUNCHER_STALE_S = 30.0  # a launcher heartbeat still for this long: its node is gone
 
@@ -161,14 +161,14 @@ class JobStore:
 
     def __init__(
         self, host: str, port: int, hosting: bool, node: int, nnodes: int,
-        stale_s: float = LAUNCHER_STALE_S, secret: str = "",
+        stale_s: float = LAUNCHER_STALE_S, secret: str = "", connect_s: float = CONNECT_S,
     ) -> None:  # fmt: skip
         self.host, self.node, self.nnodes, self.hosting = host, node, nnodes, hosting
         self._listener: socket.socket | None = None
         if hosting:
             self.store, self._listener = host_store(host, port, CONNECT_S)
         else:
-            self.store = _client(host, port)
+            self.store = _client(host, port, connect_s)
         self.port = self.store.port  # the OS's choice for port 0
         self.lost = False
         self.job_id = job_id(self.store)
@@ -182,9 +182,10 @@ class JobStore:
                 f"--node-rank, 0 to {nnodes - 1}, and start a fresh store (a fresh "
                 "--master-port, or a fresh `rankwise store`) for a new job."
             )
-        self.watch = LauncherWatch(self.signed, nnodes, stale_s, CONNECT_S, time.monotonic())
+        self.watch = LauncherWatch(self.signed, nnodes, stale_s, connect_s, time.monotonic())
         self._stop = threading.Event()
-        beats = SignedStore(_client(host, self.port), secret, self.job_id)  # its own line
+        # The heartbeat thread's own connection.
+        beats = SignedStore(_client(host, self.port, connect_s), secret, self.job_id)
         # The thread holds no reference to this handle: dropping it drops a hosted store.
         self._beating = threading.Thread(
             target=_beat, args=(beats, f"launch/hb/{node}", self._stop),
@@ -304,10 +305,30 @@ def job_id(store: dist.Store) -> str:
     return fresh  # a store client keeps changing it: the launchers may disagree (a denial)
 
 
-def _client(host: str, port: int) -> dist.TCPStore:
-    return dist.TCPStore(
-        host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=CONNECT_S)
-    )
+def _client(host: str, port: int, connect_s: float = CONNECT_S) -> dist.TCPStore:
+    """A client of the store at ``host:port``, waiting for it at most ``connect_s`` (plus a
+    connection attempt's second); ``ConnectionError`` naming the last error past that.
+
+    torch's own client retries past its timeout (a 120 s one gave up after about 280 s), so
+    the wait is made here, with plain connection attempts, and torch's client is built only
+    once the port answers.
+    """
+    deadline = time.monotonic() + connect_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection((host, port), timeout=min(max(left, 0.1), 1.0)).close()
+            break
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise ConnectionError(f"nothing answered within {connect_s:g} s: {exc}") from exc
+            time.sleep(min(0.2, max(deadline - time.monotonic(), 0.0)))
+    store = dist.TCPStore(
+        host, port, is_master=False, wait_for_workers=False,
+        timeout=timedelta(seconds=max(deadline - time.monotonic(), 1.0)),
+    )  # fmt: skip
+    store.set_timeout(timedelta(seconds=CONNECT_S))  # each call's bound, once connected
+    return store
 
 
 def add_store_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -11,11 +11,14 @@ Here the launcher supervises each process on its own (``subprocess``), hosts the
   the collective timeout) with SIGKILL, and then restarts it the same way;
 - stops the job, saying why, when every process is lost.
 
-The job succeeds once a process exits 0 (training finished). The launcher then waits for every
-other process, as torchrun does: work a rank does after ``fit`` (a test set, an export, a final
-``torch.save``) is never cut short, and a process that never exits is the collective
-timeout's business. Only a restarted process still waiting to join, which no generation will
-let in any more, is ended.
+Training has finished once a rank recorded that its ``fit`` completed
+(:mod:`rankwise.distributed.finish`; an exit 0 before that is a rank that left early, restarted
+like any lost one). The launcher then waits for every other process, as torchrun does: work a
+rank does after ``fit`` (a test set, an export, a final ``torch.save``) is never cut short, a
+process that fails there makes the job's exit code non-zero, and a process that never exits
+is the collective timeout's business. Only a restarted process still waiting to join, which no
+generation will let in any more, is ended. The decisions on each exit and the exit code are
+:class:`Ledger`'s, a pure function of the exits seen (exit 0 only when training finished).
 
 Across nodes (``--nnodes N --node-rank R``, static: no nodes come or go) every node runs one
 launcher; slot ``R * nproc + i`` is the ``i``-th process of node ``R``. Node 0's launcher hosts
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import secrets
 import signal
@@ -41,11 +45,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rankwise.distributed.finish import is_finished
 from rankwise.distributed.membership import mark_dead
 from rankwise.distributed.signing import parse_slots
 from rankwise.launch.jobstore import CONNECT_S, DuplicateNodeError, JobStore, parse_endpoint
 
-__all__ = ["check_continue_args", "run_continue"]
+__all__ = ["Ledger", "Verdict", "check_continue_args", "run_continue"]
 
 STOP_WAIT_S = 30.0  # after forwarding SIGTERM: how long the ranks get to drain and end
 
@@ -57,6 +62,7 @@ class _Slot:
     incarnation: int = 0
     member_seen: bool = True  # in a generation since this start (a first start: generation 0)
     exit_codes: list[int] = field(default_factory=list)
+    ended: bool = False  # the launcher ended this start (SIGKILL) itself
 
 
 def check_continue_args(args: argparse.Namespace) -> None:
@@ -89,6 +95,13 @@ def check_continue_args(args: argparse.Namespace) -> None:
         raise ValueError(
             f"--min-nproc ({low}) must be between 1 and --nproc-per-node "
             f"({args.nproc_per_node}){nodes}."
+        )
+    wait = _store_wait_s(args)
+    if not (wait > 0 and math.isfinite(wait)):
+        raise ValueError(
+            f"--store-wait-s ({wait:g}) must be a number of seconds > 0: how long a launcher "
+            f"waits to reach the membership store; e.g. --store-wait-s {CONNECT_S:g} (the "
+            "default)."
         )
     endpoint = getattr(args, "store_endpoint", None)
     if endpoint is not None and parse_endpoint(endpoint) is None:
@@ -148,6 +161,11 @@ def _refuse_torchrun_only(args: argparse.Namespace) -> None:
             )
 
 
+def _store_wait_s(args: argparse.Namespace) -> float:
+    given = getattr(args, "store_wait_s", None)
+    return CONNECT_S if given is None else float(given)
+
+
 def _min_nproc(args: argparse.Namespace) -> int:
     given = getattr(args, "min_nproc", None)
     return 1 if given is None else int(given)
@@ -198,9 +216,10 @@ def run_continue(args: argparse.Namespace) -> int:
     stop = _Stop()
     with stop.handling():
         slots = [_Slot(i, spawn(i, 0)) for i in range(node * nproc, (node + 1) * nproc)]
+        ledger = Ledger([slot.index for slot in slots], restarts)
         try:
-            succeeded = _supervise(jobs, slots, spawn, restarts, stop)
-            code = _outcome(jobs, slots, succeeded)
+            _supervise(jobs, slots, spawn, ledger, stop)
+            code = _outcome(jobs, ledger)
             jobs.set(f"launch/done/{node}", str(code))
             if jobs.hosting and nnodes > 1:
                 with stop.raising():
@@ -215,52 +234,149 @@ def run_continue(args: argparse.Namespace) -> int:
 
 def _supervise(
     jobs: JobStore, slots: list[_Slot], spawn: Callable[[int, int], subprocess.Popen[bytes]],
-    restarts: int, stop: _Stop,
-) -> bool:  # fmt: skip
-    """Watch this node's processes until none runs; whether training finished (anywhere).
+    ledger: Ledger, stop: _Stop,
+) -> None:  # fmt: skip
+    """Watch this node's processes until none runs, acting on each exit as ``ledger`` decides.
     Raises :class:`_Stopped` once the launcher is asked to stop (SIGTERM, SIGHUP, SIGINT)."""
-    succeeded_at: float | None = None
-    succeeded = False  # succeeded_at was set before this pass's look at the generations
+    seen_first = False  # training had finished before this pass's look at the generations
     seen_gen = -1
     while True:
         if stop.signum is not None:
             raise _Stopped(stop.signum)
         seen_gen = _watch_members(jobs, slots, seen_gen)
-        if succeeded_at is None and jobs.nnodes > 1 and jobs.finished():
-            succeeded_at = time.monotonic()  # another node's process finished training
+        if not ledger.finished and jobs.nnodes > 1 and jobs.finished():
+            ledger.finish()  # another node's rank finished training
         running = 0
         for slot in slots:
             code = slot.proc.poll()
             if code is None:
                 running += 1
                 continue
-            if not _recorded(slot):
-                slot.exit_codes.append(code)
-                # The survivors regroup now (a lost store: nothing to tell, said once).
-                jobs.call(mark_dead, jobs.signed, slot.index, slot.incarnation)
-                if code == 0:
-                    succeeded_at = succeeded_at or time.monotonic()
-                    jobs.set("launch/finished", "1")
-                elif succeeded_at is None and slot.incarnation < restarts and not jobs.lost:
-                    _say(f"slot {slot.index} exited with {_describe(code)}; restarting it "
-                         f"({slot.incarnation + 1}/{restarts}){_others(slots, slot)}")  # fmt: skip
-                    slot.incarnation += 1
-                    slot.proc = spawn(slot.index, slot.incarnation)
-                    slot.member_seen = False
-                    running += 1
-                elif succeeded_at is None:
-                    _say(f"slot {slot.index} exited with {_describe(code)} and has no "
-                         f"restarts left (--max-restarts {restarts}){_others(slots, slot)}")  # fmt: skip
+            if _recorded(slot):
+                continue
+            slot.exit_codes.append(code)
+            # The survivors regroup now (a lost store: nothing to tell, said once).
+            jobs.call(mark_dead, jobs.signed, slot.index, slot.incarnation)
+            # A rank that completed fit recorded it in the store before it could exit.
+            finished = not ledger.finished and bool(jobs.call(is_finished, jobs.signed))
+            verdict = ledger.exited(
+                slot.index, code, finished=finished, store_lost=jobs.lost, ended=slot.ended
+            )
+            if finished:
+                jobs.set("launch/finished", "1")
+            if verdict.message:
+                _say(verdict.message + _others(slots, slot))
+            if verdict.action == "restart":
+                slot.incarnation = ledger.incarnations[slot.index]
+                slot.proc = spawn(slot.index, slot.incarnation)
+                slot.member_seen = False
+                slot.ended = False
+                running += 1
         if running == 0:
             break
-        if succeeded_at is not None:
-            _end_joiners(slots, seen_first=succeeded)
-        succeeded = succeeded_at is not None
+        if ledger.finished:
+            _end_joiners(slots, seen_first=seen_first)
+        seen_first = ledger.finished
         time.sleep(0.1)
-    if succeeded_at is None:
+    if not ledger.finished:
         with stop.raising():
             jobs.await_outcome()  # nobody left here: the others may still finish
-    return succeeded_at is not None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the launcher does about one process's exit: ``action`` is ``"restart"``,
+    ``"lost"`` (the slot has no process any more), ``"done"`` (it exited 0 with training
+    finished), ``"failed"`` (it failed after training finished: the job's exit code is
+    its) or ``"ended"`` (the launcher ended it: a joiner nobody lets in any more); ``message``
+    the line said about it (None: nothing to say)."""
+
+    action: str
+    message: str | None = None
+
+
+@dataclass
+class Ledger:
+    """The launcher's decisions on its slots' exits, a pure function of what it saw (the
+    supervising loop feeds it every exit in order and carries its verdicts out).
+
+    The contract (docs/continue.md, "When the job is done"): training has finished once a
+    rank recorded that its ``fit`` completed (:mod:`rankwise.distributed.finish`), here or on
+    another node. Until then every exit, 0 included, is a lost slot: restarted while it has
+    restarts left (``--max-restarts`` per slot) and the store is there, and said either way.
+    After it, a process that exits non-zero, unless the launcher ended it, failed in its work
+    after ``fit``: said, and the job's exit code is its. The exit code (:meth:`code`) is 0
+    only when training finished and nothing failed after.
+
+    >>> ledger = Ledger(slots=[0, 1], restarts=1)
+    >>> ledger.exited(1, 0, finished=False).message
+    'slot 1 exited with exit code 0 before training finished (no rank has completed fit); restarting it (1/1)'
+    >>> ledger.exited(0, 0, finished=True).action, ledger.code()
+    ('done', 0)
+    """
+
+    slots: list[int]
+    restarts: int
+    finished: bool = False
+    incarnations: dict[int, int] = field(default_factory=dict)
+    codes: list[int] = field(default_factory=list)  # every exit, in order
+    failed_after: list[tuple[int, int]] = field(default_factory=list)  # (slot, code)
+
+    def __post_init__(self) -> None:
+        self.incarnations = {slot: self.incarnations.get(slot, 0) for slot in self.slots}
+
+    def finish(self) -> None:
+        """Training finished (a rank recorded it, on any node)."""
+        self.finished = True
+
+    def exited(
+        self, slot: int, code: int, *, finished: bool, store_lost: bool = False,
+        ended: bool = False,
+    ) -> Verdict:  # fmt: skip
+        """Slot ``slot``'s process exited with ``code`` (negative: the signal's number);
+        ``finished``: a rank had recorded that training finished when it did; ``ended``: the
+        launcher ended it itself."""
+        self.codes.append(code)
+        self.finished = self.finished or finished
+        said = _describe(code)
+        if self.finished:
+            if code == 0:
+                return Verdict("done")
+            if ended:
+                return Verdict("ended")
+            self.failed_after.append((slot, code))
+            return Verdict(
+                "failed",
+                f"slot {slot} exited with {said} after training finished (its work after "
+                "fit failed; the error is above); the job's exit code will be non-zero",
+            )
+        if code == 0:
+            said += " before training finished (no rank has completed fit)"
+        incarnation = self.incarnations[slot]
+        if store_lost:
+            return Verdict(
+                "lost", f"slot {slot} exited with {said}; not restarted: the membership "
+                "store is lost",
+            )  # fmt: skip
+        if incarnation >= self.restarts:
+            return Verdict(
+                "lost", f"slot {slot} exited with {said} and has no restarts left "
+                f"(--max-restarts {self.restarts})",
+            )  # fmt: skip
+        self.incarnations[slot] = incarnation + 1
+        return Verdict(
+            "restart", f"slot {slot} exited with {said}; restarting it "
+            f"({incarnation + 1}/{self.restarts})",
+        )  # fmt: skip
+
+    def code(self) -> int:
+        """The launcher's exit code once none of its processes runs: 0 only when training
+        finished and no process failed after; else the first failure's (1 where none is
+        positive: a signal, or exits 0 before training finished)."""
+        if self.finished and not self.failed_after:
+            return 0
+        codes = [c for _, c in self.failed_after] if self.finished else self.codes
+        return next((c for c in codes if c > 0), 1)
 
 
 class _Stopped(Exception):
@@ -389,7 +505,9 @@ def _open_store(args: argparse.Namespace, nnodes: int, node: int, token: str) ->
         port = 0 if args.master_port is None else int(args.master_port)
         hosting = node == 0
     try:
-        return JobStore(host, port, hosting, node, nnodes, secret=token)
+        return JobStore(
+            host, port, hosting, node, nnodes, secret=token, connect_s=_store_wait_s(args)
+        )
     except DuplicateNodeError as exc:
         _say(f"error: {exc}")
         return 2
@@ -399,7 +517,8 @@ def _open_store(args: argparse.Namespace, nnodes: int, node: int, token: str) ->
             "and give --master-addr as an address of this machine (node 0's: the store listens "
             "there only)"
             if hosting
-            else f"reach the membership store at {host}:{port} within {CONNECT_S:.0f} s ({exc}); "
+            else f"reach the membership store at {host}:{port} within {_store_wait_s(args):g} s "
+            f"({exc}); "
             + (
                 "start `rankwise store` there first"
                 if endpoint is not None
@@ -411,18 +530,27 @@ def _open_store(args: argparse.Namespace, nnodes: int, node: int, token: str) ->
         return 1
 
 
-def _outcome(jobs: JobStore, slots: list[_Slot], succeeded: bool) -> int:
-    """This node's exit code: 0 once training finished anywhere, else the failure's."""
-    if succeeded or any(0 in s.exit_codes for s in slots) or jobs.finished():
+def _outcome(jobs: JobStore, ledger: Ledger) -> int:
+    """This node's exit code (:meth:`Ledger.code`), its reason said where it is not 0."""
+    if not ledger.finished and jobs.finished():
+        ledger.finish()  # on another node
+    code = ledger.code()
+    if code == 0:
         return 0
-    codes = [c for s in slots for c in s.exit_codes]
+    if ledger.finished:
+        failed = ", ".join(f"slot {s} ({_describe(c)})" for s, c in ledger.failed_after)
+        _say(
+            f"training finished, but {failed} failed after it; the errors are above. Exit "
+            f"code {code}."
+        )
+        return code
     elsewhere = " on this node, and no other node finished training" if jobs.nnodes > 1 else ""
     _say(
-        f"every process has ended ({', '.join(_describe(c) for c in codes)}){elsewhere}: "
-        "nobody is left to continue. The "
-        "errors are above; raise --max-restarts, or fix the failure and relaunch."
+        f"every process has ended ({', '.join(_describe(c) for c in ledger.codes)}){elsewhere} "
+        "before any rank completed fit: nobody is left to continue. The errors are above; "
+        "raise --max-restarts, or fix the failure and relaunch."
     )
-    return next((c for c in codes if c > 0), 1)
+    return code
 
 
 def _others(slots: list[_Slot], slot: _Slot) -> str:
@@ -456,6 +584,7 @@ def _watch_members(jobs: JobStore, slots: list[_Slot], seen: int) -> int:
             _say(f"slot {slot.index} was left out of generation {gen} (frozen or stalled); "
                  "ending it")  # fmt: skip
             _kill(slot.proc)
+            slot.ended = True
             slot.member_seen = False
     return gen
 
@@ -471,6 +600,7 @@ def _end_joiners(slots: list[_Slot], seen_first: bool) -> None:
             _say(f"slot {slot.index} was still waiting to join when training finished; "
                  "ending it")  # fmt: skip
             _kill(slot.proc)
+            slot.ended = True
 
 
 def _command(args: argparse.Namespace) -> list[str]:

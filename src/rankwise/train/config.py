@@ -171,9 +171,25 @@ def check_plain(name: str, item: Any, where: str) -> None:
         )
 
 
+def _storage_values(item: Any, where: str) -> None:
+    """Refuse a list anywhere in storage options (fsspec's and s3fs's options take strings,
+    numbers, booleans, None and dicts of those), naming the key."""
+    if isinstance(item, Mapping):
+        for key, inner in item.items():
+            _storage_values(inner, f"{where}[{key!r}]")
+    elif isinstance(item, list | tuple):
+        fail(
+            "checkpoint_storage_options",
+            where,
+            f"holds a {type(item).__name__}; the object store's options are strings, numbers, "
+            "booleans, None or nested dicts of those (fsspec/s3fs take no lists): give this "
+            "key one value",
+        )
+
+
 def check_storage_options(value: Any) -> dict[str, Any] | None:
     """``checkpoint_storage_options`` as a plain dict (string keys; strings, numbers, booleans,
-    None, lists and nested dicts: what YAML holds), or None.
+    None and nested dicts of those: what fsspec and s3fs take), or None.
 
     >>> check_storage_options({"endpoint_url": "http://127.0.0.1:8333"})
     {'endpoint_url': 'http://127.0.0.1:8333'}
@@ -190,6 +206,7 @@ def check_storage_options(value: Any) -> dict[str, Any] | None:
             "provider's own files)",
         )
     check_plain(name, value, "options")
+    _storage_values(value, "options")
     options = dict(value)
     if REDACTED in _values(options):
         fail(

@@ -332,6 +332,8 @@ class DistributedTrainer:
                 self._call("on_epoch_saved", self, epoch, metrics, saved)
         # a last save unless the last step is saved; fit returns once it is durable
         between_epochs(run, functools.partial(checkpointer.at_end, state))
+        if continuing is not None:
+            continuing.finished()  # the launcher counts this process's exit 0 as the job's end
         return samples, train_seconds
 
     def _setup(self, cfg: DistributedTrainingConfig) -> None:
