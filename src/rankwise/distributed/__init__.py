@@ -18,6 +18,7 @@ from rankwise.distributed.collectives import (
     scatter,
 )
 from rankwise.distributed.config import BackendType, DistributedConfig, normalize_backend
+from rankwise.distributed.environment import under_rankwise_launch
 from rankwise.distributed.errors import (
     DistributedConfigError,
     DistributedConnectionError,
@@ -42,6 +43,7 @@ from rankwise.distributed.group import (
     membership,
     select_backend,
 )
+from rankwise.distributed.interrupt import quiet_interrupts
 from rankwise.distributed.progress import Progress
 
 __all__ = [
@@ -80,3 +82,6 @@ __all__ = [
     "scatter",
     "select_backend",
 ]
+
+if under_rankwise_launch():  # a rank of `rankwise launch`: Ctrl-C ends it quietly
+    quiet_interrupts()

@@ -416,3 +416,17 @@ def aws_region(env: Mapping[str, str] | None = None) -> str | None:
     if env.get("AWS_DEFAULT_REGION"):
         return None
     return env.get("AWS_REGION") or None
+
+
+# Set by ``rankwise launch`` (both ways it runs a job) in every process it starts.
+LAUNCHED_VAR = "RANKWISE_LAUNCHED"
+
+
+def under_rankwise_launch(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``rankwise launch`` started this process (it sets ``RANKWISE_LAUNCHED=1``).
+
+    >>> under_rankwise_launch({"RANKWISE_LAUNCHED": "1"}), under_rankwise_launch({})
+    (True, False)
+    """
+    env = os.environ if env is None else env
+    return env.get(LAUNCHED_VAR) == "1"

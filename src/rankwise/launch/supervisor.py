@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rankwise.distributed.environment import LAUNCHED_VAR
 from rankwise.distributed.membership import mark_dead
 from rankwise.launch.jobstore import CONNECT_S, DuplicateNodeError, JobStore, parse_endpoint
 
@@ -176,6 +177,7 @@ def run_continue(args: argparse.Namespace) -> int:
         "RANKWISE_ON_FAILURE": "continue",
         "RANKWISE_MIN_NPROC": str(_min_nproc(args)),
         "RANKWISE_JOB_TOKEN": token,  # the processes' own environment only, never the store
+        LAUNCHED_VAR: "1",  # Ctrl-C ends them quietly (rankwise.distributed.interrupt)
     }
     # Nobody can come back without restarts: the members then never check for joiners. A value
     # the user gave passes through, unread, in the copied environment (rankwise.distributed's
