@@ -1,9 +1,11 @@
 """What ``rankwise launch`` and its ranks say (issue 33): a Ctrl-C ends the job with the
-launcher's one line and exit 130, not one traceback per rank. Real launches, both ways a job
+launcher's one line and exit 130, not one traceback per rank; the launch header says the
+threads each process runs with, instead of torch's banner. Real launches, both ways a job
 runs (torchrun's agent, and the continue-mode supervisor)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers.background import await_file, started
+from helpers.background import await_file
 from helpers.paths import SCRIPTS
+from rankwise.distributed.environment import threads_per_process
 from rankwise.distributed.interrupt import quiet_interrupts
+from rankwise.testing import child_env
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,23 +43,41 @@ def await_steps(out: Path, slot: int, steps: int, proc: subprocess.Popen[str]) -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("on_failure", ["restart", "continue"])
+@pytest.mark.parametrize(("on_failure", "omp"), [("restart", None), ("continue", "3")])
 def test_ctrl_c_ends_the_ranks_quietly_and_the_launcher_says_one_line(
-    tmp_path: Path, on_failure: str
+    tmp_path: Path, on_failure: str, omp: str | None
 ) -> None:
+    # Also the threads: without OMP_NUM_THREADS (tests' child_env sets 1) the launcher shares
+    # the cores out and says so, with no torch banner; a user's value is kept.
+    env = child_env()
+    env.pop("OMP_NUM_THREADS")
+    env.update({"OMP_NUM_THREADS": omp} if omp else {})
     cmd = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", "2"]
     cmd += ["--on-failure", on_failure, str(CONTINUE_WORKER), str(tmp_path)]
     cmd += ["--step-delay", "0.1", "--epochs", "50"]  # training when the Ctrl-C comes
-    with started(cmd) as proc:
+    proc = subprocess.Popen(
+        cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
         for slot in (0, 1):
             await_steps(tmp_path, slot, 2, proc)
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole process group
         out, err = proc.communicate(timeout=90)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # whatever of the job is left
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     said = out + err
     assert proc.returncode == 130, said[-3000:]
     assert "Traceback" not in said and "KeyboardInterrupt" not in said, said[-3000:]
     assert said.count(CTRL_C_LINE[on_failure]) == 1, said[-3000:]
     assert "closing signal" not in said and "death signal" not in said, said[-3000:]
+    threads = omp or threads_per_process(2, {})[0]
+    why = "yours" if omp else "this machine's cores shared out"
+    header = f"rankwise launch: 2 process(es) on this node, OMP_NUM_THREADS={threads} each ({why}"
+    assert said.count(header) == 1, said[-3000:]
+    assert "Setting OMP_NUM_THREADS" not in said, said[-3000:]
 
 
 def test_an_uncaught_interrupt_prints_nothing_other_errors_print_as_ever(

@@ -430,3 +430,24 @@ def under_rankwise_launch(env: Mapping[str, str] | None = None) -> bool:
     """
     env = os.environ if env is None else env
     return env.get(LAUNCHED_VAR) == "1"
+
+
+def threads_per_process(
+    nproc: int, env: Mapping[str, str] | None = None, cores: int | None = None
+) -> tuple[str, bool]:
+    """The OpenMP threads each of ``nproc`` processes on one machine runs with, and whether
+    the user chose them: ``OMP_NUM_THREADS`` where set, else this machine's cores (those this
+    process may run on) shared out, at least 1 each.
+
+    >>> threads_per_process(3, {}, cores=16), threads_per_process(4, {}, cores=2)
+    (('5', False), ('1', False))
+    >>> threads_per_process(2, {"OMP_NUM_THREADS": "8"}, cores=2)
+    ('8', True)
+    """
+    env = os.environ if env is None else env
+    if env.get("OMP_NUM_THREADS"):
+        return env["OMP_NUM_THREADS"], True
+    if cores is None:
+        affinity = getattr(os, "sched_getaffinity", None)
+        cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return str(max(1, cores // max(1, nproc))), False
