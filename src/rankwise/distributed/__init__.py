@@ -24,6 +24,8 @@ from rankwise.distributed.errors import (
     DistributedConnectionError,
     DistributedStateError,
     DistributedTimeoutError,
+    RankwiseWarning,
+    plain_warnings,
 )
 from rankwise.distributed.failures import classify, is_peer_failure, is_timeout
 from rankwise.distributed.group import (
@@ -54,6 +56,7 @@ __all__ = [
     "DistributedStateError",
     "DistributedTimeoutError",
     "Progress",
+    "RankwiseWarning",
     "all_gather",
     "all_gather_plain",
     "all_reduce",
@@ -83,5 +86,6 @@ __all__ = [
     "select_backend",
 ]
 
+plain_warnings()  # rankwise's own warnings without the echoed source line
 if under_rankwise_launch():  # a rank of `rankwise launch`: Ctrl-C ends it quietly
     quiet_interrupts()

@@ -35,7 +35,7 @@ import warnings
 import zlib
 from collections.abc import Collection, Mapping
 
-from rankwise.distributed.errors import DistributedConfigError
+from rankwise.distributed.errors import DistributedConfigError, RankwiseWarning
 
 # A master port derived from the SLURM job id lands in [_SLURM_PORT_BASE, + _SLURM_PORT_SPAN):
 # unprivileged, and below Linux's ephemeral range (32768+) where the OS picks ports for others.
@@ -115,6 +115,7 @@ def _warn_unstarted_slurm_tasks(env: Mapping[str, str]) -> tuple[str, ...]:
     warnings.warn(
         f"{note}. Start the script with `srun python train.py` (one task per rank) or with "
         "`rankwise launch`, or ask for --ntasks=1 if one process is meant.",
+        RankwiseWarning,
         stacklevel=3,
     )
     return (note,)
