@@ -82,6 +82,10 @@ def test_survivors_of_a_sigkill_train_on_with_the_global_batch(reference, tmp_pa
     params = finished(result, tmp_path)
     assert "continuing on 2 rank(s) (was 3) from optimizer step 5" in result.stdout
     assert "global batch 24 = 2 x 12" in result.stdout
+    # Said as which peer and how it ended, the transport's own error left to DEBUG logs.
+    said = "rankwise: a peer was lost: slot 0 (rank 0) ended with signal SIGKILL; continuing"
+    assert said in result.stdout, result.stdout[-3000:]
+    assert "Connection closed" not in result.stdout + result.stderr
     # The same processes (no restart, nothing read from disk), a world of two at the end.
     assert len(pids(tmp_path, 1)) == len(pids(tmp_path, 2)) == 1
     # The new rank 0 continues the log where the lost one stopped: every step once, but for
@@ -101,6 +105,7 @@ def test_a_frozen_rank_is_removed_after_the_collective_timeout(reference, tmp_pa
     params = finished(result, tmp_path)
     assert "slot 1 was left out of generation 1" in result.stderr  # the launcher ended it
     assert "continuing on 2 rank(s) (was 3)" in result.stdout
+    assert "a peer was lost: slot 1 (rank 1) stopped answering (no exit seen" in result.stdout
     assert len(pids(tmp_path, 0)) == len(pids(tmp_path, 2)) == 1
     assert_exactly_once(tmp_path / "audit", 2, NUM_SAMPLES, EPOCHS)
     assert max_diff(params, reference) < 1e-4

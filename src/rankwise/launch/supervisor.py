@@ -236,6 +236,9 @@ def _supervise(
                 continue
             if not _recorded(slot):
                 slot.exit_codes.append(code)
+                # How it ended, for the survivors' "a peer was lost" line (before the mark
+                # they regroup on, so it is there when they read it).
+                jobs.set(f"exit/{slot.index}/{slot.incarnation}", _describe(code))
                 # The survivors regroup now (a lost store: nothing to tell, said once).
                 jobs.call(mark_dead, jobs.store, slot.index, slot.incarnation)
                 if code == 0:
