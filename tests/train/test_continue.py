@@ -135,6 +135,16 @@ def test_a_restarted_rank_rejoins_from_a_live_peer(reference, tmp_path):
     assert "global batch 24 = 3 x 8" in result.stdout
     assert len(pids(tmp_path, 0)) == len(pids(tmp_path, 1)) == 1  # the survivors kept theirs
     assert len(pids(tmp_path, 2)) == 2  # the first start and the restart
+    # The restart's callbacks hear nothing while it waits, a world of one: its fit starts
+    # for them once it is in, as rank 2 of 3, where the members hear on_regroup.
+    hooks = (tmp_path / "hooks-2-1").read_text().splitlines()
+    assert hooks == ["on_fit_start 2 3"], hooks
+    assert (tmp_path / "hooks-0-0").read_text().splitlines() == [
+        "on_fit_start 0 3",
+        "on_regroup 0 2",
+        "on_regroup 0 3",
+    ]
+    assert (tmp_path / "hooks-2-0").read_text().splitlines() == ["on_fit_start 2 3"]
     assert (tmp_path / "final-world").read_text().strip() == "3"
     # The restarted process trained every step after it joined, in both epochs.
     steps = [int(s) for s in (tmp_path / "rejoined-2").read_text().split()]
