@@ -54,6 +54,8 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
   ``OUT/holding-<S>`` first.
 - Every process writes ``OUT/setup-<slot>-<incarnation>`` (``is_master is_joining``) once its
   trainer is built (the script's set-up, before ``fit``).
+- Every process writes ``hook rank world`` (``rd.get_rank()``, ``rd.get_world_size()``) to
+  ``OUT/hooks-<slot>-<incarnation>`` for each ``on_fit_start`` and ``on_regroup`` it hears.
 - ``--step-delay SECONDS``: sleep in every micro-batch. ``--await-joiners``: while the world is
   smaller than 3, every member waits in each step (up to 120 s) until a restarted process asks
   to join, before any strike (so every strike hits a world of 3). Every process writes
@@ -165,6 +167,24 @@ def save_strike(point: str) -> None:
             strike(i, point, signal.SIGKILL)
 
 
+class Hooks:
+    """Who each fit-level callback runs as: ``hook rank world`` per call."""
+
+    def __init__(self) -> None:
+        incarnation = os.environ.get("RANKWISE_INCARNATION", "0")
+        self.path = args.out / f"hooks-{slot}-{incarnation}"
+
+    def record(self, hook: str) -> None:
+        with open(self.path, "a") as f:
+            f.write(f"{hook} {rd.get_rank()} {rd.get_world_size()}\n")
+
+    def on_fit_start(self, trainer: DistributedTrainer) -> None:
+        self.record("on_fit_start")
+
+    def on_regroup(self, trainer: DistributedTrainer) -> None:
+        self.record("on_regroup")
+
+
 class Fault:
     """Strikes in on_batch, after the backward sent the gradient (AuditLog recorded before)."""
 
@@ -256,7 +276,7 @@ if first_start and slot == args.crash_before_init:
 x, y = data()
 # Fault first: its kills in on_batch come after the backward sent the gradient but before any
 # later hook; AuditLog records before the backward, so the micro-batch is on record.
-model, trainer = mlp_trainer([Fault(), AuditLog(args.out / "audit")])
+model, trainer = mlp_trainer([Fault(), AuditLog(args.out / "audit"), Hooks()])
 (args.out / f"setup-{slot}-{os.environ.get('RANKWISE_INCARNATION', '0')}").write_text(
     f"{rd.is_master()} {rd.is_joining()}\n"
 )

@@ -82,6 +82,10 @@ def test_survivors_of_a_sigkill_train_on_with_the_global_batch(reference, tmp_pa
     params = finished(result, tmp_path)
     assert "continuing on 2 rank(s) (was 3) from optimizer step 5" in result.stdout
     assert "global batch 24 = 2 x 12" in result.stdout
+    # Said as which peer and how it ended, the transport's own error left to DEBUG logs.
+    said = "rankwise: a peer was lost: slot 0 (rank 0) ended with signal SIGKILL; continuing"
+    assert said in result.stdout, result.stdout[-3000:]
+    assert "Connection closed" not in result.stdout + result.stderr
     # The same processes (no restart, nothing read from disk), a world of two at the end.
     assert len(pids(tmp_path, 1)) == len(pids(tmp_path, 2)) == 1
     # The new rank 0 continues the log where the lost one stopped: every step once, but for
@@ -101,6 +105,7 @@ def test_a_frozen_rank_is_removed_after_the_collective_timeout(reference, tmp_pa
     params = finished(result, tmp_path)
     assert "slot 1 was left out of generation 1" in result.stderr  # the launcher ended it
     assert "continuing on 2 rank(s) (was 3)" in result.stdout
+    assert "a peer was lost: slot 1 (rank 1) stopped answering (no exit seen" in result.stdout
     assert len(pids(tmp_path, 0)) == len(pids(tmp_path, 2)) == 1
     assert_exactly_once(tmp_path / "audit", 2, NUM_SAMPLES, EPOCHS)
     assert max_diff(params, reference) < 1e-4
@@ -130,6 +135,16 @@ def test_a_restarted_rank_rejoins_from_a_live_peer(reference, tmp_path):
     assert "global batch 24 = 3 x 8" in result.stdout
     assert len(pids(tmp_path, 0)) == len(pids(tmp_path, 1)) == 1  # the survivors kept theirs
     assert len(pids(tmp_path, 2)) == 2  # the first start and the restart
+    # The restart's callbacks hear nothing while it waits, a world of one: its fit starts
+    # for them once it is in, as rank 2 of 3, where the members hear on_regroup.
+    hooks = (tmp_path / "hooks-2-1").read_text().splitlines()
+    assert hooks == ["on_fit_start 2 3"], hooks
+    assert (tmp_path / "hooks-0-0").read_text().splitlines() == [
+        "on_fit_start 0 3",
+        "on_regroup 0 2",
+        "on_regroup 0 3",
+    ]
+    assert (tmp_path / "hooks-2-0").read_text().splitlines() == ["on_fit_start 2 3"]
     assert (tmp_path / "final-world").read_text().strip() == "3"
     # The restarted process trained every step after it joined, in both epochs.
     steps = [int(s) for s in (tmp_path / "rejoined-2").read_text().split()]

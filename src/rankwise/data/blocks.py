@@ -53,6 +53,7 @@ from rankwise.data.fetch_state import state_to_work, work_to_state
 from rankwise.data.partition import resolve_world
 from rankwise.data.permutation import Permutation
 from rankwise.data.strategies import Strategy
+from rankwise.distributed.errors import RankwiseWarning
 from rankwise.validation import check_epoch, check_int
 
 __all__ = ["Fetch", "FetchDataset", "default_fetch", "rank_fetches", "rows_per_rank"]
@@ -301,6 +302,7 @@ class FetchDataset(IterableDataset[Any]):
             warnings.warn(
                 f"FetchDataset: epoch {epoch} was already consumed and is repeated; call "
                 f"set_epoch({epoch + 1}) before each epoch.",
+                RankwiseWarning,
                 stacklevel=2,
             )
         elif work.total and not len(self):
@@ -308,6 +310,7 @@ class FetchDataset(IterableDataset[Any]):
                 f"FetchDataset: drop_last=True and the {work.total} rows left of epoch {epoch} "
                 f"make no full batch of {self.batch_size} on each of {self.world_size} ranks, so "
                 f"this pass is empty; call set_epoch({epoch + 1}) to start the next epoch.",
+                RankwiseWarning,
                 stacklevel=2,
             )
         self._shared[_WORKERS] = num_workers

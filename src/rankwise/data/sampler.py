@@ -43,6 +43,7 @@ import torch.utils.data.distributed as tud_distributed
 from rankwise.data.partition import position_chunks, resolve_world, strided_positions
 from rankwise.data.passes import SamplerPass
 from rankwise.data.permutation import DEFAULT_CHUNK, ORDER_VERSION, Permutation
+from rankwise.distributed.errors import RankwiseWarning
 from rankwise.validation import check_epoch, check_int
 
 __all__ = ["DistributedSampler"]
@@ -165,7 +166,7 @@ class DistributedSampler(tud_distributed.DistributedSampler[int]):
             f"DistributedSampler: epoch {self.epoch} {why} and set_epoch was not called, so "
             f"this pass repeats epoch {self.epoch}'s order (as torch's DistributedSampler "
             "does). Call sampler.set_epoch(epoch + 1) before each new epoch.",
-            UserWarning,
+            RankwiseWarning,
             stacklevel=3,
         )
 

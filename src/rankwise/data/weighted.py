@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from rankwise.data.permutation import absorb, mix
 from rankwise.data.strategies import base_length, block_order, check_block_size, subset_indices
+from rankwise.distributed.errors import RankwiseWarning
 from rankwise.validation import check_int
 
 __all__ = ["BlockWeightedSampling", "ClassBalancedSampling", "class_balance_weights", "uniforms"]
@@ -123,6 +124,7 @@ class BlockWeightedSampling:
             warnings.warn(
                 f"sampling_size ({sampling_size}) is ignored with replace=True: every draw is "
                 "independent; drop it, or pass replace=False to draw rounds of distinct rows.",
+                RankwiseWarning,
                 stacklevel=2,
             )
         self.sampling_size = (

@@ -18,11 +18,14 @@ from rankwise.distributed.collectives import (
     scatter,
 )
 from rankwise.distributed.config import BackendType, DistributedConfig, normalize_backend
+from rankwise.distributed.environment import under_rankwise_launch
 from rankwise.distributed.errors import (
     DistributedConfigError,
     DistributedConnectionError,
     DistributedStateError,
     DistributedTimeoutError,
+    RankwiseWarning,
+    plain_warnings,
 )
 from rankwise.distributed.failures import classify, is_peer_failure, is_timeout
 from rankwise.distributed.group import (
@@ -43,6 +46,7 @@ from rankwise.distributed.group import (
     membership,
     select_backend,
 )
+from rankwise.distributed.interrupt import quiet_interrupts
 from rankwise.distributed.progress import Progress
 
 __all__ = [
@@ -53,6 +57,7 @@ __all__ = [
     "DistributedStateError",
     "DistributedTimeoutError",
     "Progress",
+    "RankwiseWarning",
     "all_gather",
     "all_gather_plain",
     "all_reduce",
@@ -82,3 +87,7 @@ __all__ = [
     "scatter",
     "select_backend",
 ]
+
+plain_warnings()  # rankwise's own warnings without the echoed source line
+if under_rankwise_launch():  # a rank of `rankwise launch`: Ctrl-C ends it quietly
+    quiet_interrupts()

@@ -35,7 +35,7 @@ import warnings
 import zlib
 from collections.abc import Collection, Mapping
 
-from rankwise.distributed.errors import DistributedConfigError
+from rankwise.distributed.errors import DistributedConfigError, RankwiseWarning
 
 # A master port derived from the SLURM job id lands in [_SLURM_PORT_BASE, + _SLURM_PORT_SPAN):
 # unprivileged, and below Linux's ephemeral range (32768+) where the OS picks ports for others.
@@ -115,6 +115,7 @@ def _warn_unstarted_slurm_tasks(env: Mapping[str, str]) -> tuple[str, ...]:
     warnings.warn(
         f"{note}. Start the script with `srun python train.py` (one task per rank) or with "
         "`rankwise launch`, or ask for --ntasks=1 if one process is meant.",
+        RankwiseWarning,
         stacklevel=3,
     )
     return (note,)
@@ -416,3 +417,38 @@ def aws_region(env: Mapping[str, str] | None = None) -> str | None:
     if env.get("AWS_DEFAULT_REGION"):
         return None
     return env.get("AWS_REGION") or None
+
+
+# Set by ``rankwise launch`` (both ways it runs a job) in every process it starts.
+LAUNCHED_VAR = "RANKWISE_LAUNCHED"
+
+
+def under_rankwise_launch(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``rankwise launch`` started this process (it sets ``RANKWISE_LAUNCHED=1``).
+
+    >>> under_rankwise_launch({"RANKWISE_LAUNCHED": "1"}), under_rankwise_launch({})
+    (True, False)
+    """
+    env = os.environ if env is None else env
+    return env.get(LAUNCHED_VAR) == "1"
+
+
+def threads_per_process(
+    nproc: int, env: Mapping[str, str] | None = None, cores: int | None = None
+) -> tuple[str, bool]:
+    """The OpenMP threads each of ``nproc`` processes on one machine runs with, and whether
+    the user chose them: ``OMP_NUM_THREADS`` where set, else this machine's cores (those this
+    process may run on) shared out, at least 1 each.
+
+    >>> threads_per_process(3, {}, cores=16), threads_per_process(4, {}, cores=2)
+    (('5', False), ('1', False))
+    >>> threads_per_process(2, {"OMP_NUM_THREADS": "8"}, cores=2)
+    ('8', True)
+    """
+    env = os.environ if env is None else env
+    if env.get("OMP_NUM_THREADS"):
+        return env["OMP_NUM_THREADS"], True
+    if cores is None:
+        affinity = getattr(os, "sched_getaffinity", None)
+        cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return str(max(1, cores // max(1, nproc))), False

@@ -6,6 +6,8 @@ fails before any socket is opened instead of hanging.
 
 from __future__ import annotations
 
+import warnings
+
 
 class DistributedConfigError(ValueError):
     """A distributed setting (argument or environment variable) is invalid."""
@@ -27,3 +29,34 @@ class PeerLostError(RuntimeError):
     """rankwise itself found a peer gone (not torch's transport): e.g. a joiner let into a new
     generation that died on its way in. :func:`rankwise.distributed.classify` calls it a lost
     peer, so continue mode recovers from it as from a closed connection."""
+
+
+class RankwiseWarning(UserWarning):
+    """The base of every warning rankwise gives (a ``UserWarning``, so ``pytest.warns`` and
+    ``warnings`` filters on ``UserWarning`` still catch it). Printed as ``file:line:
+    Category: message``, without the echo of the source line that called rankwise (see
+    :func:`plain_warnings`): the message says what happened and the fix."""
+
+
+def plain_warnings() -> None:
+    """Print :class:`RankwiseWarning` s without the source line ``warnings`` echoes after
+    each (``  self.save(state)``, which says nothing); every other warning prints as before.
+    Wraps ``warnings.formatwarning`` (which ``showwarning`` and ``logging.captureWarnings``
+    both use) once, chaining to the one that was there; ``import rankwise`` calls it."""
+    if getattr(warnings.formatwarning, "rankwise_plain", False):
+        return
+    previous = warnings.formatwarning
+
+    def formatwarning(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        line: str | None = None,
+    ) -> str:
+        if issubclass(category, RankwiseWarning):
+            line = ""  # given: the source file is not read
+        return previous(message, category, filename, lineno, line)
+
+    formatwarning.rankwise_plain = True  # type: ignore[attr-defined]
+    warnings.formatwarning = formatwarning

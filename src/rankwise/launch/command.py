@@ -16,9 +16,14 @@ import os
 import sys
 from collections.abc import Sequence
 
-from torch.distributed.run import get_args_parser, parse_min_max_nnodes
+from torch.distributed.run import (
+    determine_local_world_size,
+    get_args_parser,
+    parse_min_max_nnodes,
+)
 
 from rankwise.distributed.config import check_variables
+from rankwise.distributed.environment import threads_per_process
 from rankwise.launch.supervisor import check_continue_args, run_continue
 from rankwise.launch.torchrun import run_torchrun
 
@@ -199,9 +204,34 @@ def run_launch(args: argparse.Namespace) -> int:
     except ValueError as exc:  # argparse's way: a usage error exits 2, no traceback
         print(f"rankwise launch: error: {exc}", file=sys.stderr)
         return 2
-    if getattr(args, "on_failure", "restart") == "continue":
-        return run_continue(args)
-    return run_torchrun(args)
+    ours = set_threads(args)
+    try:
+        if getattr(args, "on_failure", "restart") == "continue":
+            return run_continue(args)
+        return run_torchrun(args)
+    finally:
+        if ours:  # a programmatic launch() leaves its caller's environment as it was
+            os.environ.pop("OMP_NUM_THREADS", None)
+
+
+def set_threads(args: argparse.Namespace) -> bool:
+    """Give each process this node's cores shared out as ``OMP_NUM_THREADS``, where the user
+    did not set it (torch's agent would set 1 and print a banner), and say it once; whether
+    it set the variable."""
+    try:
+        nproc = determine_local_world_size(str(args.nproc_per_node))
+    except ValueError:  # e.g. "gpu" on a machine without one: torchrun says so
+        return False
+    threads, given = threads_per_process(nproc)
+    why = "yours" if given else "this machine's cores shared out; set it to choose"
+    os.environ["OMP_NUM_THREADS"] = threads  # the processes inherit it
+    print(
+        f"rankwise launch: {nproc} process(es) on this node, OMP_NUM_THREADS={threads} each "
+        f"({why})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return not given
 
 
 def launch(argv: Sequence[str]) -> int:

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rankwise.distributed.environment import LAUNCHED_VAR
 from rankwise.distributed.finish import is_finished
 from rankwise.distributed.membership import mark_dead
 from rankwise.distributed.signing import parse_slots
@@ -196,6 +197,7 @@ def run_continue(args: argparse.Namespace) -> int:
         "RANKWISE_MIN_NPROC": str(_min_nproc(args)),
         "RANKWISE_JOB_TOKEN": token,  # the processes' own environment only, never the store
         "RANKWISE_JOB_ID": jobs.job_id,
+        LAUNCHED_VAR: "1",  # Ctrl-C ends them quietly (rankwise.distributed.interrupt)
     }
     # Nobody can come back without restarts: the members then never check for joiners. A value
     # the user gave passes through, unread, in the copied environment (rankwise.distributed's
@@ -255,6 +257,9 @@ def _supervise(
             if _recorded(slot):
                 continue
             slot.exit_codes.append(code)
+            # How it ended, for the survivors' "a peer was lost" line (before the mark they
+            # regroup on, so it is there when they read it).
+            jobs.set(f"exit/{slot.index}/{slot.incarnation}", _describe(code))
             # The survivors regroup now (a lost store: nothing to tell, said once).
             jobs.call(mark_dead, jobs.signed, slot.index, slot.incarnation)
             # A rank that completed fit recorded it in the store before it could exit.

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -43,6 +45,7 @@ from torch.distributed.elastic.rendezvous.utils import (
 from torch.distributed.run import parse_min_max_nnodes
 from torch.distributed.run import run as torchrun_run
 
+from rankwise.distributed.environment import LAUNCHED_VAR
 from rankwise.distributed.interfaces import is_local_address, is_loopback, route_source
 from rankwise.distributed.rendezvous import port_is_free
 
@@ -144,8 +147,10 @@ def run_torchrun(args: argparse.Namespace) -> int:
     apply_defaults(args)
     # Read by the c10d rendezvous in this (agent) process: a fresh store per attempt.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    os.environ[LAUNCHED_VAR] = "1"  # the ranks: Ctrl-C ends them quietly (distributed.interrupt)
     try:
-        torchrun_run(args)
+        with _quiet_signal_notes():
+            torchrun_run(args)
     except SignalException as exc:
         # torchrun's agent already forwarded the signal to every rank (a rank writing a
         # checkpoint drains it first) and ended them; exit as a signalled process would.
@@ -166,3 +171,34 @@ def run_torchrun(args: argparse.Namespace) -> int:
         )
         return first
     return 0
+
+
+# What torchrun's agent logs as it forwards a signal to the ranks: said once, in the launcher's
+# own line (run_torchrun), instead.
+_SIGNAL_NOTES = (
+    "Received %s death signal, shutting down workers",
+    "Sending process %s closing signal %s",
+)
+_AGENT_LOGGERS = (
+    "torch.distributed.elastic.agent.server.api",
+    "torch.distributed.elastic.multiprocessing.api",
+)
+
+
+class _DropSignalNotes(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in _SIGNAL_NOTES
+
+
+@contextlib.contextmanager
+def _quiet_signal_notes() -> Iterator[None]:
+    """Without torchrun's per-rank notes of a forwarded signal (its other logs are kept)."""
+    drop = _DropSignalNotes()
+    loggers = [logging.getLogger(name) for name in _AGENT_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(drop)

@@ -29,6 +29,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as _powers
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 import rankwise.distributed as rd
+from rankwise.distributed.errors import RankwiseWarning
 from rankwise.parallel import hooks
 from rankwise.parallel.common import NO_OP
 from rankwise.parallel.fsdp import FSDPConfig, is_fsdp_module, shard_model
@@ -202,6 +203,7 @@ def _data_parallel(model: nn.Module) -> nn.Module:
             f"strategy='dp' needs 2 or more CUDA devices and this machine has {gpus}; the model "
             "is returned unwrapped. For several CPU processes use strategy='ddp' under "
             "`rankwise launch`.",
+            RankwiseWarning,
             stacklevel=3,
         )
         return model

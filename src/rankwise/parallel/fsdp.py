@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 import rankwise.distributed as rd
+from rankwise.distributed.errors import RankwiseWarning
 from rankwise.parallel.activation import find_blocks
 from rankwise.parallel.common import DTYPES
 
@@ -112,6 +113,7 @@ def shard_model(
             "strategy='fsdp' in a world of one (no process group): nothing to shard, so the "
             "model is returned unwrapped. For bf16 compute use rankwise.parallel."
             "Precision('bf16'); launch with `rankwise launch --nproc-per-node=N` to shard.",
+            RankwiseWarning,
             stacklevel=3,
         )
         return model

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 import rankwise.distributed as rd
+from rankwise.distributed.errors import RankwiseWarning
 from rankwise.parallel.common import DTYPES, NO_OP
 from rankwise.parallel.fsdp import as_dtensor
 
@@ -179,6 +180,7 @@ class Precision:
             warnings.warn(
                 f"the checkpoint was saved with precision {saved!r} and this run uses "
                 f"{self.mode!r}; its loss-scale state (if any) is not loaded.",
+                RankwiseWarning,
                 stacklevel=2,
             )
             return

@@ -39,8 +39,10 @@ before its first epoch; its epoch sums start empty there.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
+import logging
 import textwrap
 from typing import Any
 
@@ -50,12 +52,15 @@ import torch.distributed as dist
 import rankwise.distributed as rd
 from rankwise.distributed.finish import mark_finished
 from rankwise.distributed.membership import Membership, RegroupError
+from rankwise.distributed.signing import SignedStore
 from rankwise.parallel import unwrap_model
 from rankwise.train.config import DistributedTrainingConfig
 from rankwise.train.data import TrainBatches
 from rankwise.train.setup import rewrap
 from rankwise.train.state import TrainState, broadcast_state
 from rankwise.train.sums import EpochSums, SumsLength
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "Continuing",
@@ -65,6 +70,7 @@ __all__ = [
     "catch_up",
     "check_split",
     "fits",
+    "lost_slots",
     "shares_text",
 ]
 
@@ -137,6 +143,33 @@ class RecoveryCap:
                 "that made each one are above; fix that failure, or run with --on-failure "
                 "restart."
             )
+
+
+def lost_slots(store: SignedStore, old: list[int], members: list[int]) -> str:
+    """Which slots a regroup left out (``old``: the members before it, in rank order), each
+    with its rank before and how it ended, as the launcher recorded it in the job's signed
+    store (``exit/<slot>/<incarnation>``); one with no exit recorded stopped answering.
+
+    >>> store = SignedStore(dist.HashStore(), "ab" * 16, job="j1")
+    >>> store.set("member/2", "0"); store.set("exit/2/0", "signal SIGKILL")
+    >>> lost_slots(store, [0, 1, 2], [0]), lost_slots(store, [0, 1], [0, 1])
+    ('slot 1 (rank 1) stopped answering (no exit seen: frozen, stalled or on a lost node), slot 2 (rank 2) ended with signal SIGKILL', 'none left (every member regrouped)')
+    """
+    said = []
+    for rank, slot in enumerate(old):
+        if slot in members:
+            continue
+        ended = None
+        with contextlib.suppress(Exception):  # a lost store: what is known is said
+            inc = store.get_int(f"member/{slot}") or 0
+            ended = store.get(f"exit/{slot}/{inc}")
+        how = (
+            f"ended with {ended}"
+            if ended
+            else "stopped answering (no exit seen: frozen, stalled or on a lost node)"
+        )
+        said.append(f"slot {slot} (rank {rank}) {how}")
+    return ", ".join(said) or "none left (every member regrouped)"
 
 
 class JoinersWaiting(Exception):  # a signal, not an error
@@ -320,7 +353,7 @@ class Continuing:
         state.optimizer.zero_grad(set_to_none=True)  # the partial step's gradients
         # The generation it was in, also where that generation's group never formed (a
         # failure in its set-up, recovered from in turn): torch's group is gone by then.
-        old_world = self.membership.world_size
+        old_world, old_members = self.membership.world_size, list(self.membership.members)
         self.membership.regroup()
         world = self._check_split("left")
         # Before the wrap: DDP's wrap hands rank 0's parameters to every rank.
@@ -330,7 +363,9 @@ class Continuing:
         if state.sums is not None and mark.sums is not None:
             state.sums.truncate(mark.sums)  # its own sums, to its own mark
         self._resplit(agreed.cursor, world)
-        self._say(f"a peer was lost ({reason})", old_world, agreed.step)
+        _log.debug("the error that showed the lost peer: %s", reason)
+        left = lost_slots(self.membership.signed, old_members, self.membership.members)
+        self._say(f"a peer was lost: {left}", old_world, agreed.step)
 
     def grow(self) -> None:
         """Let the waiting joiners in at this step boundary (every member, agreed)."""

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import rankwise.distributed as rd
+from rankwise.distributed.errors import RankwiseWarning
 
 __all__ = ["POINTER_FILE", "RayReport", "check_checkpoint_dir", "rankwise_checkpoint"]
 
@@ -109,6 +110,7 @@ def check_checkpoint_dir(folder: str | None) -> None:
             f"session folder ({Path.cwd()}): its checkpoints stay on this node and in this Ray "
             "session. Give an absolute path on storage every node shares (or an s3:// URL), so "
             "that a restart on another node resumes from it.",
+            RankwiseWarning,
             stacklevel=3,
         )
 

@@ -21,6 +21,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 import rankwise.distributed as rd
+from rankwise.distributed.errors import RankwiseWarning
 from rankwise.parallel import (
     DDPConfig,
     FSDPConfig,
@@ -178,6 +179,7 @@ def _warn_unsaved_hook_state(model: nn.Module) -> None:
             f"the DDP model's comm hook state ({type(others[0]).__name__}) is not checkpointed: "
             "a resumed run starts it afresh. For PowerSGD, register torch's PowerSGDState (it "
             "is saved) or pass the plain module with compression='powersgd'.",
+            RankwiseWarning,
             stacklevel=4,
         )
 

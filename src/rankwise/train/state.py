@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 import rankwise.distributed as rd
+from rankwise.distributed.errors import RankwiseWarning
 from rankwise.parallel import Precision, comm_state_dict, load_comm_state_dict
 from rankwise.train.checkpoint import (
     FORMAT_VERSION,
@@ -280,6 +281,7 @@ def _check_global_batch(saved: int, batch_size: int, world: int, accum: int) -> 
         f"the checkpoint was saved with global batch {saved} and this run's is {now} "
         f"(batch_size {batch_size} x {world} ranks x {accum}); training goes on with {now}. "
         f"Set batch_size={saved // (world * accum)} to continue exactly as the saved run.",
+        RankwiseWarning,
         stacklevel=4,
     )
 

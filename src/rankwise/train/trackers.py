@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import rankwise.distributed as rd
+from rankwise.distributed.errors import RankwiseWarning
 from rankwise.train.checkpoint import Storage, manifest_path
 from rankwise.train.config import did_you_mean
 from rankwise.train.history import DistributedTrainingHistory
@@ -68,7 +69,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
 STEP_KEY = "trainer/global_step"
 
 
-class TrackerWarning(UserWarning):
+class TrackerWarning(RankwiseWarning):
     """A tracker failed and was switched off; training goes on (the message says the fix)."""
 
 

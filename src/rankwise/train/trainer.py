@@ -209,8 +209,9 @@ class DistributedTrainer:
         world = rd.get_world_size()
         state.history.effective_batch_size = cfg.effective_batch_size(world)
         state.history.world_size = world
-        self._call("on_fit_start", self)
         member = rd.membership()  # a restarted process waiting to rejoin logs nothing yet
+        if not rd.is_joining():  # a joiner's callbacks start once it is in (_regrouped)
+            self._call("on_fit_start", self)
         logs = rd.is_master() and (member is None or not member.pending)
         self.logger = TrainingLogger(
             cfg.log_dir,
@@ -306,7 +307,7 @@ class DistributedTrainer:
         continuing = Continuing.for_this_job(state, cfg, self.device_choice)
         run = FitRun(step, self.logger, checkpointer, continuing, self._regrouped)
         if continuing is not None and continuing.join_if_waiting():  # a restarted process
-            self._regrouped()
+            self._regrouped(joined=True)
         samples, train_seconds = 0, 0.0
         reports = any(hasattr(cb, "on_epoch_saved") for cb in self.callbacks)
         for epoch in range(state.epoch, cfg.epochs):
@@ -406,13 +407,15 @@ class DistributedTrainer:
         self.logger.end_epoch(epoch, metrics, self.state.step)
         return metrics
 
-    def _regrouped(self) -> None:
+    def _regrouped(self, joined: bool = False) -> None:
         """The world changed under ``--on-failure continue`` (continuing.py): rank 0 logs, and
-        the callbacks hear of it (``on_regroup``)."""
+        the callbacks hear of it (``on_regroup``). ``joined``: this restarted process was just
+        let in, and its callbacks, which heard nothing while it waited, hear ``on_fit_start``
+        now (its real rank and world) where the members hear ``on_regroup``."""
         self.logger.follow(rd.is_master(), self.state.step, self.state.trackers)
         if self._checkpointer is not None:
             self._checkpointer.regrouped()  # SIGTERM is caught where a write can be in flight
-        self._call("on_regroup", self)
+        self._call("on_fit_start" if joined else "on_regroup", self)
 
     def batch_hooks(self, early: bool | int = False) -> list[Callable[..., None]]:
         """``on_batch`` hooks; ``early``: the callbacks' ``before_backward`` (same arguments)."""

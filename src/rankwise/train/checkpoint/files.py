@@ -40,6 +40,8 @@ from typing import Any
 import torch
 import xxhash
 
+from rankwise.distributed.errors import RankwiseWarning
+
 _MANIFEST_VERSION = 2
 # The manifest key of each checksum a manifest may hold, newest first, and its hasher.
 _CHECKSUMS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
@@ -71,7 +73,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint file is torn, corrupt or incomplete; the message names the file and why."""
 
 
-class CheckpointWarning(UserWarning):
+class CheckpointWarning(RankwiseWarning):
     """A checkpoint was skipped because it is not valid (the message says which and why)."""
 
 

@@ -17,6 +17,8 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+from rankwise.distributed.errors import RankwiseWarning
+
 T = TypeVar("T")
 
 _BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs"}  # a URL of these names a bucket first
@@ -60,7 +62,7 @@ class StorageError(RuntimeError):
         self.reason = reason
 
 
-class StorageWarning(UserWarning):
+class StorageWarning(RankwiseWarning):
     """A storage operation failed and is being retried (the message names the URL)."""
 
 

@@ -1,0 +1,99 @@
+"""What ``rankwise launch`` and its ranks say (issue 33): a Ctrl-C ends the job with the
+launcher's one line and exit 130, not one traceback per rank; the launch header says the
+threads each process runs with, instead of torch's banner. Real launches, both ways a job
+runs (torchrun's agent, and the continue-mode supervisor)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.background import await_file
+from helpers.paths import SCRIPTS
+from rankwise.distributed.environment import threads_per_process
+from rankwise.distributed.interrupt import quiet_interrupts
+from rankwise.testing import child_env
+
+pytestmark = pytest.mark.timeout(300)
+
+CONTINUE_WORKER = SCRIPTS / "continue_worker.py"
+# The launcher's one line for a Ctrl-C, per --on-failure.
+CTRL_C_LINE = {
+    "restart": "rankwise launch: SIGINT received: torchrun forwarded it to every rank",
+    "continue": "rankwise launch: SIGINT received: forwarding SIGTERM to this node's",
+}
+
+
+def await_steps(out: Path, slot: int, steps: int, proc: subprocess.Popen[str]) -> None:
+    """Return once ``slot`` has trained ``steps`` micro-batches (continue_worker's log)."""
+    log = out / f"steps-{slot}"
+    await_file(log, proc)
+    deadline = time.monotonic() + 120
+    while len(log.read_text().splitlines()) < steps:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"slot {slot} trained no {steps} steps in 120 s"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("on_failure", "omp"), [("restart", None), ("continue", "3")])
+def test_ctrl_c_ends_the_ranks_quietly_and_the_launcher_says_one_line(
+    tmp_path: Path, on_failure: str, omp: str | None
+) -> None:
+    # Also the threads: without OMP_NUM_THREADS (tests' child_env sets 1) the launcher shares
+    # the cores out and says so, with no torch banner; a user's value is kept.
+    env = child_env()
+    env.pop("OMP_NUM_THREADS")
+    env.update({"OMP_NUM_THREADS": omp} if omp else {})
+    cmd = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", "2"]
+    cmd += ["--on-failure", on_failure, str(CONTINUE_WORKER), str(tmp_path)]
+    cmd += ["--step-delay", "0.1", "--epochs", "50"]  # training when the Ctrl-C comes
+    proc = subprocess.Popen(
+        cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        for slot in (0, 1):
+            await_steps(tmp_path, slot, 2, proc)
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole process group
+        out, err = proc.communicate(timeout=90)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # whatever of the job is left
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    said = out + err
+    assert proc.returncode == 130, said[-3000:]
+    assert "Traceback" not in said and "KeyboardInterrupt" not in said, said[-3000:]
+    assert said.count(CTRL_C_LINE[on_failure]) == 1, said[-3000:]
+    assert "closing signal" not in said and "death signal" not in said, said[-3000:]
+    threads = omp or threads_per_process(2, {})[0]
+    why = "yours" if omp else "this machine's cores shared out"
+    header = f"rankwise launch: 2 process(es) on this node, OMP_NUM_THREADS={threads} each ({why}"
+    assert said.count(header) == 1, said[-3000:]
+    assert "Setting OMP_NUM_THREADS" not in said, said[-3000:]
+
+
+def test_an_uncaught_interrupt_prints_nothing_other_errors_print_as_ever(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The hook a launched rank runs (rankwise.distributed installs it where RANKWISE_LAUNCHED
+    # is 1): installed once, on top of the one that was there.
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    quiet_interrupts()
+    quiet_interrupts()
+    for error, printed in ((KeyboardInterrupt(), False), (ValueError("mine"), True)):
+        try:
+            raise error
+        except BaseException as exc:
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+        err = capsys.readouterr().err
+        assert ("Traceback" in err and "mine" in err) is printed, (error, err)
+    assert sys.excepthook.__closure__ is not None
+    assert sys.__excepthook__ in [c.cell_contents for c in sys.excepthook.__closure__]
