@@ -347,9 +347,7 @@ def check_position(name: str, held: Any, what: str, where: str) -> None:
     if match is None or not isinstance(held, dict):
         return
     named = {"epoch": int(match[1]), "step": int(match[2])}
-    inside = {
-        k: v for k in named if isinstance(v := held.get(k), int) and not isinstance(v, bool)
-    }
+    inside = {k: v for k in named if isinstance(v := held.get(k), int) and not isinstance(v, bool)}
     if all(inside[k] == named[k] for k in inside):
         return
     epoch, step = inside.get("epoch", named["epoch"]), inside.get("step", named["step"])
