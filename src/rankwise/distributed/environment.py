@@ -416,3 +416,18 @@ def aws_region(env: Mapping[str, str] | None = None) -> str | None:
     if env.get("AWS_DEFAULT_REGION"):
         return None
     return env.get("AWS_REGION") or None
+
+
+CHECKPOINT_KEY = "RANKWISE_CHECKPOINT_KEY"
+
+
+def checkpoint_key(env: Mapping[str, str] | None = None) -> str | None:
+    """The checkpoint key of ``RANKWISE_CHECKPOINT_KEY`` (None when unset; the empty string
+    when set empty, which ``rankwise.train.checkpoint`` refuses): the secret checkpoint
+    manifests are signed with when the config's ``checkpoint_key`` is None.
+
+    >>> checkpoint_key({"RANKWISE_CHECKPOINT_KEY": "s3cret"}), checkpoint_key({})
+    ('s3cret', None)
+    """
+    env = os.environ if env is None else env
+    return env.get(CHECKPOINT_KEY)

@@ -40,6 +40,8 @@ from typing import Any
 import torch
 import xxhash
 
+from rankwise.distributed.environment import CHECKPOINT_KEY, checkpoint_key
+
 _MANIFEST_VERSION = 2
 # The manifest key of each checksum a manifest may hold, newest first, and its hasher.
 _CHECKSUMS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
@@ -259,7 +261,7 @@ USE_ANOTHER = (
 
 # -- trust: the key, the manifest's MAC, the name against the position inside ---------------
 
-KEY_VARIABLE = "RANKWISE_CHECKPOINT_KEY"
+KEY_VARIABLE = CHECKPOINT_KEY
 MAC = "hmac_sha256"  # the manifest key of its MAC
 _DOMAIN = b"rankwise checkpoint manifest\0"
 # The position a manager's name claims: {prefix}-e{epoch}-s{step} with a file's or folder's suffix.
@@ -280,7 +282,7 @@ def resolve_key(key: str | bytes | None = None) -> bytes | None:
     """
     where = "checkpoint_key"
     if key is None:
-        key, where = os.environ.get(KEY_VARIABLE), KEY_VARIABLE
+        key, where = checkpoint_key(), KEY_VARIABLE
         if key is None:
             return None
     if isinstance(key, str):
