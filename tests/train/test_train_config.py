@@ -27,6 +27,7 @@ BAD_VALUES: list[tuple[dict[str, Any], list[str]]] = [
     ({"checkpoint_every_n_steps": "5"}, ["checkpoint_every_n_steps ('5')", "integer"]),
     ({"checkpoint_dir": ""}, ["checkpoint_dir ('')", "non-empty", "None turns"]),
     ({"checkpoint_storage_options": 5}, ["checkpoint_storage_options ('int')", "a dict"]),
+    ({"checkpoint_key": ""}, ["checkpoint_key (not shown)", "an empty string", "or None"]),
     ({"checkpoint_dir": 3}, ["checkpoint_dir (3)", "path"]),
     ({"save_on_master_only": None}, ["save_on_master_only (None)", "True or False"]),
     ({"keep_last_checkpoints": 0}, ["keep_last_checkpoints (0)", ">= 1", "None to keep"]),
@@ -156,6 +157,7 @@ def test_defaults_are_the_agreed_ones() -> None:
         "pin_memory": True,
         "prefetch_factor": None,
         "checkpoint_storage_options": None,
+        "checkpoint_key": None,
         "loggers": None,
         "logger_options": {},
     }

@@ -33,6 +33,7 @@ from test_troubleshooting_models import TRIGGERS as MODELS_TRIGGERS
 from test_troubleshooting_parallel import TRIGGERS as PARALLEL_TRIGGERS
 from test_troubleshooting_storage import TRIGGERS as STORAGE_TRIGGERS
 from test_troubleshooting_train import TRIGGERS as TRAIN_TRIGGERS
+from test_troubleshooting_trust import TRIGGERS as TRUST_TRIGGERS
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -396,6 +397,7 @@ def test_every_row_has_a_trigger_and_every_trigger_a_row() -> None:
         *COMPAT_TRIGGERS,
         *CONTINUE_TRIGGERS,
         *STORAGE_TRIGGERS,
+        *TRUST_TRIGGERS,
     ]
     assert len(everywhere) == len(set(everywhere)), "a row id with two triggers"
     assert sorted(documented) == sorted(everywhere)

@@ -49,6 +49,12 @@ INTERNAL: dict[tuple[str, str], str] = {
     ("testing/__init__.py", "did not finish within {} s"): _TESTING,
     ("testing/faults.py", "is not a checkpoint fault point"): _TESTING,
     ("testing/faults.py", "after ({}) must be an integer >= 0."): _TESTING,
+    ("testing/tamper.py", "is not a tamper; use one of"): _TESTING,
+    ("testing/tamper.py", "applies to sharded (.dcp) checkpoints only"): _TESTING,
+    ("testing/tamper.py", "plants a pickle payload: pass marker"): _TESTING,
+    ("testing/tamper.py", "is not named ...-s<step>.pt/.dcp; nothing to rename."): _TESTING,
+    ("train/checkpoint/files.py", "no checkpoint key: set checkpoint_key or {}."): _GUARD,
+    ("train/checkpoint/sharded.py", "checkpoint {}: DCP asked for a per-rank index."): (_INVARIANT),
     ("__init__.py", "module 'rankwise' has no attribute {}"): "Python's own AttributeError text",
     ("compat/tensorbrain/alias.py", "has no attribute {}: it is an alias"): "Python's own text",
     ("train/state.py", "the training state has no optimizer yet"): (
@@ -171,7 +177,14 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
         "train/checkpoint/portable.py",
         "the RNG state holds {} CUDA generators and this process",
     ): _NEEDS_GPU,
-    ("train/checkpoint/sharded.py", "checkpoint {}: its manifest lists no {}."): _FORGED,
+    (
+        "train/checkpoint/sharded.py",
+        "{}: its manifest lists no {} (a sharded checkpoint's",
+    ): _FORGED,
+    ("train/checkpoint/sharded.py", "checkpoint {}: the state names no verified {}; load i"): (
+        "fires only for load_shards given a state made by hand, not by read_checkpoint: "
+        "no trigger a user meets"
+    ),
     (
         "distributed/membership.py",
         "slot {} (restart {}) waited {}s and no running rank let",

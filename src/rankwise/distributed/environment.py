@@ -452,3 +452,18 @@ def threads_per_process(
         affinity = getattr(os, "sched_getaffinity", None)
         cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
     return str(max(1, cores // max(1, nproc))), False
+
+
+CHECKPOINT_KEY = "RANKWISE_CHECKPOINT_KEY"
+
+
+def checkpoint_key(env: Mapping[str, str] | None = None) -> str | None:
+    """The checkpoint key of ``RANKWISE_CHECKPOINT_KEY`` (None when unset; the empty string
+    when set empty, which ``rankwise.train.checkpoint`` refuses): the secret checkpoint
+    manifests are signed with when the config's ``checkpoint_key`` is None.
+
+    >>> checkpoint_key({"RANKWISE_CHECKPOINT_KEY": "s3cret"}), checkpoint_key({})
+    ('s3cret', None)
+    """
+    env = os.environ if env is None else env
+    return env.get(CHECKPOINT_KEY)

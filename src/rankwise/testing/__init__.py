@@ -8,7 +8,8 @@ finish fail it with their numbers. :func:`run_script` does the same for a script
 variables set, as the guides' manual launches do. :func:`hygiene` restores the environment and
 destroys any process group a test left behind. :mod:`rankwise.testing.faults` breaks a training
 run on purpose and checks what it trained (:func:`kill_at_checkpoint`,
-:func:`assert_exactly_once`); :class:`TorchCalls` counts a code's calls into torch.
+:func:`assert_exactly_once`), :mod:`rankwise.testing.tamper` tampers with a checkpoint as an
+attacker would (:func:`tamper_checkpoint`); :class:`TorchCalls` counts a code's calls into torch.
 
 Processes come from a ``forkserver`` that has imported torch once, so each rank starts in
 milliseconds without inheriting the test process's threads (``fork`` after OpenMP has run is
@@ -42,8 +43,10 @@ from typing import Any
 
 from rankwise.testing.counting import TorchCalls
 from rankwise.testing.faults import assert_exactly_once, kill_at_checkpoint
+from rankwise.testing.tamper import TAMPERS, tamper_checkpoint
 
 __all__ = [
+    "TAMPERS",
     "RankFailedError",
     "TorchCalls",
     "assert_exactly_once",
@@ -58,6 +61,7 @@ __all__ = [
     "run_isolated",
     "run_script",
     "src_path",
+    "tamper_checkpoint",
 ]
 
 _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

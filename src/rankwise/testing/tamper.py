@@ -147,16 +147,16 @@ def tamper_checkpoint(
         place.write(f"{name}/__9_0.distcp", b"not listed in the manifest")
         return text
     if how in ("flip-byte", "rehash"):
-        data = bytearray(place.read(path))
-        data[len(data) // 2] ^= 0xFF
-        place.write(path, bytes(data))
+        flipped = bytearray(place.read(path))
+        flipped[len(flipped) // 2] ^= 0xFF
+        place.write(path, bytes(flipped))
         if how == "rehash":
-            _rehash(entries[target], bytes(data))
+            _rehash(entries[target], bytes(flipped))
     elif how.startswith("payload"):
-        data = pickle.dumps(_Payload(os.fspath(marker)))  # type: ignore[arg-type]
-        place.write(path, data)
+        payload = pickle.dumps(_Payload(os.fspath(marker)))  # type: ignore[arg-type]
+        place.write(path, payload)
         if how == "payload-rehashed":
-            _rehash(entries[target], data)
+            _rehash(entries[target], payload)
     if how in ("drop-entry", "payload-unlisted"):
         if not sharded:
             place.delete(manifest_name)

@@ -460,11 +460,13 @@ class DistributedTrainer:
 
     def save_checkpoint(self, path: str | Path) -> Path:
         """Write a full checkpoint to ``path`` (collective: call it on every rank; rank 0
-        writes atomically)."""
+        writes atomically; its manifest signed with the last ``fit``'s ``checkpoint_key``,
+        else ``RANKWISE_CHECKPOINT_KEY``, when one is set)."""
         self._require_prepared()
         saved = self.state.state_dict()
+        key = None if self.config is None else self.config.checkpoint_key
         if rd.is_master():
-            save_file(saved, path)
+            save_file(saved, path, key=key)
         rd.barrier()
         return Path(path)
 

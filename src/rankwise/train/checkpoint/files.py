@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import xxhash
 
+from rankwise.distributed.environment import CHECKPOINT_KEY, checkpoint_key
 from rankwise.distributed.errors import RankwiseWarning
 
 _MANIFEST_VERSION = 2
@@ -261,7 +262,7 @@ USE_ANOTHER = (
 
 # -- trust: the key, the manifest's MAC, the name against the position inside ---------------
 
-KEY_VARIABLE = "RANKWISE_CHECKPOINT_KEY"
+KEY_VARIABLE = CHECKPOINT_KEY
 MAC = "hmac_sha256"  # the manifest key of its MAC
 _DOMAIN = b"rankwise checkpoint manifest\0"
 # The position a manager's name claims: {prefix}-e{epoch}-s{step} with a file's or folder's suffix.
@@ -282,7 +283,7 @@ def resolve_key(key: str | bytes | None = None) -> bytes | None:
     """
     where = "checkpoint_key"
     if key is None:
-        key, where = os.environ.get(KEY_VARIABLE), KEY_VARIABLE
+        key, where = checkpoint_key(), KEY_VARIABLE
         if key is None:
             return None
     if isinstance(key, str):
@@ -349,9 +350,7 @@ def check_position(name: str, held: Any, what: str, where: str) -> None:
     if match is None or not isinstance(held, dict):
         return
     named = {"epoch": int(match[1]), "step": int(match[2])}
-    inside = {
-        k: v for k in named if isinstance(v := held.get(k), int) and not isinstance(v, bool)
-    }
+    inside = {k: v for k in named if isinstance(v := held.get(k), int) and not isinstance(v, bool)}
     if all(inside[k] == named[k] for k in inside):
         return
     epoch, step = inside.get("epoch", named["epoch"]), inside.get("step", named["step"])

@@ -348,7 +348,7 @@ def read_checkpoint(
     *,
     verify_shards: bool = True,
     storage_options: dict[str, Any] | None = None,
-    key: str | None = None,
+    key: str | bytes | None = None,
 ) -> dict[str, Any]:
     """A verified checkpoint's state: a file's whole content (:func:`load_file`), or a sharded
     folder's plain part whose ``"dcp"`` entry names the folder; ``TrainState.load_state_dict``
