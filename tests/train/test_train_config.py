@@ -51,6 +51,7 @@ BAD_VALUES: list[tuple[dict[str, Any], list[str]]] = [
     ({"compression": "bf16", "strategy": "fsdp"}, ["compression ('bf16')", "strategy='ddp'"]),
     ({"gradient_checkpointing": "on"}, ["gradient_checkpointing ('on')", "True or False"]),
     ({"async_checkpoints": 1}, ["async_checkpoints (1)", "True or False"]),
+    ({"checkpoint_final_wait_s": 0}, ["checkpoint_final_wait_s (0)", "finite number of seconds"]),
     ({"log_dir": b"logs"}, ["log_dir (b'logs')", "path"]),
     (
         {"loggers": ["csv", "wandbb"]},
@@ -152,6 +153,7 @@ def test_defaults_are_the_agreed_ones() -> None:
         "log_dir": None,
         "check_sync_every_n_steps": None,
         "async_checkpoints": True,
+        "checkpoint_final_wait_s": 600.0,
         "compile": False,
         "compile_options": {},
         "pin_memory": True,

@@ -137,6 +137,7 @@ class BackgroundSaves(Generic[T]):
         # handed to the thread and not yet waited for, oldest first (the first runs or ended)
         self._writes: collections.deque[concurrent.futures.Future[T]] = collections.deque()
         self._free: list[Any] = []  # snapshots whose write ended: refilled by the next
+        self._staged_of: dict[concurrent.futures.Future[T], Any] = {}  # each write's snapshot
         self._lock = threading.Lock()
         self.started_at = 0.0  # time.monotonic() when the thread began its latest write
 
@@ -149,31 +150,40 @@ class BackgroundSaves(Generic[T]):
         future says so)."""
         if behind:
             for queued in list(self._writes)[1:]:  # the first runs (or ended): never cancelled
-                if queued.cancel():
+                if queued.cancel():  # it never runs: its snapshot is free now
                     self._writes.remove(queued)
+                    staged = self._staged_of.pop(queued, None)
+                    if staged is not None:
+                        self._release(staged)
         else:
             self.wait()
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, "rankwise-checkpoint")
+        staged = None
         if copy:
             # The model and optimizer change in place from now on: write a copy, into the
             # buffers of a snapshot whose write ended (never of one being written).
             with self._lock:
                 into = self._free.pop() if self._free else None
             state = staged = snapshot(state, into=into)
-        future = self._executor.submit(self._run, write, state)
-        if copy:
-            future.add_done_callback(lambda _: self._release(staged))
+        future = self._executor.submit(self._run, write, state, staged)
+        if staged is not None:
+            self._staged_of[future] = staged
         self._writes.append(future)
         return future
 
-    def _run(self, write: Callable[[Any], T], state: Any) -> T:
+    def _run(self, write: Callable[[Any], T], state: Any, staged: Any) -> T:
         self.started_at = time.monotonic()
-        return write(state)
+        try:
+            return write(state)
+        finally:  # before the result is seen: the next snapshot refills these buffers
+            if staged is not None:
+                self._release(staged)
 
     def _release(self, staged: Any) -> None:
         with self._lock:
-            self._free.append(staged)
+            if len(self._free) < 2:  # the one being refilled and one more, at most
+                self._free.append(staged)
 
     def pending(self) -> concurrent.futures.Future[T] | None:
         """The oldest write not yet waited for (running or done), or None."""
@@ -202,6 +212,7 @@ class BackgroundSaves(Generic[T]):
             finally:
                 if pending.done() and self._writes and self._writes[0] is pending:
                     self._writes.popleft()
+                    self._staged_of.pop(pending, None)
             if first:
                 break
         return result

@@ -1,19 +1,19 @@
 """Writing the training state's checkpoints during ``fit``: in the background by default.
 
-A save at a step boundary takes the training state's ``state_dict()`` (a collective), copies it into
-reused CPU buffers (``staging.py``; pinned on CUDA) and hands the
-copy to :meth:`CheckpointManager.save_async`'s one background thread, which writes it exactly
-as a synchronous save does: temporary file, fsync, checksum manifest, rename, pointer, pruning.
-The loop is held only for the state dict and the copy. At most one write is in flight: a save
-that comes before the last one is on disk waits for it, and the wait is counted
-(:class:`SaveStats`); to an object store (plain checkpoints, outside continue mode) it queues
-its snapshot behind the running write instead, the newest state winning, so a store that does
-not answer never holds the loop (one warning names it, after :data:`SILENT_S`); the end of
-``fit`` waits ``checkpoint_final_wait_s`` at most. Any failure of a write, whatever the writing
-library raised, is one :class:`CheckpointWriteError` naming the file and the cause. The end of ``fit``, an exception and SIGTERM drain the writer, so the
-last checkpoint is never silently lost; after a crash (a SIGKILL) the newest *complete*
-checkpoint is the one a resume takes, so the work lost is at most one checkpoint interval plus
-one write.
+A save at a step boundary takes the training state's ``state_dict()`` (a collective), copies it
+into reused CPU buffers (``staging.py``; pinned on CUDA) and hands the copy to
+:meth:`CheckpointManager.save_async`'s one background thread, which writes it exactly as a
+synchronous save does: temporary file, fsync, checksum manifest, rename, pointer, pruning. The
+loop is held only for the state dict and the copy. At most one write is in flight: a save that
+comes before the last one is on disk waits for it, and the wait is counted (:class:`SaveStats`);
+to an object store (plain checkpoints, outside continue mode) it queues its snapshot behind the
+running write instead, the newest state winning, so a store that does not answer never holds the
+loop (one warning names it, after :data:`SILENT_S`); the end of ``fit`` waits
+``checkpoint_final_wait_s`` at most. Any failure of a write, whatever the writing library
+raised, is one :class:`CheckpointWriteError` naming the file and the cause. The end of ``fit``,
+an exception and SIGTERM drain the writer, so the last checkpoint is never silently lost; after
+a crash (a SIGKILL) the newest *complete* checkpoint is the one a resume takes, so the work lost
+is at most one checkpoint interval plus one write.
 
 ``on_checkpoint_saved`` runs once a checkpoint is durable, on every rank: for a background
 save that is known at the next save (whose state dict is a collective the writing rank enters
