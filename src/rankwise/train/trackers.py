@@ -52,10 +52,10 @@ from rankwise.train.secrets import redacted, secret_values
 
 __all__ = [
     "EXTRAS",
+    "PROBE_SECONDS",
     "MlflowTracker",
     "Tracker",
     "TrackerOptionError",
-    "PROBE_SECONDS",
     "TrackerSet",
     "TrackerUnreachableError",
     "TrackerWarning",
