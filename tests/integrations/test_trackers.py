@@ -161,7 +161,7 @@ def test_a_new_rank_0_after_a_lost_rank_goes_on_with_the_same_runs(mlflow_server
     assert csv_steps(tmp_path / "out" / "logs") == expected
 
     # W&B: the new rank 0 wrote its offline part under the same run id. (The SIGKILLed rank
-    # 0's part holds only what W&B had flushed: its service buffers an offline run's file.)
+    # 0's part holds only what W&B had flushed, each second: test_a_sigkilled_offline_...)
     parts = offline_runs(tmp_path)
     assert len(parts) == 2
     assert all(part.folder.name.endswith(f"-{ids['wandb']}") for part in parts)
@@ -288,6 +288,38 @@ def test_a_tracker_server_that_does_not_answer_holds_training_for_seconds_not_mi
     assert took < plain + PROBE_SECONDS + 20, (took, plain)  # minutes before
     assert trainer.history.epochs == 2 and trainer.state.trackers == {}
     assert csv_steps(tmp_path / "logs") == list(range(1, 9))
+
+
+KILLED_PART = """
+import os, signal, sys, time
+from rankwise.train.trackers import WANDB_FLUSH_SECONDS, WandbTracker
+tracker = WandbTracker()
+tracker.start({"lr": 0.1}, None)
+for step in range(1, 21):  # rows well under W&B's 32 KiB buffer, which a full one writes
+    tracker.log_metrics(step, {"step/loss": 1.0 / step})
+time.sleep(4 * WANDB_FLUSH_SECONDS + 1)  # W&B's own flush: every 15 s
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_sigkilled_offline_wandb_part_keeps_what_it_logged_a_few_seconds_before(tmp_path):
+    # A part killed by SIGKILL 97 steps in kept a 7-byte file (the header): W&B wrote its
+    # buffer every 15 s (or when 32 KiB filled it). Now every WANDB_FLUSH_SECONDS: what was logged before that is kept.
+    # (A real process killed for real; W&B's own file read back.)
+    env = {**tracker_env(tmp_path, None, "unused"), "PYTHONPATH": ":".join(sys.path)}
+    import os
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_PART], env={**os.environ, **env}, timeout=300
+    )
+    assert done.returncode == -signal.SIGKILL
+    [part] = offline_runs(tmp_path)
+    assert part.run_id and part.config["lr"] == 0.1
+    # All but the last step's row, which W&B holds open for more of that step's metrics (the
+    # epoch's row joins it) until a later step is logged.
+    assert [row["trainer/global_step"] for row in part.history] == list(range(1, 20))
+    assert part.exit_code is None  # no end: the process was killed
 
 
 class DeleteRunAfterFirstEpoch:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import inspect
+import os
 import re
 import threading
 import time
@@ -53,6 +54,7 @@ from rankwise.train.secrets import redacted, secret_values
 __all__ = [
     "EXTRAS",
     "PROBE_SECONDS",
+    "WANDB_FLUSH_SECONDS",
     "MlflowTracker",
     "Tracker",
     "TrackerOptionError",
@@ -77,6 +79,10 @@ STEP_KEY = "trainer/global_step"
 # How long a tracker's server has to answer one request before its run starts; past it the
 # tracker is switched off at once (its library's own retries can hold a call for minutes).
 PROBE_SECONDS = 5.0
+# How often W&B writes a run's buffered data to its ``.wandb`` file (its own default: 15 s, and
+# a SIGKILLed offline part kept nothing it had not written): what a kill can lose.
+WANDB_FLUSH_SECONDS = 1.0
+_WANDB_FLUSH = "x_transaction_log_flush_interval"  # wandb >= 0.2x's setting for it
 
 
 class TrackerWarning(UserWarning):
@@ -191,6 +197,8 @@ class WandbTracker:
     ...), else W&B's variables (``WANDB_PROJECT``, ``WANDB_MODE``, ``WANDB_DIR``,
     ``WANDB_API_KEY`` ...) decide. A run id given goes on with that run (``resume="allow"``).
 
+    W&B writes what it was given to its run file every :data:`WANDB_FLUSH_SECONDS` (its own
+    default is 15 s), so a process killed by SIGKILL loses about that much of an offline run.
     Offline runs (``WANDB_MODE=offline``) each write a folder that ``wandb sync`` uploads;
     such a run cannot be asked for its last step, so ``last_step`` stays None there.
     """
@@ -221,6 +229,7 @@ class WandbTracker:
         # The config at the start and again on a resume, the world it goes on in (a new world
         # size after a lost rank): an offline part killed by SIGKILL may have kept nothing.
         kwargs["config"] = dict(config)
+        kwargs["settings"] = self._with_flush(wandb, kwargs.get("settings"))
         mode, base_url = self._mode_and_server(wandb, kwargs)
         if mode == "online":
             probe(base_url, "the W&B server (WANDB_BASE_URL)")
@@ -231,6 +240,24 @@ class WandbTracker:
             held = run.summary.get(STEP_KEY)
             self.last_step = int(held) if held is not None else max(run.step - 1, 0)
         return str(run.id)
+
+    @staticmethod
+    def _with_flush(wandb: Any, given: Any) -> Any:
+        """``given`` (``settings=`` for ``wandb.init``: None, a dict or a ``wandb.Settings``)
+        with W&B's file flushed every :data:`WANDB_FLUSH_SECONDS`, where the installed wandb
+        has the setting and neither ``given`` nor ``WANDB__TRANSACTION_LOG_FLUSH_INTERVAL``
+        sets it."""
+        if _WANDB_FLUSH not in getattr(wandb.Settings, "model_fields", {}):
+            return given
+        if "WANDB__TRANSACTION_LOG_FLUSH_INTERVAL" in os.environ:
+            return given
+        if given is None:
+            return wandb.Settings(**{_WANDB_FLUSH: WANDB_FLUSH_SECONDS})
+        if isinstance(given, Mapping):
+            return {_WANDB_FLUSH: WANDB_FLUSH_SECONDS, **given}
+        if _WANDB_FLUSH in getattr(given, "model_fields_set", {_WANDB_FLUSH}):
+            return given
+        return given.model_copy(update={_WANDB_FLUSH: WANDB_FLUSH_SECONDS})
 
     @staticmethod
     def _mode_and_server(wandb: Any, kwargs: Mapping[str, Any]) -> tuple[str, str]:
