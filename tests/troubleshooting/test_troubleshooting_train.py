@@ -460,6 +460,9 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "tracker-package-missing": _tracker_package_missing,
     "tracker-failed": _tracker_refuses,
     "tracker-unreachable": _tracker_unreachable,
+    "config-redacted-secret": lambda: raised(
+        _config, checkpoint_storage_options={"key": "AKIA-EXAMPLE", "secret": "***"}
+    ),
     "tracker-option": lambda: warned(
         _trainer(loss=nn.MSELoss()).fit,
         _X,
