@@ -122,8 +122,8 @@ def classify(error: BaseException) -> str:
 
 
 FIXES = {
-    "missing-bucket": "the bucket does not exist: create it (e.g. `aws s3 mb s3://BUCKET`) or "
-    "correct the URL",
+    "missing-bucket": "the bucket does not exist: create it (`aws s3 mb s3://BUCKET`, or in "
+    "Python `s3fs.S3FileSystem().mkdir('BUCKET')`) or correct the URL",
     "refused": "the store refused the credentials: check AWS_ACCESS_KEY_ID / "
     "AWS_SECRET_ACCESS_KEY (or the profile, or storage_options' key / secret) and that they may "
     "read, write, list and delete under this URL",
