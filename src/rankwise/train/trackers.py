@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import inspect
-import os
 import re
 import threading
 import time
@@ -249,7 +248,7 @@ class WandbTracker:
         sets it."""
         if _WANDB_FLUSH not in getattr(wandb.Settings, "model_fields", {}):
             return given
-        if "WANDB__TRANSACTION_LOG_FLUSH_INTERVAL" in os.environ:
+        if _WANDB_FLUSH in wandb.setup().settings.model_fields_set:  # its variable is set
             return given
         if given is None:
             return wandb.Settings(**{_WANDB_FLUSH: WANDB_FLUSH_SECONDS})
