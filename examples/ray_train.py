@@ -102,7 +102,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--max-failures", type=int, default=1)
     args = parser.parse_args()
-    ray.init(address=args.address, include_dashboard=False)
+    # Ray Train's placement-group cleaner warns once a second without the dashboard's State
+    # API; the hook quiets that one logger in every Ray worker (docs/ray.md).
+    quiet = {"worker_process_setup_hook": "rankwise.train.ray_report.quiet_ray_workers"}
+    ray.init(address=args.address, include_dashboard=False, runtime_env=quiet)
     try:
         result = run(args.storage, args.workers, args.max_failures, epochs=args.epochs)
     finally:

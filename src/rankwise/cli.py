@@ -16,7 +16,9 @@ import json
 import platform
 import socket
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rankwise.launch import add_launch_parser, add_store_parser, launch, run_launch, serve
@@ -73,12 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
             "rankwise.train.DistributedTrainer (DDP over gloo), each rank on its own shard. "
             "Rank 0 shows a progress bar and per-epoch metrics (reduced over all ranks), the "
             "final test accuracy, and leaves history.json, history.png, a CSV log and "
-            "checkpoints in --out."
+            "checkpoints in a fresh folder in --out each time it runs (run-YYYYMMDD-HHMMSS)."
         ),
         epilog="example: rankwise demo --out /tmp/demo epochs=5 precision=bf16",
     )
     demo.add_argument("--nproc", type=int, default=2, help="processes to launch (default: 2)")
-    demo.add_argument("--out", default="./rankwise-demo", help="output folder")
+    demo.add_argument(
+        "--out",
+        default="./rankwise-demo",
+        help="folder for the runs: each run writes a fresh run-YYYYMMDD-HHMMSS folder in it",
+    )
     demo.add_argument("--config", default=None, help="DistributedTrainingConfig YAML file")
     demo.add_argument("--epochs", type=int, default=None, help="epochs (default: 15)")
     demo.add_argument("--batch-size", type=int, default=None, help="per-rank batch (default 32)")
@@ -204,10 +210,32 @@ def run_demo(args: argparse.Namespace) -> int:
     if error is not None:
         print(f"rankwise demo: {error}", file=sys.stderr)
         return 2
-    script_args = [f"--out={args.out}", f"--lr={args.lr}", *overrides]
+    run = fresh_run_folder(Path(args.out))  # never an earlier run's: its CSV would go on
+    script_args = [f"--out={run}", f"--lr={args.lr}", *overrides]
     if args.config is not None:
         script_args.insert(0, f"--config={args.config}")
     return launch([f"--nproc-per-node={args.nproc}", "-m", "rankwise.demo", *script_args])
+
+
+def fresh_run_folder(out: Path, now: float | None = None) -> Path:
+    """A new, empty ``out/run-YYYYMMDD-HHMMSS`` (local time; ``-2``, ``-3``... when a run of
+    the same second has it), created here, so that a demo run never appends to an earlier one's
+    ``metrics.csv`` nor resumes its checkpoints. ``out`` gets a ``.gitignore`` of ``*``: the
+    runs of a demo started in a clone are not left untracked in it."""
+    out.mkdir(parents=True, exist_ok=True)
+    ignore = out / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# rankwise demo runs: not for version control\n*\n")
+    stamp = time.strftime("run-%Y%m%d-%H%M%S", time.localtime(now))
+    n = 1
+    while True:
+        folder = out / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            folder.mkdir()  # atomic: two demos started at once get two folders
+        except FileExistsError:
+            n += 1
+            continue
+        return folder
 
 
 def _check_demo_config(config: str | None, overrides: list[str]) -> str | None:

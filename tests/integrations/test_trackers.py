@@ -7,8 +7,10 @@ a real local tracking server (``mlflow_server``), through ``DistributedTrainer.f
   resume from step 6, are not logged a second time.
 - Two ranks under ``--on-failure continue``, rank 0 SIGKILLed in step 5: the survivor becomes
   rank 0, learns the run ids from the state every rank holds, and goes on in the same runs.
-- A tracker never stops training: an unreachable MLflow server, and an MLflow run that stops
-  taking metrics mid-run, each give one warning; the fit finishes and the CSV holds every step.
+- A tracker never stops training: an MLflow or W&B server that does not answer (a free port, a
+  misspelt host, a port that takes the connection and stays silent) costs seconds, not the
+  libraries' minutes of retries, and one warning naming the URL; an MLflow run that stops
+  taking metrics mid-run gives one warning; the fit finishes and the CSV holds every step.
 - A missing package fails before the first step, naming the extra.
 
 One launch per scenario (each is tens of seconds of start-up on 2 busy cores).
@@ -34,7 +36,7 @@ from rankwise.testing import free_port, process_alive, run_script
 from rankwise.testing.mlflowserver import MlflowServer
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import CheckpointManager
-from rankwise.train.trackers import TrackerWarning
+from rankwise.train.trackers import PROBE_SECONDS, TrackerWarning
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -159,7 +161,7 @@ def test_a_new_rank_0_after_a_lost_rank_goes_on_with_the_same_runs(mlflow_server
     assert csv_steps(tmp_path / "out" / "logs") == expected
 
     # W&B: the new rank 0 wrote its offline part under the same run id. (The SIGKILLed rank
-    # 0's part holds only what W&B had flushed: its service buffers an offline run's file.)
+    # 0's part holds only what W&B had flushed, each second: test_a_sigkilled_offline_...)
     parts = offline_runs(tmp_path)
     assert len(parts) == 2
     assert all(part.folder.name.endswith(f"-{ids['wandb']}") for part in parts)
@@ -225,20 +227,99 @@ def tracker_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
     return [str(w.message) for w in caught if issubclass(w.category, TrackerWarning)]
 
 
-def test_an_unreachable_mlflow_server_warns_once_and_training_finishes(tmp_path, monkeypatch):
-    for name, value in tracker_env(tmp_path, None, "unreachable").items():
+@pytest.fixture
+def silent_server():
+    """A TCP port that takes connections (the kernel's backlog) and never answers a byte: a
+    store that hangs."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()
+
+
+@pytest.fixture
+def fresh_wandb():
+    """W&B's process-wide settings read again from the environment the test sets (and
+    dropped after it): ``wandb.setup()`` reads them once per process."""
+    import wandb
+
+    wandb.teardown()
+    yield
+    wandb.teardown()
+
+
+@pytest.mark.parametrize("tracker", ["mlflow", "wandb"])
+@pytest.mark.parametrize("where", ["free-port", "typo-host", "silent"])
+def test_a_tracker_server_that_does_not_answer_holds_training_for_seconds_not_minutes(
+    tracker, where, silent_server, fresh_wandb, tmp_path, monkeypatch
+):
+    # MLflow's own defaults (7 retries, 120 s timeouts) and W&B's (init_timeout 90 s) held
+    # the first step for minutes before one warning; the probe says which URL is silent.
+    for name, value in tracker_env(tmp_path, None, "silent").items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # nobody
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own: fail at once
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    url = {
+        "free-port": f"http://127.0.0.1:{free_port()}",
+        "typo-host": "http://mlfow-server.invalid:5000",
+        "silent": silent_server,
+    }[where]
+    if tracker == "mlflow":
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    else:
+        monkeypatch.setenv("WANDB_MODE", "online")
+        monkeypatch.setenv("WANDB_BASE_URL", url)
+        monkeypatch.setenv("WANDB_API_KEY", "0" * 40)  # never sent: the probe comes first
+    started = time.monotonic()
+    tiny_fit(tmp_path / "plain", ["csv"])
+    plain = time.monotonic() - started
+    started = time.monotonic()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer = tiny_fit(tmp_path, ["csv", "mlflow"])
+        trainer = tiny_fit(tmp_path, ["csv", tracker])
+    took = time.monotonic() - started
     [message] = tracker_warnings(caught)
-    assert "MLflow tracker (mlflow) failed to start a run" in message
-    assert "training goes on without it" in message and "MLFLOW_TRACKING_URI" in message
+    assert f"{url} does not answer" in message and "training goes on without" in message
+    assert took < plain + PROBE_SECONDS + 20, (took, plain)  # minutes before
     assert trainer.history.epochs == 2 and trainer.state.trackers == {}
     assert csv_steps(tmp_path / "logs") == list(range(1, 9))
+
+
+KILLED_PART = """
+import os, signal, sys, time
+from rankwise.train.trackers import WANDB_FLUSH_SECONDS, WandbTracker
+tracker = WandbTracker()
+tracker.start({"lr": 0.1}, None)
+for step in range(1, 21):  # rows well under W&B's 32 KiB buffer, which a full one writes
+    tracker.log_metrics(step, {"step/loss": 1.0 / step})
+time.sleep(4 * WANDB_FLUSH_SECONDS + 1)  # W&B's own flush: every 15 s
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_sigkilled_offline_wandb_part_keeps_what_it_logged_a_few_seconds_before(tmp_path):
+    # A part killed by SIGKILL 97 steps in kept a 7-byte file (the header): W&B wrote its
+    # buffer every 15 s (or when 32 KiB filled it). Now every WANDB_FLUSH_SECONDS: what was logged before that is kept.
+    # (A real process killed for real; W&B's own file read back.)
+    env = {**tracker_env(tmp_path, None, "unused"), "PYTHONPATH": ":".join(sys.path)}
+    import os
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_PART], env={**os.environ, **env}, timeout=300
+    )
+    assert done.returncode == -signal.SIGKILL
+    [part] = offline_runs(tmp_path)
+    assert part.run_id and part.config["lr"] == 0.1
+    # All but the last step's row, which W&B holds open for more of that step's metrics (the
+    # epoch's row joins it) until a later step is logged.
+    assert [row["trainer/global_step"] for row in part.history] == list(range(1, 20))
+    assert part.exit_code is None  # no end: the process was killed
 
 
 class DeleteRunAfterFirstEpoch:

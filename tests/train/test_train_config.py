@@ -75,7 +75,7 @@ BAD_VALUES: list[tuple[dict[str, Any], list[str]]] = [
     ),
     (
         {"loggers": ["mlflow"], "logger_options": {"mlflow": {"tags": {"token": "***"}}}},
-        ["logger_options ('mlflow')", "redacted", "MLFLOW_TRACKING_TOKEN"],
+        ["logger_options['mlflow']['tags']['token'] is '***'", "MLFLOW_TRACKING_TOKEN"],
     ),
     ({"check_sync_every_n_steps": 0}, ["check_sync_every_n_steps (0)", ">= 1", "None for no"]),
     ({"check_sync_every_n_steps": 2.5}, ["check_sync_every_n_steps (2.5)", "integer"]),
@@ -260,6 +260,42 @@ def test_loggers_from_a_command_line_and_logger_credentials_never_in_a_dump() ->
     )
     assert keyed.to_dict()["logger_options"] == {"wandb": {"project": "p", "api_key": "***"}}
     assert keyed.logger_options["wandb"]["api_key"] == "k-123456"  # still used
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        (
+            {"checkpoint_storage_options": {"key": "AKIA-EXAMPLE", "secret": "s-123456"}},
+            "checkpoint_storage_options['key']",
+        ),
+        (
+            {"checkpoint_storage_options": {"client_kwargs": {"aws_secret_access_key": "s-1"}}},
+            "checkpoint_storage_options['client_kwargs']['aws_secret_access_key']",
+        ),
+        (
+            {"loggers": ["wandb"], "logger_options": {"wandb": {"api_key": "k-123456"}}},
+            "logger_options['wandb']['api_key']",
+        ),
+        (
+            {"loggers": ["mlflow"], "logger_options": {"mlflow": {"tags": {"token": "t-1"}}}},
+            "logger_options['mlflow']['tags']['token']",
+        ),
+    ],
+)
+def test_a_saved_config_with_a_redacted_credential_names_where_it_is(
+    tmp_path: Path, values: dict[str, Any], where: str
+) -> None:
+    # Every credential a save redacts, at any depth, in either field: reading the file back
+    # names the key that holds '***' (not "('options')"), the file, and the two fixes.
+    path = DistributedTrainingConfig(log_dir="logs", **values).to_yaml(tmp_path / "run.yaml")
+    with pytest.raises(ValueError) as info:
+        DistributedTrainingConfig.from_yaml(path)
+    message = str(info.value)
+    assert f"DistributedTrainingConfig.{where} is '***'" in message
+    assert "Put the real value there" in message and f"(config file {path})" in message
+    key = where.rpartition("[")[2].rstrip("]")
+    assert f"or leave {key} out" in message
 
 
 def test_empty_yaml_file_gives_the_defaults(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ global batch the new world cannot split is refused, a torn checkpoint falls back
 
 from __future__ import annotations
 
+import contextlib
+import io
 import warnings
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ def _run(
     every: int = 3,
     epochs: int = 2,
     epoch_every: int = 1,
+    verbose: bool = False,
 ) -> dict[str, Any]:
     model = _model(dropout)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -49,7 +52,7 @@ def _run(
         epochs=epochs,
         batch_size=batch_size,
         grad_accum_steps=grad_accum_steps,
-        verbose=False,
+        verbose=verbose,
         checkpoint_dir=str(folder),
         checkpoint_every_n_steps=every,
         checkpoint_every_n_epochs=epoch_every,
@@ -79,8 +82,11 @@ def _bit_identical(tmp: str) -> dict[str, Any]:
     common: dict[str, Any] = {"batch_size": 16, "dropout": 0.2, "every": 4, "epochs": 3}
     full = _run(192, Path(tmp, "full"), **common)
     cut = _run(192, Path(tmp, "cut"), stop_at=9, **common)
-    resumed = _run(192, Path(tmp, "cut"), resume="auto", **common)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # every rank's console, for the resume's line
+        resumed = _run(192, Path(tmp, "cut"), resume="auto", verbose=True, **common)
     return {
+        "printed": printed.getvalue(),
         "equal": all(
             torch.equal(a, b) for a, b in zip(full["params"], resumed["params"], strict=True)
         ),
@@ -99,6 +105,13 @@ def test_a_run_resumed_mid_epoch_ends_bit_identical(tmp_path: Path) -> None:
         assert result["equal"], "parameters differ from the uninterrupted run"
         # the resumed epoch's loss includes the part before the crash, exactly once
         assert result["resumed_losses"] == pytest.approx(result["full_losses"], rel=1e-12)
+    # The resume says so, once (rank 0): which checkpoint, where in the run, what is left.
+    said = [line for r in results for line in r["printed"].splitlines() if "resumed" in line]
+    checkpoint = tmp_path / "cut" / "ckpt-e000001-s000000008.pt"
+    assert said == [
+        f"rankwise: resumed from {checkpoint}: epoch 2/3, optimizer step 8; "
+        "4 batches of epoch 2 left (64 of its 192 samples done)"
+    ]
 
 
 def test_a_step_checkpoint_on_an_epoch_s_last_step_resumes_at_the_next_epoch(

@@ -111,6 +111,7 @@ class _State:
 TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "storage-missing-backend": _missing_s3fs,
     "storage-malformed-url": lambda: raised(Storage.for_url, "s3:/bucket/run"),
+    "storage-url-without-colon": lambda: raised(Storage.for_url, "s3//bucket/run"),
     "storage-no-bucket": lambda: raised(Storage.for_url, "s3://"),
     "storage-missing-bucket": lambda: _check(f"{_BUCKET[0]}-missing/run"),
     "storage-refused": lambda: _check(

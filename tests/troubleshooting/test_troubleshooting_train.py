@@ -513,15 +513,26 @@ def _tracker_package_missing() -> BaseException:
 
 
 def _tracker_unreachable() -> BaseException:
-    """MLflow at a port where nobody listens; MLflow's own variables make it give up at once."""
+    """MLflow at a port where nobody listens: the probe before the run says so at once."""
     import os
 
     from rankwise.testing import free_port
 
     saved = dict(os.environ)
     os.environ["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{free_port()}"
-    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
-    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "5"
+    try:
+        return warned(_trainer(loss=nn.MSELoss()).fit, _X, _Y, _config(loggers=["mlflow"]))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _tracker_refuses() -> BaseException:
+    """MLflow answering with an error: its file store (in a fresh folder) refuses new runs."""
+    import os
+
+    saved = dict(os.environ)
+    os.environ["MLFLOW_TRACKING_URI"] = Path(tempfile.mkdtemp()).as_uri()
     try:
         return warned(_trainer(loss=nn.MSELoss()).fit, _X, _Y, _config(loggers=["mlflow"]))
     finally:
@@ -532,7 +543,11 @@ def _tracker_unreachable() -> BaseException:
 TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "config-loggers": lambda: raised(_config, loggers=["csv", "neptune"], log_dir="logs"),
     "tracker-package-missing": _tracker_package_missing,
-    "tracker-failed": _tracker_unreachable,
+    "tracker-failed": _tracker_refuses,
+    "tracker-unreachable": _tracker_unreachable,
+    "config-redacted-secret": lambda: raised(
+        _config, checkpoint_storage_options={"key": "AKIA-EXAMPLE", "secret": "***"}
+    ),
     "tracker-option": lambda: warned(
         _trainer(loss=nn.MSELoss()).fit,
         _X,

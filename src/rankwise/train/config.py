@@ -208,13 +208,7 @@ def check_storage_options(value: Any) -> dict[str, Any] | None:
     check_plain(name, value, "options")
     _storage_values(value, "options")
     options = dict(value)
-    if REDACTED in _values(options):
-        fail(
-            name,
-            "options",
-            f"holds {REDACTED!r}, a credential redacted from a saved config: give the real "
-            "value (or leave it out and use the AWS_* variables / the provider's files)",
-        )
+    refuse_redacted(name, options, "the AWS_* variables or the provider's own files")
     return options
 
 
@@ -314,22 +308,36 @@ def check_logger_options(value: Any) -> dict[str, Any]:
                         "MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME, ...)",
                     )
         check_plain(name, options, tracker)
-        if REDACTED in _values(options):
-            fail(
-                name,
-                tracker,
-                f"holds {REDACTED!r}, a credential redacted from a saved config: give the real "
-                "value, or leave it out and use the tracker's own variables (WANDB_API_KEY, "
-                "MLFLOW_TRACKING_TOKEN, ...)",
-            )
+        refuse_redacted(
+            f"{name}[{tracker!r}]",
+            options,
+            "the tracker's own variables (WANDB_API_KEY, MLFLOW_TRACKING_TOKEN, ...)",
+        )
     return {tracker: dict(options) for tracker, options in value.items()}
 
 
-def _values(options: Mapping[str, Any]) -> list[Any]:
-    found: list[Any] = []
-    for item in options.values():
-        found += _values(item) if isinstance(item, Mapping) else [item]
-    return found
+def refuse_redacted(name: str, options: Mapping[str, Any], elsewhere: str) -> None:
+    """Refuse the first ``"***"`` in ``options`` (nested), naming where it is: a config read
+    back from a saved one (``to_yaml``, a checkpoint's copy) has its credentials redacted.
+
+    >>> try:
+    ...     refuse_redacted("logger_options['wandb']", {"api_key": "***"}, "WANDB_API_KEY")
+    ... except ValueError as exc:
+    ...     print(str(exc)[:60])
+    DistributedTrainingConfig.logger_options['wandb']['api_key']
+    """
+    for key, item in options.items():
+        where = f"{name}[{key!r}]"
+        if isinstance(item, Mapping):
+            refuse_redacted(where, item, elsewhere)
+        elif item == REDACTED:
+            field = name.partition("[")[0]
+            raise ValueError(
+                f"DistributedTrainingConfig.{where} is {REDACTED!r}: a saved config (to_yaml, "
+                f"a checkpoint's copy) holds {REDACTED!r} in place of each credential, never "
+                f"the credential. Put the real value there (in the file, or an override "
+                f"{field}=...), or leave {key!r} out and let {elsewhere} supply it."
+            )
 
 
 def check_compile_options(value: Any) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import tempfile
 import warnings
 from pathlib import Path
@@ -41,7 +42,31 @@ from typing import Any
 import rankwise.distributed as rd
 from rankwise.distributed.errors import RankwiseWarning
 
-__all__ = ["POINTER_FILE", "RayReport", "check_checkpoint_dir", "rankwise_checkpoint"]
+__all__ = [
+    "CLEANER_LOGGER",
+    "POINTER_FILE",
+    "RayReport",
+    "check_checkpoint_dir",
+    "quiet_ray_workers",
+    "rankwise_checkpoint",
+]
+
+# The logger of Ray Train's placement-group cleaner (ray 2.5x-2.60), an actor Ray starts beside
+# every run's controller. It asks Ray's State API once a second whether the controller lives;
+# without that API (no dashboard: ray[train], which rankwise[ray] is, does not bring its
+# packages, and include_dashboard=False turns it off) each question logs a warning, about one
+# a second of training, each forwarded to the driver's console.
+CLEANER_LOGGER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+
+
+def quiet_ray_workers() -> None:
+    """A Ray ``worker_process_setup_hook``: sets :data:`CLEANER_LOGGER` to ERROR in each Ray
+    worker process, so its "Failed to query Ray Train Controller actor state" warnings (one a
+    second without Ray's State API) stop; Ray's other messages are untouched. Give it to
+    ``ray.init(runtime_env={"worker_process_setup_hook":
+    "rankwise.train.ray_report.quiet_ray_workers"})``, as examples/ray_train.py does."""
+    logging.getLogger(CLEANER_LOGGER).setLevel(logging.ERROR)
+
 
 POINTER_FILE = "rankwise_checkpoint.json"  # what a Ray checkpoint RayReport reported holds
 _POINTER_FORMAT = 1

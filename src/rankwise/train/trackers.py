@@ -11,7 +11,9 @@ reads its own environment variables (``WANDB_PROJECT``, ``WANDB_MODE``, ``WANDB_
 each call out to every tracker and guards it, so that a tracker never stops training. A
 tracker that raises (an unreachable server, a refused key, a failure mid-run) gives one
 :class:`TrackerWarning` naming it and the fix, and is switched off; the CSV log keeps every
-metric. A missing package is the one failure that stops a run, before its first step, on
+metric. Before a run starts its server is asked for one answer within :data:`PROBE_SECONDS`
+(:func:`probe`): a misspelt or silent ``MLFLOW_TRACKING_URI`` / ``WANDB_BASE_URL`` costs
+seconds and a warning naming the URL, not the library's minutes of retries. A missing package is the one failure that stops a run, before its first step, on
 every rank (:func:`require`), naming the extra to install.
 
 One run, whatever happens: the run ids live in the :class:`~rankwise.train.state.TrainState`
@@ -32,7 +34,11 @@ import contextlib
 import importlib.util
 import inspect
 import re
+import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -47,10 +53,13 @@ from rankwise.train.secrets import redacted, secret_values
 
 __all__ = [
     "EXTRAS",
+    "PROBE_SECONDS",
+    "WANDB_FLUSH_SECONDS",
     "MlflowTracker",
     "Tracker",
     "TrackerOptionError",
     "TrackerSet",
+    "TrackerUnreachableError",
     "TrackerWarning",
     "WandbTracker",
     "build_trackers",
@@ -67,6 +76,13 @@ EXTRAS: dict[str, tuple[str, str]] = {
 }
 # The metric every tracker row carries: the global step, as a value (W&B's x-axis choice).
 STEP_KEY = "trainer/global_step"
+# How long a tracker's server has to answer one request before its run starts; past it the
+# tracker is switched off at once (its library's own retries can hold a call for minutes).
+PROBE_SECONDS = 5.0
+# How often W&B writes a run's buffered data to its ``.wandb`` file (its own default: 15 s, and
+# a SIGKILLed offline part kept nothing it had not written): what a kill can lose.
+WANDB_FLUSH_SECONDS = 1.0
+_WANDB_FLUSH = "x_transaction_log_flush_interval"  # wandb >= 0.2x's setting for it
 
 
 class TrackerWarning(RankwiseWarning):
@@ -76,6 +92,59 @@ class TrackerWarning(RankwiseWarning):
 class TrackerOptionError(ValueError):
     """A tracker's ``logger_options`` its package does not take (found where rank 0 starts
     the run: W&B's are ``wandb.init``'s arguments, whichever wandb is installed)."""
+
+
+class TrackerUnreachableError(ConnectionError):
+    """A tracker's server did not answer before its run started (:func:`probe`)."""
+
+
+def shown_url(url: str) -> str:
+    """``url`` as a message may show it: without a user name or password.
+
+    >>> shown_url("https://user:secret@mlflow.example.com:5000/base")
+    'https://mlflow.example.com:5000/base'
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def probe(url: str, what: str, seconds: float = PROBE_SECONDS) -> None:
+    """Raise :class:`TrackerUnreachableError` unless the HTTP(S) server at ``url`` answers one
+    GET within ``seconds`` (name lookup, connection and answer together). Any answer counts,
+    an error status too (a server that wants a login has answered); only silence, a refused
+    connection or an unknown host do not. ``what`` names the setting the URL came from, for
+    the message. Other schemes (``file:``, ``sqlite:``, ``databricks``) are not probed.
+    """
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme not in ("http", "https"):
+        return
+    outcome: list[BaseException | None] = []
+
+    def ask() -> None:
+        try:
+            urllib.request.urlopen(url, timeout=seconds).close()
+            outcome.append(None)
+        except urllib.error.HTTPError:
+            outcome.append(None)  # it answered
+        except Exception as exc:  # refused, unknown host, timed out, a TLS failure
+            outcome.append(exc)
+
+    # A thread with a deadline: a name lookup is not bounded by urlopen's timeout.
+    asker = threading.Thread(target=ask, name="rankwise-tracker-probe", daemon=True)
+    asker.start()
+    asker.join(seconds)
+    if outcome and outcome[0] is None:
+        return
+    if outcome:
+        exc = outcome[0]
+        reason = getattr(exc, "reason", None) or exc
+        why = f"{type(reason).__name__}: {reason}"
+    else:
+        why = f"no answer within {seconds:g} s"
+    raise TrackerUnreachableError(f"{what} {shown_url(url)} does not answer ({why})")
 
 
 def require(names: Iterable[str]) -> None:
@@ -128,6 +197,8 @@ class WandbTracker:
     ...), else W&B's variables (``WANDB_PROJECT``, ``WANDB_MODE``, ``WANDB_DIR``,
     ``WANDB_API_KEY`` ...) decide. A run id given goes on with that run (``resume="allow"``).
 
+    W&B writes what it was given to its run file every :data:`WANDB_FLUSH_SECONDS` (its own
+    default is 15 s), so a process killed by SIGKILL loses about that much of an offline run.
     Offline runs (``WANDB_MODE=offline``) each write a folder that ``wandb sync`` uploads;
     such a run cannot be asked for its last step, so ``last_step`` stays None there.
     """
@@ -158,6 +229,10 @@ class WandbTracker:
         # The config at the start and again on a resume, the world it goes on in (a new world
         # size after a lost rank): an offline part killed by SIGKILL may have kept nothing.
         kwargs["config"] = dict(config)
+        kwargs["settings"] = self._with_flush(wandb, kwargs.get("settings"))
+        mode, base_url = self._mode_and_server(wandb, kwargs)
+        if mode == "online":
+            probe(base_url, "the W&B server (WANDB_BASE_URL)")
         if run_id is not None:
             kwargs.update(id=run_id, resume="allow", allow_val_change=True)
         self.run = run = wandb.init(**kwargs)
@@ -165,6 +240,39 @@ class WandbTracker:
             held = run.summary.get(STEP_KEY)
             self.last_step = int(held) if held is not None else max(run.step - 1, 0)
         return str(run.id)
+
+    @staticmethod
+    def _with_flush(wandb: Any, given: Any) -> Any:
+        """``given`` (``settings=`` for ``wandb.init``: None, a dict or a ``wandb.Settings``)
+        with W&B's file flushed every :data:`WANDB_FLUSH_SECONDS`, where the installed wandb
+        has the setting and neither ``given`` nor ``WANDB__TRANSACTION_LOG_FLUSH_INTERVAL``
+        sets it."""
+        if _WANDB_FLUSH not in getattr(wandb.Settings, "model_fields", {}):
+            return given
+        if _WANDB_FLUSH in wandb.setup().settings.model_fields_set:  # its variable is set
+            return given
+        if given is None:
+            return wandb.Settings(**{_WANDB_FLUSH: WANDB_FLUSH_SECONDS})
+        if isinstance(given, Mapping):
+            return {_WANDB_FLUSH: WANDB_FLUSH_SECONDS, **given}
+        if _WANDB_FLUSH in getattr(given, "model_fields_set", {_WANDB_FLUSH}):
+            return given
+        return given.model_copy(update={_WANDB_FLUSH: WANDB_FLUSH_SECONDS})
+
+    @staticmethod
+    def _mode_and_server(wandb: Any, kwargs: Mapping[str, Any]) -> tuple[str, str]:
+        """The mode (``online``, ``offline``, ``disabled``...) and server W&B would use with
+        ``kwargs``: theirs, else its settings from the environment (``WANDB_MODE``,
+        ``WANDB_BASE_URL``) as ``wandb.setup()`` read them (it starts the process that
+        ``wandb.init`` would start anyway)."""
+        settings = wandb.setup().settings
+        given = kwargs.get("settings")
+        if given is not None and not isinstance(given, Mapping):  # a wandb.Settings
+            given = {k: getattr(given, k) for k in getattr(given, "model_fields_set", ())}
+        given = dict(given or {})
+        mode = str(kwargs.get("mode") or given.get("mode") or settings.mode)
+        base_url = given.get("base_url")
+        return mode, str(base_url or settings.base_url)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         self.run.log({**metrics, STEP_KEY: step}, step=step)
@@ -212,10 +320,14 @@ class MlflowTracker:
         self.run_id: str | None = None
 
     def start(self, config: Mapping[str, Any], run_id: str | None) -> str:
+        import mlflow
         from mlflow import MlflowClient
         from mlflow.entities import Param, RunStatus
 
-        self.client = client = MlflowClient(tracking_uri=self.options.get("tracking_uri"))
+        uri = self.options.get("tracking_uri") or mlflow.get_tracking_uri()
+        where = "tracking_uri" if self.options.get("tracking_uri") else "MLFLOW_TRACKING_URI"
+        probe(str(uri), f"the MLflow server at {where}")
+        self.client = client = MlflowClient(tracking_uri=uri)
         if run_id is not None:
             run = client.get_run(run_id)
             held = run.data.tags.get(self.STEP_TAG)

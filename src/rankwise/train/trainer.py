@@ -16,6 +16,7 @@ exactly, rank 0 prints and writes checkpoints. See ``docs/train.md``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import tempfile
 import time
@@ -63,7 +64,7 @@ from rankwise.train.setup import (
     seed_everything,
 )
 from rankwise.train.state import TrainState
-from rankwise.train.step import StepEnv, epoch_scheduler_step
+from rankwise.train.step import StepEnv, epoch_scheduler_step, micro_batch_count
 from rankwise.train.sums import EpochResult, EpochSums
 from rankwise.train.trackers import require, run_artifacts, share_run_ids
 
@@ -133,6 +134,7 @@ class DistributedTrainer:
         self._checkpointer: Checkpointer | None = None  # the last fit's: when it saves
         self.last_evaluation: dict[str, int] = {}  # samples and correct ones of evaluate()
         self.fit_count = 0  # names each fit's Progress (checks.begin_fit)
+        self._loaded_from: Any = None  # the checkpoint load_checkpoint() read, until a fit
         self.progress = rd.Progress("trainer/unfitted")  # marks collectives: names who is behind
 
     # -- info --------------------------------------------------------------------------------
@@ -222,6 +224,8 @@ class DistributedTrainer:
             loggers=cfg.loggers,
             logger_options=cfg.logger_options,
         )
+        if resumed is not None and self.logger.enabled:  # once, on rank 0: from where, what is left
+            self.logger.info(self._resume_note(cfg, resumed))
         saved: list[Any] = [None]  # the last checkpoint: its manifest is a tracker artifact
 
         def on_saved(path: Any) -> None:
@@ -233,7 +237,7 @@ class DistributedTrainer:
             cfg,
             on_saved=on_saved,
             progress=self.progress,
-            saved_at=state.step if resumed else None,  # the end does not save it again
+            saved_at=state.step if resumed is not None else None,  # the end does not save it again
         )
         # SIGTERM (a launcher's stop, a preemption) lets the write in flight land, then closes
         # the trackers' runs as failed, before the process ends (sigterm.py)
@@ -363,9 +367,10 @@ class DistributedTrainer:
         self,
         cfg: DistributedTrainingConfig,
         manager: CheckpointManager | RemoteCheckpointManager | None,
-    ) -> bool:
+    ) -> Any:
         """Resume from a checkpoint in ``manager``'s folder (or what load_checkpoint()
-        loaded), or start fresh; return whether the fit goes on from a checkpoint."""
+        loaded), or start fresh; return the checkpoint the fit goes on from (its path or URL;
+        None: a fresh start)."""
         state = self.state
         with self.progress.operation(f"the resume from the checkpoints (resume={cfg.resume!r})"):
             loaded = load_resume(
@@ -375,15 +380,43 @@ class DistributedTrainer:
                 cfg.checkpoint_storage_options,
                 cfg.checkpoint_key,
             )
+        source, self._loaded_from = self._loaded_from, None
         if loaded is not None:
             state.load_state_dict(loaded[1], loaded[0])
+            source = loaded[0]
         elif state.restored is None:  # nothing loaded: a fresh, seeded start
             seed_everything(cfg.seed, rd.get_rank())
             state.start_over()
-            return False
+            return None
         state.resume_data(cfg)
         state.restored = None  # used: a later fit without a resume starts fresh
-        return True
+        return source if source is not None else "the checkpoint load_checkpoint() read"
+
+    def _resume_note(self, cfg: DistributedTrainingConfig, source: Any) -> str:
+        """``rankwise: resumed from .../ckpt-e000001-s000000008.pt: epoch 2/3, optimizer step
+        8; 4 batches of epoch 2 left (64 of its 192 samples done)`` (epochs counted from 1,
+        as the progress lines; the file name counts them from 0; batches: this rank's)."""
+        state = self.state
+        where = f"rankwise: resumed from {source}: "
+        if state.epoch >= cfg.epochs:
+            return (
+                f"{where}optimizer step {state.step}, all {cfg.epochs} epochs trained: "
+                "nothing left to train (raise epochs to train more)"
+            )
+        epoch = state.epoch + 1
+        note = f"{where}epoch {epoch}/{cfg.epochs}, optimizer step {state.step}"
+        self.train_source.set_epoch(state.epoch)  # as the epoch's loop will: keeps the cursor
+        left = micro_batch_count(self.train_source)
+        if left is None:  # a loader without len
+            return f"{note}; the rest of epoch {epoch} left"
+        note = f"{note}; {left} batches of epoch {epoch} left"
+        consumed = getattr(state.sampler, "consumed", None)  # rankwise's sampler: positions
+        size: int | None = None
+        with contextlib.suppress(AttributeError, TypeError):  # no dataset, or no len
+            size = len(self.train_source.dataset)
+        if isinstance(consumed, int) and isinstance(size, int):
+            note = f"{note} ({min(consumed, size)} of its {size} samples done)"
+        return note
 
     def _end_epoch(
         self, epoch: int, result: EpochResult, val_set: Any, t0: float
@@ -487,6 +520,7 @@ class DistributedTrainer:
         key = None if self.config is None else self.config.checkpoint_key
         state = read_checkpoint(path, storage_options=storage_options, key=key)
         self.state.load_state_dict(state, path)
+        self._loaded_from = path
 
     def _call(self, name: str, *args: Any) -> None:
         for cb in self.callbacks:

@@ -28,6 +28,7 @@ from rankwise.train.checkpoint import (
     StorageWarning,
 )
 from rankwise.train.checkpoint import remote as rc
+from rankwise.train.checkpoint.storage_errors import is_remote_url
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -170,6 +171,47 @@ def test_a_malformed_url_is_named_with_the_fix(url: str, said: str):
     with pytest.raises(StorageError, match=r"malformed|names no bucket") as e:
         Storage.for_url(url)
     assert e.value.reason == "bad-url" and repr(url) in str(e.value) and said in str(e.value)
+
+
+STORES = ["s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "hf"]
+
+
+@pytest.mark.parametrize("scheme", STORES)
+@pytest.mark.parametrize("slip", ["{p}//bucket/run", "{p}/bucket/run", "{p}///bucket/run"])
+def test_a_store_url_without_its_colon_is_refused_naming_the_url_meant(scheme: str, slip: str):
+    # s3//bucket/run silently wrote ./s3/bucket/run: every object store, every way of
+    # leaving the colon out, in either case, is refused with the URL it probably means.
+    for written in (slip.format(p=scheme), slip.format(p=scheme.upper())):
+        with pytest.raises(StorageError) as e:
+            is_remote_url(written)
+        assert e.value.reason == "bad-url"
+        assert f"Write {scheme}://bucket/run for the bucket, or ./{written} for a local" in str(
+            e.value
+        )
+
+
+@pytest.mark.parametrize(
+    "path", ["./s3/bucket/run", "s3-runs/a", "s3x/a", "runs/s3/a", "s3", "gsutil/a", "/s3/a"]
+)
+def test_a_local_path_that_only_looks_like_a_store_is_a_local_path(path: str):
+    assert is_remote_url(path) is False
+
+
+def test_fit_refuses_a_colonless_store_url_before_writing_anything(tmp_path, monkeypatch):
+    import torch
+
+    from rankwise.train import DistributedTrainer, DistributedTrainingConfig
+
+    monkeypatch.chdir(tmp_path)
+    model = torch.nn.Linear(4, 2)
+    trainer = DistributedTrainer(
+        model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1)
+    )
+    cfg = DistributedTrainingConfig(epochs=1, batch_size=4, verbose=False)
+    cfg.checkpoint_dir = "s3//bucket/run"
+    with pytest.raises(StorageError, match=r"Write s3://bucket/run for the bucket"):
+        trainer.fit(torch.randn(8, 4), torch.randint(0, 2, (8,)), cfg)
+    assert trainer.state.step == 0 and list(tmp_path.iterdir()) == []
 
 
 def test_missing_s3fs_names_the_extra(monkeypatch: pytest.MonkeyPatch):

@@ -23,6 +23,8 @@ T = TypeVar("T")
 
 _BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs"}  # a URL of these names a bucket first
 _LOCAL = {"file", "local"}
+# Object stores whose URL, with its colon (or a slash) left out, still reads as a relative path.
+_STORES = _BUCKETED | {"abfss", "adl", "oci", "hf"}
 
 # Codes (botocore ClientError) and exception class names, by what they mean for the user.
 _MISSING_BUCKET = {"NoSuchBucket"}
@@ -122,8 +124,8 @@ def classify(error: BaseException) -> str:
 
 
 FIXES = {
-    "missing-bucket": "the bucket does not exist: create it (e.g. `aws s3 mb s3://BUCKET`) or "
-    "correct the URL",
+    "missing-bucket": "the bucket does not exist: create it (`aws s3 mb s3://BUCKET`, or in "
+    "Python `s3fs.S3FileSystem().mkdir('BUCKET')`) or correct the URL",
     "refused": "the store refused the credentials: check AWS_ACCESS_KEY_ID / "
     "AWS_SECRET_ACCESS_KEY (or the profile, or storage_options' key / secret) and that they may "
     "read, write, list and delete under this URL",
@@ -144,6 +146,7 @@ def split_url(url: str) -> tuple[str, str]:
     """
     match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):(/*)(.*)$", url)
     if match is None or (len(match[1]) == 1 and os.name == "nt"):  # C:\ is a drive
+        _refuse_store_lookalike(url)
         return "file", url
     protocol, slashes, rest = match[1].lower(), match[2], match[3]
     if protocol in _LOCAL:
@@ -162,6 +165,31 @@ def split_url(url: str) -> tuple[str, str]:
             reason="bad-url",
         )
     return protocol, rest.rstrip("/")
+
+
+def _refuse_store_lookalike(path: str) -> None:
+    """Refuse a relative path that is an object store's URL with its colon left out
+    (``s3//bucket/run``, ``gs/bucket/run``): as a path it would write ``./s3/bucket/run``
+    in the working folder, silently. ``./s3/bucket/run`` says a local folder is meant.
+
+    >>> _refuse_store_lookalike("s3-runs/a"); _refuse_store_lookalike("./s3/bucket")
+    >>> try:
+    ...     _refuse_store_lookalike("gs//bucket/run")
+    ... except StorageError as exc:
+    ...     print(str(exc).partition(": ")[2])
+    it would write the local folder ./gs//bucket/run. Write gs://bucket/run for the bucket, or ./gs//bucket/run for a local folder.
+    """
+    slip = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)(/+)(.+)$", path)
+    if slip is None or slip[1].lower() not in _STORES:
+        return
+    protocol, rest = slip[1].lower(), slip[3].lstrip("/")
+    raise StorageError(
+        f"checkpoint location {path!r} is a relative path that begins like a {protocol}:// "
+        f"URL without its colon: it would write the local folder ./{path}. Write "
+        f"{protocol}://{rest} for the bucket, or ./{path} for a local folder.",
+        url=path,
+        reason="bad-url",
+    )
 
 
 def is_remote_url(location: str | os.PathLike[str]) -> bool:
