@@ -20,6 +20,9 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
   launched run (the uninterrupted reference for uneven shares).
 - ``--checkpoint-every N``: background step checkpoints in ``OUT/ckpt`` every N optimizer steps
   (and at each epoch's end), written by whoever is rank 0 at the save.
+- ``--checkpoint-url URL``: those checkpoints under ``URL`` (``s3://bucket/run``; the store's
+  ``AWS_*`` settings from the environment) instead of ``OUT/ckpt``. ``--silent-s S``: a store
+  silent S seconds is announced (``rankwise.train.checkpoint.writer.SILENT_S``, 5 s).
 - ``--strikes SPEC,...`` (benchmarks/faults.py), each once per launch, only while the world has
   at least two members (else at a later step): ``kill@S:K`` / ``stop@S:K``: slot S SIGKILLs /
   SIGSTOPs itself in the first optimizer step >= K it trains; ``POINT@K``: the writing rank is
@@ -77,7 +80,7 @@ from tiny_run import data, mlp_trainer
 import rankwise.distributed as rd
 from rankwise.distributed.membership import Membership
 from rankwise.train import AuditLog, DistributedTrainer, DistributedTrainingConfig
-from rankwise.train.checkpoint import FAULT_POINTS, set_fault_hook
+from rankwise.train.checkpoint import FAULT_POINTS, set_fault_hook, writer
 
 p = argparse.ArgumentParser()
 p.add_argument("out", type=Path)
@@ -92,6 +95,8 @@ p.add_argument("--stop-step", type=int, default=-1)
 p.add_argument("--await-joiner-step", default="", help="K or K1,K2,...")
 p.add_argument("--log-dir", type=Path, default=None, help="a CSV row per step there")
 p.add_argument("--checkpoint-every", type=int, default=0)
+p.add_argument("--checkpoint-url", default=None, help="s3://bucket/run instead of OUT/ckpt")
+p.add_argument("--silent-s", type=float, default=None, help="the store's silence announced then")
 p.add_argument("--strikes", default="", help="kill@S:K, stop@S:K, POINT@K; comma-separated")
 p.add_argument("--step-delay", type=float, default=0.0)
 p.add_argument("--await-joiners", action="store_true")
@@ -285,12 +290,14 @@ if args.joiner_dies_waiting and os.environ.get("RANKWISE_INCARNATION") == "1":
 if any(kind in FAULT_POINTS for kind, _ in strikes) or args.disk_full_at >= 0:
     set_fault_hook(save_strike)
 every = args.checkpoint_every
+if args.silent_s is not None:
+    writer.SILENT_S = args.silent_s
 cfg = DistributedTrainingConfig(
     epochs=args.epochs,
     batch_size=args.batch_size,
     grad_accum_steps=args.grad_accum,
     verbose=False,
-    checkpoint_dir=str(args.out / "ckpt") if every else None,
+    checkpoint_dir=(args.checkpoint_url or str(args.out / "ckpt")) if every else None,
     checkpoint_every_n_steps=every,
     checkpoint_every_n_epochs=1 if every else 0,
     log_dir=args.log_dir,

@@ -172,14 +172,23 @@ class CheckpointWriter:
     def _queues(self) -> bool:
         """Whether a save that finds the last write still running queues behind it instead of
         waiting (the newest state wins): background writes of plain checkpoints to an object
-        store, whose silence must not hold the loop. A local folder waits (its writes end);
-        sharded saves are collectives of DCP's; under ``--on-failure continue`` whoever started
-        a write waits for it (rank 0 may move)."""
+        store, whose silence must not hold the loop; under ``--on-failure continue`` too, while
+        the rank that started the write is still the one that writes (see :meth:`_role_moved`).
+        A local folder waits (its writes end); sharded saves are collectives of DCP's."""
         return (
             self.background
             and isinstance(self.manager, RemoteCheckpointManager)
             and not self.manager.sharded
-            and rd.membership() is None
+        )
+
+    def _role_moved(self) -> bool:
+        """Under ``--on-failure continue``: this rank started a write that is not waited for
+        yet, but no longer writes (a regroup made another rank rank 0). It finishes that write
+        before the next save's collective, so the new writer's checkpoint is never followed by
+        an older one (the pointer never goes back); that wait is bounded by
+        ``checkpoint_final_wait_s``."""
+        return (
+            rd.membership() is not None and self.manager.pending() is not None and not (self.writes)
         )
 
     @property
@@ -306,7 +315,8 @@ class CheckpointWriter:
             )
 
     def sigterm_duty(self) -> Duty:
-        """On SIGTERM (:mod:`rankwise.train.sigterm`): the write in flight lands first, wanted
+        """On SIGTERM (:mod:`rankwise.train.sigterm`): the write in flight (and the snapshot
+        queued behind it) lands first, within ``checkpoint_final_wait_s`` in all, wanted
         only where one can be in flight. It may run on the guard's helper thread while the
         main thread is blocked in a collective, so it waits for the write without taking it
         from the manager, and says if the write failed: the process is ending anyway."""
@@ -316,8 +326,9 @@ class CheckpointWriter:
             pending: concurrent.futures.Future[Any] | None = self.manager.pending()
             if pending is None:
                 return
-            concurrent.futures.wait([pending], timeout=self.final_wait_s)
-            if not pending.done():
+            queued = [future for _, future in list(self._flights) if future is not pending]
+            concurrent.futures.wait([pending, *queued], timeout=self.final_wait_s)
+            if not all(future.done() for future in (pending, *queued)):
                 print(
                     "rankwise: the background checkpoint write did not end within "
                     f"checkpoint_final_wait_s={self.final_wait_s:g} s; ending without it",
@@ -348,10 +359,14 @@ class CheckpointWriter:
         pending = self.manager.pending()
         if pending is None:
             return None
-        patient = final or block or not self._queues()
+        moved = self._role_moved()
+        if moved:  # its queued snapshots are older than the new writer's next one: dropped
+            for _, future in self._flights[1:]:
+                future.cancel()
+        patient = final or block or moved or not self._queues()
         if not pending.done() and patient:
             self.stats.waits += 1
-        deadline = time.monotonic() + self.final_wait_s if final else None
+        deadline = time.monotonic() + self.final_wait_s if final or moved else None
         try:
             while (pending := self.manager.pending()) is not None:
                 if not patient and not pending.done():
@@ -380,6 +395,18 @@ class CheckpointWriter:
                     if where == self._in_flight:
                         self._in_flight = None
                 except Exception as exc:  # any library's error: every rank stops, naming it
+                    if isinstance(exc, TimeoutError) and not pending.done() and not final:
+                        self._gave_up = True  # the role moved while it ran: bounded as well
+                        return (
+                            f"the checkpoint write of {where}, started by this process while it "
+                            "was rank 0, did not end within checkpoint_final_wait_s="
+                            f"{self.final_wait_s:g} s after a regroup made another rank rank 0: "
+                            f"{self.manager.directory} did not answer. The run stops here "
+                            "(every rank) rather than let the new rank 0's checkpoint be "
+                            "followed by an older one: fix the store (or raise "
+                            "checkpoint_final_wait_s for a slow one), then relaunch with "
+                            "resume='auto'."
+                        )
                     if isinstance(exc, TimeoutError) and not pending.done():
                         self._gave_up = True
                         return (
@@ -461,14 +488,16 @@ class CheckpointWriter:
     def _report_landed(self) -> None:
         """Queued saves: ``saved`` for each of this rank's writes that landed since the last
         report, in order (a save replaced before it started never is); with one writer for
-        all ranks, the others learn the list from it (a collective)."""
+        all ranks, every rank learns the list from whichever rank started those writes (a
+        collective: under ``--on-failure continue`` that is not always rank 0 now)."""
         landed: list[Location] = []
         for path, future in self._flights:
             if future.done() and not future.cancelled() and future.exception() is None:
                 landed.append(path)
         self._flights = [(path, future) for path, future in self._flights if not future.done()]
         if self.shared and rd.get_world_size() > 1 and rd.has_group():
-            landed = list(rd.broadcast_plain([str(p) for p in landed], src=0))
+            gathered = rd.all_gather_plain([str(p) for p in landed])
+            landed = sorted({path for paths in gathered for path in paths})  # names sort by step
         for path in landed:
             self._saved(path)
 
