@@ -22,6 +22,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 WORKER = SCRIPTS / "continue_worker.py"
 NUM_SAMPLES, EPOCHS = 192, 2  # 2 ranks x 8: 12 optimizer steps an epoch, 24 in all
 FREEZE_AT, FREEZE_S = 4, 5.0
+# a save after every step; the store's silence announced after 1 s (not 5)
+WORKER_ARGS = ["--checkpoint-every", "1", "--step-delay", "0.2", "--silent-s", "1"]
 
 
 def step_times(out: Path, slot: int) -> list[float]:
@@ -44,15 +46,7 @@ def test_a_frozen_store_never_holds_the_loop_under_continue_mode(tmp_path: Path)
         tmp_path,
         freeze_when=lambda: reached(out, FREEZE_AT),
         freeze_s=FREEZE_S,
-        script_args=[
-            str(out),
-            "--checkpoint-every",
-            "1",
-            "--step-delay",
-            "0.2",
-            "--silent-s",
-            "1",
-        ],  # fmt: skip
+        script_args=[str(out), *WORKER_ARGS],
         launch_args=["--on-failure", "continue"],
         timeout=240,
     )
