@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import signal
 import threading
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -60,13 +61,16 @@ class _State:
         return {}
 
 
-def _writer(manager: _Manager, role: list[bool], reported: list[Any]) -> CheckpointWriter:
+def _writer(
+    manager: _Manager, role: list[bool], reported: list[Any], final_wait_s: float = 600.0
+) -> CheckpointWriter:
     return CheckpointWriter(
         manager,  # type: ignore[arg-type]
         writes=lambda: role[0],
         background=True,
         shared=True,
         saved=lambda path: reported.append((path, manager_future[0].done())),
+        final_wait_s=final_wait_s,
     )
 
 
@@ -98,6 +102,32 @@ def test_a_failed_write_started_under_the_old_role_is_raised() -> None:
     with pytest.raises(CheckpointWriteError, match=r"ckpt-s3\.pt failed: .*No space left"):
         writer.save(_State(6))
     assert reported == []  # never reported as saved
+
+
+def test_the_wait_for_a_write_started_under_the_old_role_is_bounded() -> None:
+    # issue 30: a store that never answers held the old rank 0 (and so every rank) at the
+    # next save for as long as it was silent. It waits checkpoint_final_wait_s, then every
+    # rank stops naming the store and the bound (the pointer still never goes back).
+    manager, role, reported = _Manager(), [True], []
+    writer = _writer(manager, role, reported, final_wait_s=0.3)
+    writer.save(_State(3))
+    manager_future[0] = pending = manager.pending()
+    role[0] = False
+    late = threading.Timer(5.0, pending.set_result, args=(Path("/ckpt/ckpt-s3.pt"),))
+    late.start()  # before the bound: it landed after 5 s, and the save waited for it
+    started = time.monotonic()
+    try:
+        with pytest.raises(CheckpointWriteError) as e:
+            writer.save(_State(6))
+    finally:
+        late.cancel()
+    assert time.monotonic() - started < 3.0
+    said = str(e.value)
+    assert "ckpt-s3.pt" in said and "checkpoint_final_wait_s=0.3 s" in said, said
+    assert "/ckpt did not answer" in said and "regroup" in said, said
+    assert reported == []  # never reported as saved
+    writer.drain()  # the bound was spent: no second wait
+    assert time.monotonic() - started < 3.0
 
 
 def test_the_sigterm_handler_follows_the_write_in_flight() -> None:

@@ -187,9 +187,7 @@ class CheckpointWriter:
         before the next save's collective, so the new writer's checkpoint is never followed by
         an older one (the pointer never goes back); that wait is bounded by
         ``checkpoint_final_wait_s``."""
-        return (
-            rd.membership() is not None and self.manager.pending() is not None and not (self.writes)
-        )
+        return self.manager.pending() is not None and not self.writes
 
     @property
     def writes(self) -> bool:
