@@ -156,6 +156,23 @@ def _final_wait_ends() -> BaseException:
         return raised(writer.finish)
 
 
+def _moved_writer_gives_up() -> BaseException:
+    # This rank started a write as rank 0; a regroup made another rank rank 0 before it ended.
+    with _silent_store() as manager:
+        role = [True]
+        writer = CheckpointWriter(
+            manager,
+            writes=lambda: role[0],
+            background=True,
+            shared=True,
+            saved=lambda _path: None,
+            final_wait_s=0.2,
+        )
+        writer.save(_Savable())
+        role[0] = False
+        return raised(writer.save, _Savable())
+
+
 def _wait_times_out() -> BaseException:
     with _silent_store() as manager:
         manager.save_async({"x": torch.ones(3)}, epoch=0, step=1)
@@ -561,6 +578,7 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "checkpoint-write-failed": _write_fails,
     "checkpoint-store-silent": _silent_store_warns,
     "checkpoint-final-wait": _final_wait_ends,
+    "checkpoint-moved-writer-wait": _moved_writer_gives_up,
     "checkpoint-wait-timeout": _wait_times_out,
     "config-final-wait": lambda: raised(DistributedTrainingConfig, checkpoint_final_wait_s=0),
     "checkpoint-auto-skips": _torn_newest,
