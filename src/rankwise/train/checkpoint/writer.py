@@ -6,8 +6,8 @@ into reused CPU buffers (``staging.py``; pinned on CUDA) and hands the copy to
 synchronous save does: temporary file, fsync, checksum manifest, rename, pointer, pruning. The
 loop is held only for the state dict and the copy. At most one write is in flight: a save that
 comes before the last one is on disk waits for it, and the wait is counted (:class:`SaveStats`);
-to an object store (plain checkpoints, outside continue mode) it queues its snapshot behind the
-running write instead, the newest state winning, so a store that does not answer never holds the
+to an object store (plain checkpoints, under continue mode too) it queues its snapshot behind
+the running write instead, the newest state winning, so a store that does not answer never holds the
 loop (one warning names it, after :data:`SILENT_S`); the end of ``fit`` waits
 ``checkpoint_final_wait_s`` at most. Any failure of a write, whatever the writing library
 raised, is one :class:`CheckpointWriteError` naming the file and the cause. The end of ``fit``,
@@ -26,9 +26,10 @@ Under ``rankwise launch --on-failure continue`` the writing rank is whoever is r
 save (after slot 0 is lost, another process is), and a background write whose writer a later
 generation left out is never reported as saved: it may never have landed (the pointer then
 still names the previous checkpoint). Whoever *started* a write waits for it and reports it,
-whatever its role now: when slot 0 rejoins while the old rank 0 still writes, the old rank 0
-finishes that write before the next save's collective (so the pointer never goes back) and
-raises its error. A write that fails stops every rank at the next save (or the end of
+whatever its role now: a rank 0 that still writes queues behind its own write (to a store) as
+outside continue mode; when slot 0 rejoins while the old rank 0 still writes, the old rank 0
+finishes that write before the next save's collective (so the pointer never goes back), within
+``checkpoint_final_wait_s`` (then every rank stops, naming the store), and raises its error. A write that fails stops every rank at the next save (or the end of
 ``fit``) with the same :class:`CheckpointWriteError`, naming the file and the OS error: under
 continue mode, never a lost peer that the next writer would repeat.
 
