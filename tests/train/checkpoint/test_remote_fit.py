@@ -23,7 +23,7 @@ import s3fs
 import torch
 import yaml
 
-from rankwise.testing import free_port
+from rankwise.testing import free_port, run_distributed
 from rankwise.testing.s3server import S3_KEY, S3_SECRET, S3Server, start_server
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import (
@@ -391,3 +391,48 @@ def _save_twice_killed_mid_upload(url: str) -> None:
     manager.save({"w": torch.zeros(4)}, epoch=0, step=1)
     kill_at_checkpoint("mid-upload")
     manager.save(state, epoch=0, step=2)
+
+
+class _Step:
+    """A training state for the writer alone: its position and one tensor."""
+
+    epoch = 0
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def state_dict(self, *, sharded: bool = False) -> dict[str, Any]:
+        return {"w": torch.full((4,), float(self.step))}
+
+
+def _role_moves_between_saves(url: str) -> list[str]:
+    """Rank 0 writes step 1; the writing role moves to rank 1, which writes step 2."""
+    import rankwise.distributed as rd
+    from rankwise.train.checkpoint.writer import CheckpointWriter
+
+    rank, reported = rd.get_rank(), []
+    role = [rank == 0]
+    writer = CheckpointWriter(
+        RemoteCheckpointManager(Storage.for_url(url)),
+        writes=lambda: role[0],
+        background=True,
+        shared=True,
+        saved=lambda path: reported.append(str(path)),
+    )
+    writer.save(_Step(1))
+    role[0] = rank == 1  # a regroup made another rank rank 0
+    writer.save(_Step(2))  # rank 0 finishes its write first; rank 1 queues its own
+    writer.finish()
+    return reported
+
+
+@pytest.mark.slow  # two spawned ranks
+def test_writes_are_reported_on_every_rank_by_whoever_started_them(s3_bucket: str):
+    # Queued saves (continue mode too): the list of landed writes came from rank 0 alone, so
+    # after the writing role moved the new writer's checkpoints were never reported.
+    url = f"{s3_bucket}/moved"
+    env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    reported = run_distributed(_role_moves_between_saves, 2, args=(url,), env=env, timeout=120)
+    names = [f"{url}/ckpt-e000000-s000000001.pt", f"{url}/ckpt-e000000-s000000002.pt"]
+    assert reported == [names, names], reported
+    assert RemoteCheckpointManager(Storage.for_url(url)).latest() == names[1]
