@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankwise.train.audit import AuditReport, read_audit_files
+from rankwise.train.audit import AuditReport, commit_limits, read_audit_files
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -118,8 +118,9 @@ class Timeline:
     @property
     def checkpoints(self) -> dict[int, float]:
         """Step held -> when it was taken: as the next step began (its first micro-batch
-        anywhere), else when first reported durable. A background write is reported only at
-        the next save or the end of fit, and every rank reports each one."""
+        anywhere), else when recorded. Only a rank that wrote a checkpoint records it, once
+        its write landed (a background write is known at the next save, the end of fit, or
+        a drain on an exception or SIGTERM); a write that never landed is not listed."""
         taken: dict[int, float] = {}
         for lane in self.lanes:
             for step, when in lane.checkpoints:
@@ -131,11 +132,9 @@ class Timeline:
         return dict(sorted(taken.items()))
 
     def rolled_back(self, lane: Lane) -> set[int]:
-        """Steps of ``lane`` the next attempt went back past (trained again after it)."""
-        if lane.attempt + 1 >= len(self.attempts):
-            return set()
-        limit = self.attempts[lane.attempt + 1][1]
-        return {s for s in lane.steps if s > limit}
+        """Steps of ``lane`` a later attempt went back past (trained again after it)."""
+        limit = commit_limits([start for _, start, _ in self.attempts])[lane.attempt]
+        return set() if limit is None else {s for s in lane.steps if s > limit}
 
 
 def read_timeline(directory: str | os.PathLike[str]) -> Timeline:
@@ -232,8 +231,9 @@ def summary(
     num_samples: int | None = None,
     epochs: int | None = None,
 ) -> tuple[list[str], list[str]]:
-    """The lines ``rankwise audit`` prints, and the exactly-once violations (checked only with
-    ``num_samples``; empty: none)."""
+    """The lines ``rankwise audit`` prints, and the exactly-once violations (empty: none),
+    checked when the records say the data set's size (``data_size``) or ``num_samples`` is
+    given (it overrides the records' size; ``epochs`` their epochs)."""
     if not line.lanes:
         return ["no audit records (audit-*-rank*.jsonl) here"], []
     word = "slot" if line.by_slot else "rank"
@@ -263,9 +263,12 @@ def summary(
     for lane in line.lost:
         out.append(f"  {word} {lane.row} (pid {lane.pid}) lost after step {lane.last_step}")
     problems: list[str] = []
-    if num_samples is not None:
-        problems = report.violations(num_samples, epochs)
-        scope = f"{num_samples} samples" + (f" x {epochs} epochs" if epochs is not None else "")
+    size = num_samples if num_samples is not None else report.data_size
+    if size is not None:
+        problems = report.violations(size, epochs)
+        epochs = epochs if epochs is not None else report.epochs
+        held = f", {len(report.held_out)} held out" if report.held_out else ""
+        scope = f"{size} samples{held}" + (f" x {epochs} epochs" if epochs is not None else "")
         out.append("")
         if problems:
             out += [f"exactly once: VIOLATED ({scope})", *(f"  {p}" for p in problems)]

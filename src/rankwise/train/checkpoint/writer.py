@@ -14,6 +14,9 @@ one write.
 ``on_checkpoint_saved`` runs once a checkpoint is durable, on every rank: for a background
 save that is known at the next save (whose state dict is a collective the writing rank enters
 only after its previous write finished) or when ``fit`` drains the writer.
+``written(path)`` (the trainer's ``on_checkpoint_written``, what the audit records) runs only
+on a rank that wrote the checkpoint, once the write landed: also a write that a drain on an
+exception or on SIGTERM waited for, and never a write the store refused past its retries.
 
 ``async_checkpoints=False`` keeps the synchronous save: the writing rank writes, every rank
 learns the path and waits at a barrier.
@@ -105,7 +108,8 @@ class CheckpointWriter:
     function is asked at each save (rank 0 may change under ``--on-failure continue``);
     ``background``: write on the manager's background thread; ``shared``: one writer for
     all ranks (``save_on_master_only``), whose path the others learn. ``saved(path)`` is called
-    on every rank once a checkpoint is durable.
+    on every rank once a checkpoint is durable; ``written(path)`` only on a rank that wrote it,
+    once its write landed (a drain's too; maybe on the SIGTERM guard's helper thread).
     """
 
     def __init__(
@@ -116,11 +120,13 @@ class CheckpointWriter:
         background: bool,
         shared: bool,
         saved: Callable[[Location], None],
+        written: Callable[[Location], None] = lambda path: None,
     ) -> None:
         self.manager, self.background, self.shared = manager, background, shared
         self._writes = writes
         self.stats = SaveStats()
         self._saved = saved
+        self._written = written
         self._in_flight: Location | None = None  # a background save not yet known to be durable
         self._written_in: tuple[int, int] | None = None  # its (generation, writer's slot)
 
@@ -162,6 +168,7 @@ class CheckpointWriter:
         else:
             if self.writes:
                 path = self.manager.save(saved, epoch=state.epoch, step=state.step)
+                self._written(path)
             path = broadcast_path(path) if self.shared else path
             rd.barrier()  # no rank runs ahead of a checkpoint that may not exist yet
         self.stats.saves += 1
@@ -217,13 +224,16 @@ class CheckpointWriter:
         if not self.background or self.manager.pending() is None:  # whoever started a write
             return
         try:
-            self.manager.wait()
+            landed = self.manager.wait()
         except Exception as e:  # the fit is already failing: say so, do not mask its error
             warnings.warn(
                 f"the background checkpoint write failed as well: {type(e).__name__}: {e}",
                 CheckpointWarning,
                 stacklevel=2,
             )
+        else:
+            if landed is not None:
+                self._written(landed)
 
     def sigterm_duty(self) -> Duty:
         """On SIGTERM (:mod:`rankwise.train.sigterm`): the write in flight lands first, wanted
@@ -244,6 +254,8 @@ class CheckpointWriter:
                     file=sys.stderr,
                     flush=True,
                 )
+            else:
+                self._written(pending.result())
 
         return Duty(
             "the checkpoint write in flight", lambda: self.may_have_write_in_flight, await_write
@@ -258,7 +270,9 @@ class CheckpointWriter:
         if not pending.done():
             self.stats.waits += 1
         try:
-            self.manager.wait()  # re-raises the background write's error
+            landed = self.manager.wait()  # re-raises the background write's error
+            if landed is not None:
+                self._written(landed)
         except StorageError as e:
             if final:
                 return (
@@ -332,7 +346,10 @@ def _writer_now() -> tuple[int, int] | None:
 
 
 def writer_for(
-    manager: Manager | None, cfg: Any, saved: Callable[[Location], None]
+    manager: Manager | None,
+    cfg: Any,
+    saved: Callable[[Location], None],
+    written: Callable[[Location], None] = lambda path: None,
 ) -> CheckpointWriter | None:
     """The writer ``fit`` saves through under ``cfg`` (None without a checkpoint folder)."""
     if manager is None:
@@ -347,4 +364,5 @@ def writer_for(
         background=cfg.async_checkpoints,
         shared=manager.sharded or cfg.save_on_master_only,
         saved=saved,
+        written=written,
     )
