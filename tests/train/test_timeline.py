@@ -199,3 +199,32 @@ def test_plot_names_the_extra_when_matplotlib_is_missing(
     assert main(["audit", str(tmp_path), "--plot", str(tmp_path / "t.png")]) == 2
     assert 'pip install "rankwise[demo]"' in capsys.readouterr().err
     assert not (tmp_path / "t.png").exists()
+
+
+# -- the picture: no two labels overlap, at a few faults and at many -------------------------
+
+
+@pytest.mark.parametrize("faults", [3, 30])
+def test_no_two_labels_of_the_picture_overlap(tmp_path: Path, faults: int) -> None:
+    # Found on main: "regroup" under "rejoin", step and checkpoint numbers run together.
+    from matplotlib.text import Text
+
+    from helpers.audit_runs import random_plan, simulate
+    from rankwise.train.timeline import figure
+
+    simulate(random_plan(faults)).write(tmp_path)
+    line = read_timeline(tmp_path)
+    assert len(line.transitions) >= faults * 2 // 3  # the faults are in the picture
+    drawn = figure(line, title=f"{faults} faults")
+    renderer = drawn.canvas.get_renderer()  # type: ignore[attr-defined]
+    texts = [t for t in drawn.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    overlapping = [
+        (a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1 :]
+        if box.overlaps(other)
+    ]  # fmt: skip
+    assert overlapping == []
+    shown = {t.get_text() for t in texts}
+    assert any(text.startswith("regroup") for text in shown), shown  # labels kept, not all hidden
+    assert any(text.startswith("lost in step") for text in shown), shown
+    assert sum(text.isdigit() for text in shown) >= 10, shown  # step and checkpoint numbers
