@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -32,6 +33,7 @@ from rankwise.train import (
     load_optimizer_state_dict,
     optimizer_state_dict,
     rankwise_checkpoint,
+    read_audit,
     save_file,
     set_rng_state,
 )
@@ -272,6 +274,13 @@ def _audit_with_loader() -> BaseException:
         model, nn.MSELoss(), torch.optim.SGD(model.parameters()), callbacks=[AuditLog(_folder())]
     )
     return raised(trainer.fit, _loader(), config=_config())
+
+
+def _audit_without_size() -> BaseException:
+    folder = _folder()
+    head = {"start_step": 0, "rank": 0, "world_size": 1, "time": 0.0}  # an older header
+    (folder / "audit-001-rank0.jsonl").write_text(json.dumps(head) + "\n")
+    return raised(read_audit(folder).violations)
 
 
 class _Stop(Exception):
@@ -557,6 +566,7 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "trainer-strategy-changed": _strategy_changed,
     "optimizer-not-model-parameters": _foreign_optimizer,
     "audit-needs-sampler": _audit_with_loader,
+    "audit-needs-size": _audit_without_size,
     "wrapped-compression": lambda: _on_ranks("compression"),
     "wrapped-strategy-none": lambda: _on_ranks("strategy_none"),
     "wrapped-strategy-differs": lambda: _on_ranks("strategy_fsdp"),
