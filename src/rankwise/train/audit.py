@@ -125,7 +125,9 @@ class AuditLog:
         # One lost before the gradient was sent took the step with it: the survivors resume
         # before it, and read_audit rolls the record back.
         ids = [] if sample_ids is None else [int(i) for i in sample_ids]
-        pad = padding(getattr(trainer.train_source, "sampler", None), len(ids))
+        # the live sampler: under --on-failure continue a regroup re-splits the data into a
+        # new one (the state's), the trainer's train_source keeps the first
+        pad = padding(trainer.state.sampler, len(ids))
         self.record_batch(epoch, step + 1, ids, pad)
 
     def on_checkpoint_written(self, trainer: Any, path: Any) -> None:
