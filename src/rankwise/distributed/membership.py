@@ -365,7 +365,7 @@ class Membership:
         slots = range(self.cfg.world_size)
         deadline = time.monotonic() + self.timeout_s
         while True:
-            arrived = [s for s in slots if self._flag(f"gen/0/arrive/{s}")]
+            arrived = [s for s in slots if s == self.cfg.slot or self._flag(f"gen/0/arrive/{s}")]
             dead = [s for s in slots if s not in arrived and self._int(f"dead/{s}") is not None]
             if len(arrived) + len(dead) == self.cfg.world_size or time.monotonic() > deadline:
                 break
@@ -392,7 +392,9 @@ class Membership:
         seen: dict[int, tuple[int | None, float]] = {}
         deadline = time.monotonic() + self.timeout_s
         while True:
-            arrived = [s for s in old if self._flag(f"gen/{nxt}/arrive/{s}")]
+            arrived = [  # the leader itself is here, whatever a store client did to its mark
+                s for s in old if s == self.cfg.slot or self._flag(f"gen/{nxt}/arrive/{s}")
+            ]
             missing = [s for s in old if s not in arrived]
             now = time.monotonic()
             for s in missing:
