@@ -182,6 +182,8 @@ class Membership:
         self.signed = SignedStore(self.store, cfg.job_token, cfg.job_id)
         self._beats = SignedStore(self._connect(), cfg.job_token, cfg.job_id)  # its own line
         self._answered = ""  # the last challenge this joiner answered
+        self._ready = ""  # the ready mark of the group this joiner is entering now
+        self._published: tuple[int, str] | None = None  # the newest member list it wrote
         self._refused: set[tuple[int, int]] = set()  # (slot, incarnation) refused and said
         self._stop = threading.Event()
         threading.Thread(target=self._heartbeat, name="rankwise-heartbeat", daemon=True).start()
@@ -225,7 +227,8 @@ class Membership:
     def _joiner_dead(self, slot: int) -> bool:
         """Whether the launcher saw the incarnation of ``slot`` that asked to join exit."""
         dead, inc = self._int(f"dead/{slot}"), self._request(slot)
-        return dead is not None and dead >= (inc or 0)
+        # An unreadable request (a store client's garbage) says nothing: not dead.
+        return dead is not None and inc is not None and dead >= inc
 
     def _judge(self, slot: int) -> str:
         """``ready``, ``refused``, ``dead`` or ``asked`` (challenged, no answer yet)."""
@@ -379,6 +382,8 @@ class Membership:
         value = f"{','.join(map(str, members))};{','.join(map(str, joined))}"
         kept = self._call(self.signed.claim, f"gen/{gen}/members", value)
         self._call(self.signed.set, "current", str(gen))
+        if kept is not None:  # and again by the heartbeat, should a client delete it
+            self._published = (gen, kept)
         return joined if kept == value else []
 
     def _lead(self, nxt: int, expect_all: bool) -> None:
@@ -502,6 +507,12 @@ class Membership:
         admitted = self._int(f"admit/{slot}/{inc}")
         if admitted is not None:
             return admitted
+        if self._answered:  # let in by the generation after its challenge's, admit mark or not
+            after = int(self._answered.partition(":")[0]) + 1
+            listed = self._read(self.signed.get, f"gen/{after}/members")
+            entry = None if listed is None else _parse_members(listed)
+            if entry is not None and slot in entry[1]:
+                return after
         # The challenge is answered unchecked (a joiner given the wrong secret could not check
         # it, and should hear it was refused): an answer to a challenge a stranger set is good
         # for that challenge only, which no member ever set or accepts.
@@ -551,7 +562,8 @@ class Membership:
         self.history[gen] = members
         self._call(self.signed.set, f"member/{self.cfg.slot}", str(self.cfg.incarnation))
         if self.cfg.slot in self.joined:
-            self._call(self.signed.set, f"gen/{gen}/ready/{self.cfg.slot}", "1")
+            self._ready = f"gen/{gen}/ready/{self.cfg.slot}"  # and again by the heartbeat
+            self._call(self.signed.set, self._ready, "1")
         self._await_joiners(gen)
         prefix = dist.PrefixStore(f"gen/{gen}/pg", self.store)
         dist.init_process_group(
@@ -561,6 +573,7 @@ class Membership:
             world_size=self.world_size,
             timeout=timedelta(seconds=self.cfg.collective_timeout_s),
         )
+        self._ready = ""
 
     def _await_joiners(self, gen: int) -> None:
         """Before building generation ``gen``'s group, which waits for every member up to the
@@ -592,6 +605,10 @@ class Membership:
                 self._beats.set(key, str(count))
                 if not self.pending and self.generation >= 0:  # in case a client deleted it
                     self._beats.set(f"member/{self.cfg.slot}", str(self.cfg.incarnation))
+                if ready := self._ready:  # a joiner on its way into a group: the same
+                    self._beats.set(ready, "1")
+                if published := self._published:  # the newest list this one led: the same
+                    self._beats.set(f"gen/{published[0]}/members", published[1])
             except Exception:  # the store host is gone: the main thread finds out and says so
                 return
 
