@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import datetime
 import itertools
 import math
 import os
@@ -136,12 +137,12 @@ class Job:
 
 def launch(
     out: Path, *script_args: object, nproc: int = 3, launch_args: Sequence[str] = RESTARTS,
-    name: str = "launch",
+    name: str = "launch", env: Mapping[str, str] | None = None,
 ) -> Job:  # fmt: skip
     cmd = [sys.executable, "-m", "rankwise.cli", "launch", f"--nproc-per-node={nproc}"]
     cmd += ["--on-failure", "continue", *launch_args, str(WORKER), str(out)]
     cmd += ["--epochs", str(EPOCHS), "--step-delay", str(STEP_DELAY), *map(str, script_args)]
-    return Job(cmd, out, name, ENV)
+    return Job(cmd, out, name, {**ENV, **(env or {})})
 
 
 def wait_step(out: Path, step: int, job: Job) -> float:
@@ -452,12 +453,22 @@ def fill_method() -> str | None:
 
 
 def disk_full(out: Path, rng: random.Random, trial: int) -> Trial:
+    return _disk_full(out, rng, leave=0)
+
+
+def real_disk_full(out: Path, rng: random.Random, trial: int) -> Trial:
+    """The disk fills *during* a write: a part of a checkpoint is left free, so the write
+    starts and torch's own writer meets ENOSPC inside the file (its ``RuntimeError ...
+    unexpected pos`` over the OS error, issue 30), not the first open."""
+    return _disk_full(out, rng, leave=rng.randrange(2, 10) * 4096)
+
+
+def _disk_full(out: Path, rng: random.Random, leave: int) -> Trial:
     step, how = rng.randint(2, STEPS - EVERY), fill_method()  # saves still to come
     ckpt = out / "ckpt"
     ckpt.mkdir(parents=True)
-    t = Trial(
-        f"the checkpoint folder {'fills' if how == 'tmpfs' else 'turns'} {how} in step {step}"
-    )
+    what = f"fills (leaving {leave // 1024} kB, part of a checkpoint)" if leave else "fills"
+    t = Trial(f"the checkpoint folder {what if how == 'tmpfs' else 'turns'} {how} in step {step}")
     if how is None:
         check(t, "a way to fill a disk: neither root with mount nor a non-root user", False)
         return t
@@ -470,8 +481,11 @@ def disk_full(out: Path, rng: random.Random, trial: int) -> Trial:
         if how == "tmpfs":
             with contextlib.suppress(OSError), open(ckpt / "filler", "wb") as f:
                 while True:  # ENOSPC ends it: the disk is full
-                    f.write(b"\0" * 65536)
+                    f.write(b"\0" * 4096)
                     f.flush()
+            if leave:
+                filler = ckpt / "filler"
+                os.truncate(filler, max(0, filler.stat().st_size - leave))
         else:
             ckpt.chmod(0o555)
         code = job.wait()
@@ -544,6 +558,194 @@ def own_timeout_error(out: Path, rng: random.Random, trial: int) -> Trial:
         job.end()
 
 
+def early_exit_0(out: Path, rng: random.Random, trial: int) -> Trial:
+    exits, raises = rng.sample(range(2), 2)  # one slot leaves with exit 0, the other raises
+    k1 = rng.randint(2, STEPS_PER_EPOCH - 2)
+    joins = rng.randint(k1 + 1, STEPS_PER_EPOCH)
+    k2 = rng.randint(joins + 1, STEPS - 3)
+    t = Trial(
+        f"2 ranks: slot {exits} exits 0 in step {k1} (its restart joins in step {joins}); "
+        f"slot {raises} raises in step {k2}"
+    )
+    job = launch(
+        out, "--exit-zero", f"{exits}:{k1}", "--own-error", f"{raises}:{k2}",
+        "--await-joiner-step", joins, *CHECKPOINTS, nproc=2,
+        launch_args=["--max-restarts", "2"],
+    )  # fmt: skip
+    try:
+        gone = exit_time(job, out, exits)
+        code = job.wait()
+        restarted = out / f"setup-{exits}-1"
+        started = restarted.stat().st_mtime if restarted.exists() else NAN
+        # The launcher sees the exit within its 0.1 s poll and starts the restart at once:
+        # what is left is the restart's own start (the interpreter, torch's import).
+        t.seconds, t.bound = started - gone, EXIT_S + 20
+        err = job.stderr
+        early = f"slot {exits} exited with exit code 0 before training finished"
+        check(t, "the early exit 0 named and restarted", f"{early}" in err and "(1/2)" in err)
+        check(t, f"slot {raises}'s error restarted", re.search(
+            rf"slot {raises} exited with exit code 1; restarting it", err) is not None)  # fmt: skip
+        check(t, "exit 0 if and only if final.pt", (code == 0) == (out / "final.pt").exists())
+        check(t, "finished", code == 0)
+        check_final_checkpoint(t, out)
+        return finish(t, out, code, err, code == 0)
+    finally:
+        job.end()
+
+
+TAMPER_KEY = "sweep-checkpoint-key"
+
+
+def tampered_checkpoint(out: Path, rng: random.Random, trial: int) -> Trial:
+    from rankwise.testing import TAMPERS, tamper_checkpoint
+
+    how = list(TAMPERS)[trial % len(TAMPERS)] if trial < len(TAMPERS) else rng.choice(TAMPERS)
+    if how == "unlisted-file":  # a sharded folder's; the sweep's checkpoints are files
+        how = "payload-unlisted"
+    step = rng.randint(EVERY + 2, STEPS - 2)  # at least one checkpoint before the newest
+    t = Trial(f"SIGTERM in step {step}; the newest checkpoint tampered ({how}); relaunch")
+    env = {"RANKWISE_CHECKPOINT_KEY": TAMPER_KEY}
+    args = (*CHECKPOINTS, "--resume")
+    first = launch(out, *args, name="launch-1", env=env)
+    second: Job | None = None
+    marker = out / "payload-ran"
+    try:
+        if math.isnan(wait_step(out, step, first)):
+            check(t, f"the job reached step {step}", False)
+            return finish(t, out, first.wait(), first.stderr, False)
+        first.proc.send_signal(signal.SIGTERM)
+        first.wait(STOP_WAIT_S + 60)
+        newest = CheckpointManager(out / "ckpt").latest()
+        if newest is None:
+            check(t, "a checkpoint to tamper with", False)
+            return finish(t, out, None, first.stderr, False)
+        tampered = tamper_checkpoint(str(newest), how, marker=marker)
+        began = time.time()
+        second = launch(out, *args, name="launch-2", env=env)
+        code = second.wait()
+        first_step = min((row[3] for row in steps_log(out) if row[3] > began), default=NAN)
+        t.seconds, t.bound = first_step - began, RENDEZVOUS_S
+        err = second.stderr
+        check(t, "no code from the checkpoint ran", not marker.exists())
+        check(t, f"the tampered checkpoint refused, naming it ({Path(tampered).name})",
+              Path(tampered).name in err)  # fmt: skip
+        report = audit(out)
+        starts = [a.start_step for a in report.attempts] if report else []
+        held = int(newest.name.split("-s")[-1].split(".")[0])
+        check(t, f"the relaunch went on from an earlier checkpoint (attempts at {starts})",
+              bool(starts[1:]) and starts[-1] < held)  # fmt: skip
+        check(t, "the relaunch finished", code == 0)
+        t.outcome = "exit 143, relaunch " + stopped_with(code, err)
+        return finish(t, out, code, err, code == 0)
+    finally:
+        first.end()
+        if second is not None:
+            second.end()
+
+
+def _store_port_args(port: int) -> list[str]:
+    return ["--max-restarts", "1", "--master-port", str(port)]
+
+
+def replayed_proof(out: Path, rng: random.Random, trial: int) -> Trial:
+    from rankwise.testing.store_attacks import StoreRecorder, connect, protocol_keys, replay
+
+    slot, killed = rng.randrange(1, 3), rng.randint(2, 4)
+    joins = rng.randint(killed + 1, STEPS_PER_EPOCH - 1)
+    t = Trial(
+        f"slot {slot} SIGKILLed in step {killed}, its restart joins in step {joins} and is "
+        "SIGKILLed again (no restarts left); a store client replays what it recorded"
+    )
+    port = free_port()
+    recorder = StoreRecorder("127.0.0.1", port, protocol_keys(3, generations=8)).start()
+    job = launch(
+        out, "--kill-slot", slot, "--kill-step", killed, "--await-joiner-step", joins,
+        *CHECKPOINTS, launch_args=_store_port_args(port),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+        while rejoined(slot) not in job.stdout and job.poll() is None:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        restart = pids(out, slot)[1:]
+        if not restart or job.poll() is not None:
+            check(t, "the restart rejoined before the job ended", False)
+            return finish(t, out, job.wait(), job.stderr, False)
+        os.kill(restart[0], signal.SIGKILL)
+        while "continuing on 2 rank(s) (was 3)" not in job.stdout.split(rejoined(slot))[-1]:
+            if job.poll() is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        recorded = recorder.stop()
+        stranger = connect("127.0.0.1", port)
+        replayed = time.time()
+        replay(stranger, recorded, slot=slot, incarnation=1)
+        admitted = False
+        while job.poll() is None:
+            admitted = admitted or bool(stranger.check([f"admit/{slot}/1"]))
+            time.sleep(0.05)
+        code = job.wait()
+        others = [s for s in range(3) if s != slot]
+        t.seconds, t.bound = next_step_after(out, replayed, others), STALE_S
+        check(t, "the replayed proof never admitted", not admitted)
+        check(t, "recorded the first join", bool(recorded.get(f"proof/{slot}/1")))
+        check(t, "finished on 2 ranks", code == 0 and final_world(out) == 2)
+        check_final_checkpoint(t, out)
+        return finish(t, out, code, job.stderr, code == 0)
+    finally:
+        recorder.stop()
+        job.end()
+
+
+CHAOS_S = (
+    300.0  # the chaos test's bound on a job it disturbs (tests/launch/test_continue_launcher.py)
+)
+
+
+def store_chaos(out: Path, rng: random.Random, trial: int) -> Trial:
+    from rankwise.testing.store_attacks import StoreChaos, connect, protocol_keys
+
+    slot, killed = rng.randrange(3), rng.randint(2, 4)
+    joins = rng.randint(killed + 2, STEPS_PER_EPOCH)
+    port = free_port()
+    chaos = StoreChaos(
+        "127.0.0.1", port, protocol_keys(3, generations=8), slot=(slot + 1) % 3,
+        incarnation=99, seed=rng.randrange(1 << 30), interval_s=0.02,
+    )  # fmt: skip
+    t = Trial(
+        f"a store client writes garbage, replays and deletes every 20 ms; slot {slot} "
+        f"SIGKILLed in step {killed}, its restart joins in step {joins}"
+    )
+    began = time.time()
+    job = launch(
+        out, "--kill-slot", slot, "--kill-step", killed, "--await-joiner-step", joins,
+        *CHECKPOINTS, launch_args=_store_port_args(port),
+    )  # fmt: skip
+    try:
+        store = connect("127.0.0.1", port)
+        with contextlib.suppress(Exception):
+            store.wait(["member/0"], datetime.timedelta(seconds=120))
+        chaos.start()
+        code = job.wait(CHAOS_S + 60)
+        chaos.stop()
+        t.seconds, t.bound = job.ended - began, CHAOS_S
+        err = job.stderr
+        named = any(n in err for n in ("RegroupError", "RemovedError", "JoinerLostError",
+                                       "DistributedConnectionError"))  # fmt: skip
+        check(t, "the chaos client never admitted", not chaos.admitted)
+        check(t, "no value crashed a rank", "ValueError" not in err and "KeyError" not in err)
+        check(t, "finished, or stopped naming a rankwise error", code == 0 or named)
+        t.detail = f"{chaos.ops} store operations by the client"
+        if code == 0:
+            check_final_checkpoint(t, out)
+        t.outcome = "finished or a named error" if code == 0 or named else stopped_with(code, err)
+        return finish(t, out, code, err, code == 0)
+    finally:
+        chaos.stop()
+        job.end()
+
+
 CLASSES = [
     FaultClass("preemption", preemption, "exit 143, relaunch finished",
                "SIGTERM -> launcher exit <= the drain's bound (STOP_WAIT_S)"),
@@ -560,6 +762,17 @@ CLASSES = [
                "disk full -> every rank stopped <= 2 save intervals + the collective timeout"),
     FaultClass("own-timeout-error", own_timeout_error, "the slot failed and restarted; finished",
                "the rank's error -> the others' next step <= its process's exit and a regroup"),
+    FaultClass("real-disk-full", real_disk_full, "stopped: CheckpointWriteError, each rank once",
+               "disk full mid-write -> every rank stopped <= 2 save intervals + the collective "
+               "timeout"),
+    FaultClass("early-exit-0", early_exit_0, "finished",
+               "the early exit -> its restart's set-up <= a process's start and exit"),
+    FaultClass("tampered-checkpoint", tampered_checkpoint, "exit 143, relaunch finished",
+               "relaunch -> its first step <= the rendezvous timeout"),
+    FaultClass("replayed-proof", replayed_proof, "finished",
+               "the replay -> the members' next step <= RANKWISE_STALE_S"),
+    FaultClass("store-chaos", store_chaos, "finished or a named error",
+               "launch -> the job's end <= the chaos test's bound"),
 ]  # fmt: skip
 NAMES = [c.name for c in CLASSES]
 

@@ -123,9 +123,11 @@ def add_audit_parser(sub: Any) -> None:
             "callbacks=[AuditLog(DIR)]: a file audit-*-rank*.jsonl per rank and attempt)\n"
             "and print what happened: the attempts, the slots (ranks) and processes, the\n"
             "optimizer steps, the processes lost, the regroups, rejoins and restarts, the\n"
-            "checkpoints saved. With --samples it checks that every sample was trained\n"
-            "exactly once per epoch across all of that (exit 1 naming the ids missing or\n"
-            "repeated). With --plot it draws the run through its faults: a row per slot\n"
+            "checkpoints saved, and checks that every sample was trained exactly once per\n"
+            "epoch across all of that (exit 1 naming the ids missing or repeated): the\n"
+            "records say the data set's size, its validation hold-out, the sampler's\n"
+            "padding and the epochs; --samples/--epochs override them (records written\n"
+            "before they said so are checked only with --samples). With --plot it draws the run through its faults: a row per slot\n"
             "(rank), wall time across, a tick per optimizer step, the losses, regroups,\n"
             'rejoins and checkpoints marked (needs matplotlib: pip install "rankwise[demo]").'
         ),
@@ -134,18 +136,20 @@ def add_audit_parser(sub: Any) -> None:
             "  rankwise audit out/audit\n"
             "  rankwise audit out/audit --samples 192 --epochs 2\n"
             "  rankwise audit out/audit --samples 192 --epochs 2 --plot timeline.png\n\n"
-            "exit status: 0, 1 when --samples finds a violation, 2 when DIR holds no records."
+            "exit status: 0, 1 when the check finds a violation, 2 when DIR holds no records."
         ),
     )
     audit.add_argument("directory", metavar="DIR", help="the folder given to AuditLog(DIR)")
     audit.add_argument("--plot", metavar="PNG", default=None, help="draw the timeline there")
     audit.add_argument(
         "--samples", type=int, default=None, metavar="N",
-        help="the data set's size: check each of ids 0..N-1 was trained once per epoch",
+        help="the data set's size: check each of ids 0..N-1 (but the held-out ones) was "
+        "trained once per epoch (default: the size the records say)",
     )  # fmt: skip
     audit.add_argument(
         "--epochs", type=int, default=None, metavar="E",
-        help="with --samples: require E epochs (default: the epochs the records hold)",
+        help="require E epochs (default: the epochs the run was configured for, else the "
+        "epochs the records hold)",
     )  # fmt: skip
 
 
@@ -153,9 +157,6 @@ def run_audit(args: argparse.Namespace) -> int:
     from rankwise.train.audit import read_audit
     from rankwise.train.timeline import plot, read_timeline, summary
 
-    if args.epochs is not None and args.samples is None:
-        print("rankwise audit: --epochs needs --samples N (the data set's size)", file=sys.stderr)
-        return 2
     line = read_timeline(args.directory)
     if not line.lanes:
         print(
@@ -164,12 +165,20 @@ def run_audit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    lines, problems = summary(line, read_audit(args.directory), args.samples, args.epochs)
+    report = read_audit(args.directory)
+    if args.samples is None and report.data_size is None and args.epochs is not None:
+        print(
+            f"rankwise audit: --epochs needs --samples N: the records in {args.directory} do "
+            "not say the data set's size (written by an older rankwise)",
+            file=sys.stderr,
+        )
+        return 2
+    lines, problems = summary(line, report, args.samples, args.epochs)
     print(f"rankwise audit {args.directory}")
     print("\n".join(lines))
     if args.plot is not None:
         verdict = ""
-        if args.samples is not None:
+        if args.samples is not None or report.data_size is not None:
             verdict = " · exactly once: " + ("VIOLATED" if problems else "ok")
         kinds = [t.kind for t in line.transitions]
         title = (

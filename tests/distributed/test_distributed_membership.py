@@ -70,6 +70,7 @@ def test_member_config_reads_the_launchers_variables():
         ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is refused: a port is in 1..65535"),
         ({"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "0"}, "DISTRIBUTED_COLLECTIVE_TIMEOUT_MS=0 is "),
         ({"WORLD_SIZE": ""}, "WORLD_SIZE is not set, and RANKWISE_ON_FAILURE=continue needs it"),
+        ({"RANKWISE_JOB_ID": "not-hex"}, "RANKWISE_JOB_ID='not-hex' is refused: the job's id is"),
     ],
 )  # fmt: skip
 def test_member_config_refuses_bad_variables(variables: dict[str, str], message: str):

@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
+from rankwise.distributed.signing import SignedStore
 from rankwise.launch import JobStore, launch, parse_endpoint
 from rankwise.testing import child_env
 
@@ -94,10 +95,14 @@ def test_rankwise_store_serves_until_every_node_is_done(tmp_path):
     proc = subprocess.Popen(cmd, env=child_env(), stderr=subprocess.PIPE, text=True)
     try:
         client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
-        client.set("launch/done/0", "0")
+        launcher = SignedStore(client, "ab" * 16, "j")  # as a launcher writes (signed)
+        launcher.set("launch/done/0", "0")
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(timeout=1.5)  # node 1 is not done yet
-        client.set("launch/done/1", "0")
+        client.set("launch/done/1", "0")  # not a launcher's value: the store waits on
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.5)
+        launcher.set("launch/done/1", "0")
         assert proc.wait(timeout=60) == 0
         assert proc.stderr is not None
         err = proc.stderr.read()

@@ -1,5 +1,6 @@
 """``rankwise audit DIR``: the summary, the exactly-once verdict (exit 1 naming the ids) and
-the ``--plot`` timeline, on the records of a real 2-rank fit; the timeline's reading of a run
+the ``--plot`` timeline, on the records of a real 2-rank fit with a validation hold-out and
+the sampler's padding (the verdict needs no flags); the timeline's reading of a run
 through a loss and a rejoin (records as ``AuditLog`` writes them under ``--on-failure
 continue``), and of records from before they carried slots."""
 
@@ -22,12 +23,13 @@ from rankwise.train.timeline import plot, read_timeline, summary
 
 pytestmark = pytest.mark.timeout(120)
 
-SAMPLES, EPOCHS = 16, 2
+SAMPLES, HELD_OUT, EPOCHS = 20, 3, 2
 
 
 def fit_with_audit(folder: str) -> None:
-    """2 epochs of 16 samples, 2 x 4 per step (2 steps an epoch), background checkpoints at
-    each epoch's end: the step-2 save is reported durable only at the step-4 save."""
+    """2 epochs of 20 samples less a 15 % hold-out (17: rank 1's last micro-batch is the
+    sampler's padding), 2 x 4 per step (3 steps an epoch), background checkpoints at each
+    epoch's end: the step-3 save is known durable only at the step-6 save."""
     torch.manual_seed(0)
     net = torch.nn.Linear(4, 2)
     trainer = DistributedTrainer(
@@ -36,7 +38,7 @@ def fit_with_audit(folder: str) -> None:
     )  # fmt: skip
     cfg = DistributedTrainingConfig(
         epochs=EPOCHS, batch_size=4, verbose=False, checkpoint_dir=str(Path(folder) / "ckpt"),
-        checkpoint_every_n_epochs=1,
+        checkpoint_every_n_epochs=1, validation_split=0.15,
     )  # fmt: skip
     x = torch.randn(SAMPLES, 4, generator=torch.Generator().manual_seed(1))
     trainer.fit(x, torch.arange(SAMPLES) % 2, cfg)
@@ -55,22 +57,29 @@ def records(path: Path) -> list[dict[str, Any]]:
 
 def test_the_records_name_the_writer_and_each_checkpoints_own_step(run: Path) -> None:
     rank0 = records(next(run.glob("audit-*-rank0.jsonl")))
-    assert {"pid", "rank", "world_size", "start_step"} <= rank0[0].keys()
+    assert {"pid", "rank", "world_size", "start_step", "data_size", "epochs"} <= rank0[0].keys()
+    assert (rank0[0]["data_size"], len(rank0[0]["held_out"])) == (SAMPLES, HELD_OUT)
     saved = [r for r in rank0 if "checkpoint_step" in r]
-    assert [r["checkpoint_step"] for r in saved] == [2, 4]  # not 4, 4: the step they hold
-    assert saved[0]["path"] == "ckpt-e000001-s000000002.pt"
+    assert [r["checkpoint_step"] for r in saved] == [3, 6]  # not 6, 6: the step they hold
+    assert saved[0]["path"] == "ckpt-e000001-s000000003.pt"
+    # Found on main: rank 1 recorded the checkpoints too, though only rank 0 writes them (in
+    # an outage it listed saves that never landed).
+    rank1 = records(next(run.glob("audit-*-rank1.jsonl")))
+    assert [r for r in rank1 if "checkpoint_step" in r] == []
+    assert [r.get("pad", 0) for r in rank1 if "ids" in r] == [0, 0, 1] * EPOCHS
 
 
 def test_audit_plots_the_run_as_a_subprocess(run: Path, tmp_path: Path) -> None:
+    # Found on main: with no flags no verdict; with --samples the held-out ids were missing
+    # and the padding repeated.
     png = tmp_path / "timeline.png"
-    cmd = [sys.executable, "-m", "rankwise.cli", "audit", str(run), "--plot", str(png),
-           "--samples", str(SAMPLES), "--epochs", str(EPOCHS)]  # fmt: skip
+    cmd = [sys.executable, "-m", "rankwise.cli", "audit", str(run), "--plot", str(png)]
     result = run_isolated(cmd, env=child_env(), timeout=90)
     assert result.returncode == 0, result.stderr[-3000:]
     said = result.stdout
     assert "1 attempt(s), 2 ranks" in said, said
-    assert "checkpoints saved: 2 (steps 2, 4)" in said, said
-    assert "exactly once: ok (16 samples x 2 epochs" in said, said
+    assert "checkpoints saved: 2 (steps 3, 6)" in said, said
+    assert "exactly once: ok (20 samples, 3 held out x 2 epochs" in said, said
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert 10_000 < len(data) < 300_000, len(data)
@@ -87,17 +96,18 @@ def test_a_repeated_and_a_missing_sample_exit_1_naming_them(
     rank1.write_text("".join(json.dumps(r) + "\n" for r in lines if r is not dropped))
     rank0 = records(next(folder.glob("audit-*-rank0.jsonl")))
     again = next(r for r in rank0 if r.get("epoch") == 0)  # a later attempt trains it again
-    head = {**rank0[0], "start_step": 4, "time": rank0[-1]["time"] + 1}
+    head = {**rank0[0], "start_step": 6, "time": rank0[-1]["time"] + 1, "world_size": 1}
     later = folder / "audit-99999999999999999999-rank0.jsonl"
-    later.write_text(json.dumps(head) + "\n" + json.dumps({**again, "step": 5}) + "\n")
+    later.write_text(json.dumps(head) + "\n" + json.dumps({**again, "step": 7}) + "\n")
 
-    assert main(["audit", str(folder), "--samples", str(SAMPLES), "--epochs", "2"]) == 1
+    assert main(["audit", str(folder)]) == 1
     said = capsys.readouterr().out
     assert "exactly once: VIOLATED" in said, said
     assert f"epoch 0: {len(again['ids'])} ids repeated: [" in said, said
     assert all(f"({i}, 2)" in said for i in again["ids"]), said
     assert f"epoch 1: {len(dropped['ids'])} ids missing: {sorted(dropped['ids'])}" in said, said
-    assert main(["audit", str(folder)]) == 0  # no --samples: a summary, no verdict
+    assert main(["audit", str(folder), "--samples", str(SAMPLES), "--epochs", "2"]) == 1
+    assert capsys.readouterr().out.split("exactly once:")[1] == said.split("exactly once:")[1]
 
 
 def test_no_records_and_epochs_without_samples_exit_2(
@@ -105,8 +115,13 @@ def test_no_records_and_epochs_without_samples_exit_2(
 ) -> None:
     assert main(["audit", str(tmp_path)]) == 2
     assert "no audit records" in capsys.readouterr().err
+    continue_run(tmp_path)  # records of before the header said the data set's size
     assert main(["audit", str(tmp_path), "--epochs", "2"]) == 2
     assert "--epochs needs --samples" in capsys.readouterr().err
+    assert main(["audit", str(tmp_path)]) == 0  # a summary, no verdict
+    assert "exactly once" not in capsys.readouterr().out
+    assert main(["audit", str(tmp_path), "--samples", "36"]) == 0  # the old flags still work
+    assert "exactly once: ok (36 samples" in capsys.readouterr().out
 
 
 # -- a run through a loss and a rejoin, as AuditLog writes it under --on-failure continue -------
@@ -184,3 +199,32 @@ def test_plot_names_the_extra_when_matplotlib_is_missing(
     assert main(["audit", str(tmp_path), "--plot", str(tmp_path / "t.png")]) == 2
     assert 'pip install "rankwise[demo]"' in capsys.readouterr().err
     assert not (tmp_path / "t.png").exists()
+
+
+# -- the picture: no two labels overlap, at a few faults and at many -------------------------
+
+
+@pytest.mark.parametrize("faults", [3, 30])
+def test_no_two_labels_of_the_picture_overlap(tmp_path: Path, faults: int) -> None:
+    # Found on main: "regroup" under "rejoin", step and checkpoint numbers run together.
+    from matplotlib.text import Text
+
+    from helpers.audit_runs import random_plan, simulate
+    from rankwise.train.timeline import figure
+
+    simulate(random_plan(faults)).write(tmp_path)
+    line = read_timeline(tmp_path)
+    assert len(line.transitions) >= faults * 2 // 3  # the faults are in the picture
+    drawn = figure(line, title=f"{faults} faults")
+    renderer = drawn.canvas.get_renderer()  # type: ignore[attr-defined]
+    texts = [t for t in drawn.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    overlapping = [
+        (a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1 :]
+        if box.overlaps(other)
+    ]  # fmt: skip
+    assert overlapping == []
+    shown = {t.get_text() for t in texts}
+    assert any(text.startswith("regroup") for text in shown), shown  # labels kept, not all hidden
+    assert any(text.startswith("lost in step") for text in shown), shown
+    assert sum(text.isdigit() for text in shown) >= 10, shown  # step and checkpoint numbers

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import tempfile
 import threading
 import warnings
@@ -33,6 +34,7 @@ from rankwise.train import (
     load_optimizer_state_dict,
     optimizer_state_dict,
     rankwise_checkpoint,
+    read_audit,
     save_file,
     set_rng_state,
 )
@@ -376,6 +378,13 @@ def _audit_with_loader() -> BaseException:
     return raised(trainer.fit, _loader(), config=_config())
 
 
+def _audit_without_size() -> BaseException:
+    folder = _folder()
+    head = {"start_step": 0, "rank": 0, "world_size": 1, "time": 0.0}  # an older header
+    (folder / "audit-001-rank0.jsonl").write_text(json.dumps(head) + "\n")
+    return raised(read_audit(folder).violations)
+
+
 class _Stop(Exception):
     pass
 
@@ -684,6 +693,7 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "trainer-strategy-changed": _strategy_changed,
     "optimizer-not-model-parameters": _foreign_optimizer,
     "audit-needs-sampler": _audit_with_loader,
+    "audit-needs-size": _audit_without_size,
     "wrapped-compression": lambda: _on_ranks("compression"),
     "wrapped-strategy-none": lambda: _on_ranks("strategy_none"),
     "wrapped-strategy-differs": lambda: _on_ranks("strategy_fsdp"),

@@ -7,9 +7,9 @@ regroup writes generation ``g+1`` under its own keys and builds a fresh gloo gro
 ``PrefixStore("gen/<g+1>/pg", store)``, so nothing of the broken group is ever read again::
 
     current            -> g, the newest generation with a member list
-    gen/<g>/members    -> "0,2;2"      (slots, in new-rank order: slot 2 is rank 1 now; after
-                                        the ";", the slots generation g let in: they need the
-                                        state)
+    gen/<g>/members    -> "0,2;2;1"    (slots, in new-rank order: slot 2 is rank 1 now; then
+                                        the slots generation g let in, who need the state;
+                                        then the incarnation of each let in)
     gen/<g>/leader     -> "0"          (the first survivor to arrive; it writes members)
     gen/<g>/arrive/<s> -> "1"          (slot s is alive and wants into generation g)
     waiting            -> "2"          (restarted slots asking to come back; unsigned)
@@ -146,12 +146,16 @@ def _parse_proof(text: str) -> tuple[int, str, str] | None:
     return (*challenge, mac)
 
 
-def _parse_members(text: str) -> tuple[list[int], list[int]] | None:
-    members, semi, joined = text.partition(";")
-    got, let_in = parse_slots(members), parse_slots(joined)
+def _parse_members(text: str) -> tuple[list[int], list[int], dict[int, int]] | None:
+    """``"0,1,2;2;1"``: the members, the slots let in, and the incarnation of each let in."""
+    members, semi, rest = text.partition(";")
+    joined, _, incs = rest.partition(";")
+    got, let_in, restarts = parse_slots(members), parse_slots(joined), parse_slots(incs)
     if not semi or got is None or let_in is None or not set(let_in) <= set(got):
         return None
-    return got, let_in
+    if restarts is None or len(restarts) not in (0, len(let_in)):
+        return None
+    return got, let_in, dict(zip(let_in, restarts, strict=False))
 
 
 def _is_hex(text: str) -> bool:
@@ -174,6 +178,7 @@ class Membership:
         self.generation = -1
         self.members: list[int] = []
         self.joined: list[int] = []  # the slots the current generation let in
+        self._joined_incs: dict[int, int] = {}  # and the incarnation of each
         self.history: dict[int, list[int]] = {}  # generation -> members, those this one entered
         # A restarted slot runs alone until join(), and bumps no heartbeat meanwhile: hb/<slot>
         # is its lost predecessor's, which the survivors' leader must see stand still.
@@ -182,6 +187,8 @@ class Membership:
         self.signed = SignedStore(self.store, cfg.job_token, cfg.job_id)
         self._beats = SignedStore(self._connect(), cfg.job_token, cfg.job_id)  # its own line
         self._answered = ""  # the last challenge this joiner answered
+        self._ready = ""  # the ready mark of the group this joiner is entering now
+        self._published: tuple[int, str] | None = None  # the newest member list it wrote
         self._refused: set[tuple[int, int]] = set()  # (slot, incarnation) refused and said
         self._stop = threading.Event()
         threading.Thread(target=self._heartbeat, name="rankwise-heartbeat", daemon=True).start()
@@ -222,10 +229,13 @@ class Membership:
         """The incarnation of ``slot`` that asks to join (None: no readable request)."""
         return self._read(self.signed.plain, f"join/{slot}", parse_count, "not a restart count")
 
-    def _joiner_dead(self, slot: int) -> bool:
-        """Whether the launcher saw the incarnation of ``slot`` that asked to join exit."""
-        dead, inc = self._int(f"dead/{slot}"), self._request(slot)
-        return dead is not None and dead >= (inc or 0)
+    def _joiner_dead(self, slot: int, inc: int | None = None) -> bool:
+        """Whether the launcher saw the incarnation of ``slot`` that asked to join exit
+        (``inc``: the one let in; else the one the unsigned request names)."""
+        dead = self._int(f"dead/{slot}")
+        inc = self._request(slot) if inc is None else inc
+        # An unreadable request (a store client's garbage) says nothing: not dead.
+        return dead is not None and inc is not None and dead >= inc
 
     def _judge(self, slot: int) -> str:
         """``ready``, ``refused``, ``dead`` or ``asked`` (challenged, no answer yet)."""
@@ -365,20 +375,24 @@ class Membership:
         slots = range(self.cfg.world_size)
         deadline = time.monotonic() + self.timeout_s
         while True:
-            arrived = [s for s in slots if self._flag(f"gen/0/arrive/{s}")]
+            arrived = [s for s in slots if s == self.cfg.slot or self._flag(f"gen/0/arrive/{s}")]
             dead = [s for s in slots if s not in arrived and self._int(f"dead/{s}") is not None]
             if len(arrived) + len(dead) == self.cfg.world_size or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        self._publish(0, arrived, [])
+        self._publish(0, arrived, [], [])
 
-    def _publish(self, gen: int, members: list[int], joined: list[int]) -> list[int]:
+    def _publish(
+        self, gen: int, members: list[int], joined: list[int], incs: list[int]
+    ) -> list[int]:
         """Write generation ``gen``'s members (the first leader's list stays, should a second
         one have claimed the lead after a deleted claim) and the current generation; the
         slots let in where this list is the one that stays (else none)."""
-        value = f"{','.join(map(str, members))};{','.join(map(str, joined))}"
+        value = ";".join(",".join(map(str, part)) for part in (members, joined, incs))
         kept = self._call(self.signed.claim, f"gen/{gen}/members", value)
         self._call(self.signed.set, "current", str(gen))
+        if kept is not None:  # and again by the heartbeat, should a client delete it
+            self._published = (gen, kept)
         return joined if kept == value else []
 
     def _lead(self, nxt: int, expect_all: bool) -> None:
@@ -392,7 +406,9 @@ class Membership:
         seen: dict[int, tuple[int | None, float]] = {}
         deadline = time.monotonic() + self.timeout_s
         while True:
-            arrived = [s for s in old if self._flag(f"gen/{nxt}/arrive/{s}")]
+            arrived = [  # the leader itself is here, whatever a store client did to its mark
+                s for s in old if s == self.cfg.slot or self._flag(f"gen/{nxt}/arrive/{s}")
+            ]
             missing = [s for s in old if s not in arrived]
             now = time.monotonic()
             for s in missing:
@@ -410,7 +426,8 @@ class Membership:
         for s, inc in requests.items():
             self.signed.delete(f"proof/{s}/{inc}")
             self.signed.delete(f"challenge/{s}/{inc}")
-        admitted = self._publish(nxt, members, waiting)
+        incs = [requests[s] or 0 for s in waiting]  # every one let in was read: "ready"
+        admitted = self._publish(nxt, members, waiting, incs)
         for s in admitted:
             self._call(self.signed.set, f"admit/{s}/{requests[s]}", str(nxt))
         if expect_all:  # take them (and the dead) off the list
@@ -436,7 +453,7 @@ class Membership:
             if value is not None and parsed is None:
                 self.signed.ignore(key, f"not a member list: {value[:40]!r}")
             if parsed is not None:
-                self.joined = parsed[1]
+                self.joined, self._joined_incs = parsed[1], parsed[2]
                 return parsed[0]
             if time.monotonic() > deadline:
                 waited = f"none within {self.timeout_s:.0f} s"
@@ -500,6 +517,12 @@ class Membership:
         admitted = self._int(f"admit/{slot}/{inc}")
         if admitted is not None:
             return admitted
+        if self._answered:  # let in by the generation after its challenge's, admit mark or not
+            after = int(self._answered.partition(":")[0]) + 1
+            listed = self._read(self.signed.get, f"gen/{after}/members")
+            entry = None if listed is None else _parse_members(listed)
+            if entry is not None and slot in entry[1]:
+                return after
         # The challenge is answered unchecked (a joiner given the wrong secret could not check
         # it, and should hear it was refused): an answer to a challenge a stranger set is good
         # for that challenge only, which no member ever set or accepts.
@@ -549,7 +572,8 @@ class Membership:
         self.history[gen] = members
         self._call(self.signed.set, f"member/{self.cfg.slot}", str(self.cfg.incarnation))
         if self.cfg.slot in self.joined:
-            self._call(self.signed.set, f"gen/{gen}/ready/{self.cfg.slot}", "1")
+            self._ready = f"gen/{gen}/ready/{self.cfg.slot}"  # and again by the heartbeat
+            self._call(self.signed.set, self._ready, "1")
         self._await_joiners(gen)
         prefix = dist.PrefixStore(f"gen/{gen}/pg", self.store)
         dist.init_process_group(
@@ -559,6 +583,7 @@ class Membership:
             world_size=self.world_size,
             timeout=timedelta(seconds=self.cfg.collective_timeout_s),
         )
+        self._ready = ""
 
     def _await_joiners(self, gen: int) -> None:
         """Before building generation ``gen``'s group, which waits for every member up to the
@@ -572,7 +597,8 @@ class Membership:
                 beat = self._int(f"joinbeat/{s}")
                 if s not in seen or (beat is not None and seen[s][0] != beat):
                     seen[s] = (beat, now)
-                if self._joiner_dead(s) or now - seen[s][1] >= self.cfg.stale_s or now > deadline:
+                dead = self._joiner_dead(s, self._joined_incs.get(s))
+                if dead or now - seen[s][1] >= self.cfg.stale_s or now > deadline:
                     raise JoinerLostError(
                         f"slot {s}, let into generation {gen}, died or stalled before it "
                         f"reached the group (its heartbeat stood still for {self.cfg.stale_s:g} s, "
@@ -590,6 +616,10 @@ class Membership:
                 self._beats.set(key, str(count))
                 if not self.pending and self.generation >= 0:  # in case a client deleted it
                     self._beats.set(f"member/{self.cfg.slot}", str(self.cfg.incarnation))
+                if ready := self._ready:  # a joiner on its way into a group: the same
+                    self._beats.set(ready, "1")
+                if published := self._published:  # the newest list this one led: the same
+                    self._beats.set(f"gen/{published[0]}/members", published[1])
             except Exception:  # the store host is gone: the main thread finds out and says so
                 return
 

@@ -55,14 +55,16 @@ def protocol_keys(
     """Every key the membership protocol and the launchers use, for a job of ``world`` slots
     (generations ``0..generations-1``, incarnations ``0..incarnations-1``). Gloo's own
     rendezvous keys under ``gen/<g>/pg/`` are left out (see docs/continue.md, threat model)."""
-    keys = ["current", "waiting", "stopped", "auth/job", "launch/finished"]
+    keys = ["current", "waiting", "stopped", "auth/job", "launch/finished", "fit/finished"]
     for g in range(generations):
         keys += [f"gen/{g}/members", f"gen/{g}/leader"]
         keys += [f"gen/{g}/{what}/{s}" for s in range(world) for what in ("arrive", "ready")]
     for s in range(world):
         keys += [f"join/{s}", f"joinbeat/{s}", f"hb/{s}", f"member/{s}", f"dead/{s}"]
         for i in range(incarnations):
-            keys += [f"{what}/{s}/{i}" for what in ("challenge", "proof", "refused", "admit")]
+            keys += [
+                f"{what}/{s}/{i}" for what in ("challenge", "proof", "refused", "admit", "exit")
+            ]
     for n in range(nnodes):
         keys += [f"launch/done/{n}", f"launch/hb/{n}", f"launch/node/{n}"]
     return keys

@@ -41,7 +41,8 @@ class TensorPairs(Dataset[tuple[torch.Tensor, ...]]):
     """In-memory ``(inputs, targets)`` (targets optional) that hands out whole batches.
 
     ``origin`` maps row i to its index in the data the user passed (after a validation
-    split), so audit hooks report the user's sample ids.
+    split), so audit hooks report the user's sample ids; ``space`` is then the size of that
+    data (the ids are in ``[0, space)``).
     """
 
     def __init__(
@@ -49,6 +50,7 @@ class TensorPairs(Dataset[tuple[torch.Tensor, ...]]):
         inputs: torch.Tensor,
         targets: torch.Tensor | None,
         origin: np.ndarray | None = None,
+        space: int | None = None,
     ) -> None:
         if targets is not None and len(targets) != len(inputs):
             raise ValueError(
@@ -56,6 +58,7 @@ class TensorPairs(Dataset[tuple[torch.Tensor, ...]]):
                 f"len(y) = {len(targets)}; pass one target per input row."
             )
         self.inputs, self.targets, self.origin = inputs, targets, origin
+        self.space = len(inputs) if origin is None or space is None else space
 
     def __len__(self) -> int:
         return len(self.inputs)
@@ -79,7 +82,7 @@ class TensorPairs(Dataset[tuple[torch.Tensor, ...]]):
         index = torch.from_numpy(rows)
         origin = rows if self.origin is None else self.origin[rows]
         targets = None if self.targets is None else self.targets[index]
-        return TensorPairs(self.inputs[index], targets, origin)
+        return TensorPairs(self.inputs[index], targets, origin, space=self.space)
 
 
 def _take_pinned(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -444,6 +447,24 @@ class TrainBatches:
 
     def _ids(self, rows: torch.Tensor) -> torch.Tensor:
         return rows if self.origin is None else torch.from_numpy(self.origin[rows.numpy()])
+
+
+def id_space(source: Any) -> tuple[int, np.ndarray] | None:
+    """``(size, held out)`` of the ids a :class:`TrainBatches` reports: they are in
+    ``[0, size)``, and the ``held out`` ones (sorted: a validation split's, or those outside a
+    ``Subset``) are never trained. None for a user's loader (its ids are unknown)."""
+    sampler, origin = getattr(source, "sampler", None), getattr(source, "origin", None)
+    if not isinstance(source, TrainBatches) or sampler is None:
+        return None
+    if origin is None:
+        return len(sampler.dataset), np.zeros(0, dtype=np.int64)
+    data = source.dataset
+    if isinstance(data, TensorPairs):
+        size = data.space
+    else:  # a Subset: its ids index the data set under it
+        under: Any = getattr(data, "dataset", None)
+        size = len(under) if _has_len(under) else int(origin.max(initial=-1)) + 1
+    return size, np.setdiff1d(np.arange(size, dtype=np.int64), origin)
 
 
 def _origin(dataset: Any) -> np.ndarray | None:

@@ -37,12 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankwise.train.audit import AuditReport, read_audit_files
+from rankwise.train.audit import AuditReport, commit_limits, read_audit_files
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
-__all__ = ["Lane", "Timeline", "Transition", "plot", "read_timeline", "summary"]
+__all__ = ["Lane", "Timeline", "Transition", "figure", "plot", "read_timeline", "summary"]
 
 
 @dataclass
@@ -118,8 +119,9 @@ class Timeline:
     @property
     def checkpoints(self) -> dict[int, float]:
         """Step held -> when it was taken: as the next step began (its first micro-batch
-        anywhere), else when first reported durable. A background write is reported only at
-        the next save or the end of fit, and every rank reports each one."""
+        anywhere), else when recorded. Only a rank that wrote a checkpoint records it, once
+        its write landed (a background write is known at the next save, the end of fit, or
+        a drain on an exception or SIGTERM); a write that never landed is not listed."""
         taken: dict[int, float] = {}
         for lane in self.lanes:
             for step, when in lane.checkpoints:
@@ -131,11 +133,9 @@ class Timeline:
         return dict(sorted(taken.items()))
 
     def rolled_back(self, lane: Lane) -> set[int]:
-        """Steps of ``lane`` the next attempt went back past (trained again after it)."""
-        if lane.attempt + 1 >= len(self.attempts):
-            return set()
-        limit = self.attempts[lane.attempt + 1][1]
-        return {s for s in lane.steps if s > limit}
+        """Steps of ``lane`` a later attempt went back past (trained again after it)."""
+        limit = commit_limits([start for _, start, _ in self.attempts])[lane.attempt]
+        return set() if limit is None else {s for s in lane.steps if s > limit}
 
 
 def read_timeline(directory: str | os.PathLike[str]) -> Timeline:
@@ -199,7 +199,10 @@ def _transition(before: list[Lane], after: list[Lane], by_slot: bool) -> Transit
     if by_slot:
         # A slot back under a new pid joined too (it was lost and restarted in between).
         joined += sorted(r for r in set(new) & set(old) if new[r].pid != old[r].pid)
-    if lost:
+    if every_process_new and by_slot:  # a relaunch (maybe on fewer or more ranks)
+        kind = "restart"
+        lost, joined = [], []
+    elif lost:
         kind = "regroup"
     elif joined and not every_process_new:
         kind = "rejoin"
@@ -232,8 +235,9 @@ def summary(
     num_samples: int | None = None,
     epochs: int | None = None,
 ) -> tuple[list[str], list[str]]:
-    """The lines ``rankwise audit`` prints, and the exactly-once violations (checked only with
-    ``num_samples``; empty: none)."""
+    """The lines ``rankwise audit`` prints, and the exactly-once violations (empty: none),
+    checked when the records say the data set's size (``data_size``) or ``num_samples`` is
+    given (it overrides the records' size; ``epochs`` their epochs)."""
     if not line.lanes:
         return ["no audit records (audit-*-rank*.jsonl) here"], []
     word = "slot" if line.by_slot else "rank"
@@ -263,9 +267,12 @@ def summary(
     for lane in line.lost:
         out.append(f"  {word} {lane.row} (pid {lane.pid}) lost after step {lane.last_step}")
     problems: list[str] = []
-    if num_samples is not None:
-        problems = report.violations(num_samples, epochs)
-        scope = f"{num_samples} samples" + (f" x {epochs} epochs" if epochs is not None else "")
+    size = num_samples if num_samples is not None else report.data_size
+    if size is not None:
+        problems = report.violations(size, epochs)
+        epochs = epochs if epochs is not None else report.epochs
+        held = f", {len(report.held_out)} held out" if report.held_out else ""
+        scope = f"{size} samples{held}" + (f" x {epochs} epochs" if epochs is not None else "")
         out.append("")
         if problems:
             out += [f"exactly once: VIOLATED ({scope})", *(f"  {p}" for p in problems)]
@@ -287,56 +294,103 @@ _BETWEEN = "#555555"
 _BARS = ("#cfe2f3", "#fde0c5", "#d9f0d3", "#e7d4e8", "#fff2ae", "#d0d0d0")  # one per attempt
 
 
+_BEHIND = {"facecolor": "white", "edgecolor": "none", "alpha": 0.75, "pad": 0.5}  # a label's ground
+_LEVEL_PT = 22  # the height of a two-line transition label, in points
+_MAX_LEVELS = 4  # rows of transition labels at most (more faults: those that fit)
+
+
 def plot(line: Timeline, path: str | os.PathLike[str], title: str = "") -> Path:
-    """Draw ``line`` to a PNG: a row per slot (else rank), wall time across; a tick per
-    optimizer step, the losses, regroups, rejoins and checkpoints marked. Returns the path.
+    """Draw ``line`` to a PNG (:func:`figure`); returns the path.
 
     Needs matplotlib (``pip install "rankwise[demo]"``); uses its Agg canvas (no pyplot)."""
+    out = Path(path)
+    drawn = figure(line, title)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    drawn.savefig(out, format="png")
+    return out
+
+
+def figure(line: Timeline, title: str = "") -> Figure:
+    """The picture :func:`plot` saves: a row per slot (else rank), wall time across; a tick
+    per optimizer step, the losses, regroups, rejoins and checkpoints marked. No two labels
+    overlap: the transitions' labels take up to four rows above the run, the others move or
+    are left out where they would cover one already placed (the summary names them all)."""
     try:
-        from matplotlib.artist import Artist
-        from matplotlib.figure import Figure
-        from matplotlib.lines import Line2D
-        from matplotlib.patches import Patch
+        import matplotlib.figure  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError as exc:
         raise ImportError(
             'rankwise audit --plot needs matplotlib: pip install "rankwise[demo]" '
             "(or pip install matplotlib)."
         ) from exc
+    levels = min(len(line.transitions), _MAX_LEVELS)
+    drawn, used = _draw(line, title, levels)
+    if used < levels:  # fewer rows of labels were needed: no empty band
+        drawn, used = _draw(line, title, used)
+    assert isinstance(drawn.canvas, FigureCanvasAgg)
+    return drawn
+
+
+def _draw(line: Timeline, title: str, levels: int) -> tuple[Figure, int]:
+    """The figure with ``levels`` rows for the transitions' labels, its labels laid out; and
+    how many of those rows the labels took."""
+    from matplotlib.artist import Artist
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     rows = line.rows
-    figure = Figure(figsize=(10, 1.9 + 0.55 * len(rows)), dpi=90, layout="constrained")
-    axes = figure.subplots()
+    band = 0.1 + levels * _LEVEL_PT / 72  # inches for the transitions' labels
+    height = 1.9 + 0.55 * len(rows) + band
+    drawn = Figure(figsize=(10, height), dpi=90, layout="constrained")
+    FigureCanvasAgg(drawn)
+    if levels:
+        top, axes = drawn.subplots(
+            2, 1, sharex=True, height_ratios=[band, height - band - 1.2],
+            gridspec_kw={"hspace": 0},
+        )  # fmt: skip
+        top.set_axis_off()
+    else:
+        axes = drawn.subplots()
+        top = None
     y = {row: i for i, row in enumerate(rows)}
     t0 = line.t0
     for lane in line.lanes:
         _draw_lane(axes, lane, y[lane.row], t0, line.rolled_back(lane))
-    _draw_step_numbers(axes, line, y, t0)
+    steps = _draw_step_numbers(axes, line, y, t0)
     _draw_between(axes, line, y, t0)
+    saved = []
     for step, when in line.checkpoints.items():
         axes.plot(when - t0, -0.8, "D", color=_SAVED, markersize=7, zorder=4)
-        axes.annotate(
+        saved.append(axes.annotate(
             str(step), (when - t0, -0.8), xytext=(0, -7), textcoords="offset points",
             ha="center", va="top", color=_SAVED, fontsize=7,
-        )  # fmt: skip
+        ))  # fmt: skip
+    lost = []
     for lane in line.lost:
         axes.plot(lane.end - t0, y[lane.row], "X", color=_LOST, markersize=12, zorder=5)
-        axes.annotate(
+        lost.append(axes.annotate(
             f"lost in step {lane.last_step}", (lane.end - t0, y[lane.row]),
             xytext=(0, -11), textcoords="offset points", ha="center", va="top",
-            color=_LOST, fontsize=8, fontweight="bold",
-        )  # fmt: skip
+            color=_LOST, fontsize=8, fontweight="bold", bbox=_BEHIND,
+        ))  # fmt: skip
+    moved = []
     for t in line.transitions:
         color = {"regroup": _REGROUP, "rejoin": _REJOIN}.get(t.kind, _RESTART)
-        axes.axvline(t.time - t0, color=color, linestyle="--", linewidth=1.4, zorder=1)
-        axes.annotate(
-            t.label, (t.time - t0, 1.0), xycoords=("data", "axes fraction"),
-            xytext=(3, -2), textcoords="offset points", ha="left", va="top",
-            color=color, fontsize=8, fontweight="bold",
-        )  # fmt: skip
-    _draw_epochs(axes, line, t0)
+        for where in (axes, top) if top is not None else (axes,):
+            where.axvline(t.time - t0, color=color, linestyle="--", linewidth=1.4, zorder=1)
+        if top is not None:
+            moved.append(top.annotate(
+                t.label, (t.time - t0, 1.0), xycoords=("data", "axes fraction"),
+                xytext=(3, -2), textcoords="offset points", ha="left", va="top",
+                color=color, fontsize=8, fontweight="bold", bbox=_BEHIND,
+            ))  # fmt: skip
+    epochs = _draw_epochs(axes, line, t0)
     word = "slot" if line.by_slot else "rank"
     labels = ["checkpoints\n(after step)", *(_row_label(line, row, word) for row in rows)]
     axes.set_yticks([-0.8, *range(len(rows))], labels, fontsize=8)
-    axes.set_ylim(len(rows) - 0.45, -1.75)  # row 0 on top; above it the checkpoints, the labels
+    axes.set_ylim(len(rows) - 0.45, -1.45)  # row 0 on top; above it the checkpoints
     axes.set_xlim(left=-0.01 * (max(lane.end for lane in line.lanes) - t0))
     axes.set_xlabel("wall time since the first record (s)")
     axes.grid(axis="x", color="#eeeeee")
@@ -372,17 +426,70 @@ def plot(line: Timeline, path: str | os.PathLike[str], title: str = "") -> Path:
         )
         if shown.get(key, key in kinds)
     ]  # fmt: skip
-    handles += [
-        Patch(color=_BARS[i % len(_BARS)], label=f"attempt {i}: {world} ranks from step {start}")
-        for i, (_, start, world) in enumerate(line.attempts)
-    ]
-    figure.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=8, frameon=False)
+    handles += _attempt_patches(line, Patch)
+    drawn.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=8, frameon=False)
     if title:
-        axes.set_title(title, fontsize=10, loc="left")
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, format="png")
+        (top if top is not None else axes).set_title(title, fontsize=10, loc="left")
+    # Lay the labels out once the layout has placed the axes, then keep it where it is.
+    drawn.canvas.draw()
+    drawn.set_layout_engine("none")
+    used = _lay_out(drawn, [
+        (moved, [(3, -2 - k * _LEVEL_PT) for k in range(levels)]),
+        (lost, [(0, -11), (0, 9), (48, -11), (-48, -11)]),
+        (saved, [(0, -7)]),
+        (steps, [(0, 9)]),
+        (epochs, [(2, 2)]),
+    ])  # fmt: skip
+    return drawn, used
+
+
+def _attempt_patches(line: Timeline, patch: Any) -> list[Any]:
+    """The legend's attempt swatches: every attempt while few, else the first and the last
+    few (the summary lists them all)."""
+    listed = list(enumerate(line.attempts))
+    if len(listed) > 8:
+        listed = [*listed[:3], *listed[-3:]]
+    out = [
+        patch(color=_BARS[i % len(_BARS)], label=f"attempt {i}: {world} ranks from step {start}")
+        for i, (_, start, world) in listed
+    ]
+    if len(listed) < len(line.attempts):
+        out.insert(3, patch(color="white", label=f"... {len(line.attempts) - 6} more"))
     return out
+
+
+def _lay_out(drawn: Figure, groups: list[tuple[list[Any], list[tuple[float, float]]]]) -> int:
+    """Place each group's labels in turn (first groups first) at the first of their offsets
+    (points) where they cover no label placed before, else leave them out. Returns how many
+    of the first group's offsets (rows) were taken."""
+    renderer = drawn.canvas.get_renderer()  # type: ignore[attr-defined]
+    placed = [t.get_window_extent(renderer) for t in drawn.findobj(_is_fixed_text)]
+    used = 0
+    for g, (texts, offsets) in enumerate(groups):
+        for text in sorted(texts, key=lambda t: t.xy[0]):
+            for k, offset in enumerate(offsets):
+                text.xyann = offset
+                box = text.get_window_extent(renderer)
+                if not any(box.overlaps(other) for other in placed):
+                    placed.append(box)
+                    if g == 0:
+                        used = max(used, k + 1)
+                    break
+            else:
+                text.set_visible(False)
+    return used
+
+
+def _is_fixed_text(artist: Any) -> bool:
+    """Text the layout does not move: tick labels, axis labels, titles, the legend's."""
+    from matplotlib.text import Annotation, Text
+
+    return (
+        isinstance(artist, Text)
+        and not isinstance(artist, Annotation)
+        and artist.get_visible()
+        and bool(artist.get_text())
+    )
 
 
 def _draw_lane(axes: Axes, lane: Lane, y: int, t0: float, rolled_back: set[int]) -> None:
@@ -409,8 +516,10 @@ def _draw_between(axes: Axes, line: Timeline, y: dict[int, int], t0: float) -> N
             )  # fmt: skip
 
 
-def _draw_step_numbers(axes: Axes, line: Timeline, y: dict[int, int], t0: float) -> None:
-    """The step numbers under the top row of each attempt, as many as fit (about 16 px each)."""
+def _draw_step_numbers(axes: Axes, line: Timeline, y: dict[int, int], t0: float) -> list[Any]:
+    """The step numbers above the top row of each attempt, as many as fit (about 16 px each);
+    returns them."""
+    texts = []
     span = max(lane.end for lane in line.lanes) - t0 or 1.0
     px_per_s = 780 / span  # the axes are about 780 px wide
     for attempt in range(len(line.attempts)):
@@ -423,14 +532,17 @@ def _draw_step_numbers(axes: Axes, line: Timeline, y: dict[int, int], t0: float)
             if (when - last) * px_per_s < 16:
                 continue
             last = when
-            axes.annotate(
+            texts.append(axes.annotate(
                 str(step), (when - t0, y[top.row]), xytext=(0, 9), textcoords="offset points",
                 ha="center", va="bottom", color=_TICK, fontsize=7,
-            )  # fmt: skip
+            ))  # fmt: skip
+    return texts
 
 
-def _draw_epochs(axes: Axes, line: Timeline, t0: float) -> None:
-    """A faint line where each epoch after the first starts (its first micro-batch)."""
+def _draw_epochs(axes: Axes, line: Timeline, t0: float) -> list[Any]:
+    """A faint line where each epoch after the first starts (its first micro-batch), and its
+    label (returned)."""
+    texts = []
     starts: dict[int, float] = {}
     for lane in line.lanes:
         for step, epoch in lane.epochs.items():
@@ -439,10 +551,11 @@ def _draw_epochs(axes: Axes, line: Timeline, t0: float) -> None:
                 starts[epoch] = when
     for epoch, when in sorted(starts.items()):
         axes.axvline(when - t0, color="#999999", linestyle=":", linewidth=1, zorder=1)
-        axes.annotate(
+        texts.append(axes.annotate(
             f"epoch {epoch}", (when - t0, 0.0), xycoords=("data", "axes fraction"),
             xytext=(2, 2), textcoords="offset points", fontsize=7, color="#666666",
-        )  # fmt: skip
+        ))  # fmt: skip
+    return texts
 
 
 def _row_label(line: Timeline, row: int, word: str) -> str:
@@ -450,4 +563,6 @@ def _row_label(line: Timeline, row: int, word: str) -> str:
     unique = list(dict.fromkeys(pids))
     if not line.by_slot or not unique:
         return f"{word} {row}"
+    if len(unique) > 3:  # a slot restarted many times: its first and last process
+        return f"{word} {row}\npid {unique[0]} .. {unique[-1]} ({len(unique)})"
     return f"{word} {row}\npid {', '.join(map(str, unique))}"

@@ -87,7 +87,10 @@ class DistributedTrainer:
     - ``callbacks``: objects with any of ``on_fit_start(trainer)``, ``on_epoch_end(trainer,
       epoch, metrics)``, ``on_epoch_saved(trainer, epoch, metrics, path)`` (after the
       epoch's checkpoint, if it has one, is durable: ``path`` is None when it has none),
-      ``on_checkpoint_saved(trainer, path)``, ``on_fit_end(trainer, history)``,
+      ``on_checkpoint_saved(trainer, path)`` (every rank, once the checkpoint is durable),
+      ``on_checkpoint_written(trainer, path)`` (only a rank that wrote it, once its write
+      landed: also the write a drain on an exception or SIGTERM waited for, then maybe on
+      the SIGTERM guard's helper thread), ``on_fit_end(trainer, history)``,
       ``on_batch(trainer, epoch, step, sample_ids)``, ``before_backward`` (the same, after
       the forward: before this micro-batch's gradient reaches the other ranks).
 
@@ -236,6 +239,7 @@ class DistributedTrainer:
             manager,
             cfg,
             on_saved=on_saved,
+            on_written=functools.partial(self._call, "on_checkpoint_written", self),
             progress=self.progress,
             saved_at=state.step if resumed is not None else None,  # the end does not save it again
         )

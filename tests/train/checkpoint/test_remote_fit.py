@@ -101,14 +101,15 @@ def test_fit_saves_to_the_bucket_and_resumes_mid_epoch_bit_identical(s3_bucket: 
     _, trainer = _trainer([saved, _StopAt(step=8)])  # epoch 1, after the save at step 6
     with pytest.raises(KeyboardInterrupt):
         trainer.fit(x, y, _cfg(url))
-    # reported once known durable, in order (a save that finds the last write running does
-    # not wait for it: the report of step 4 may come only with a later save)
+    # reported only once known durable, in order (a save that finds the last write running
+    # does not wait for it: a report may come only with a later save, and a queued save a
+    # newer one replaced before it started is never written: on a slow store, none yet)
     reported = [f"{url}/ckpt-e000000-s000000002.pt", f"{url}/ckpt-e000000-s000000004.pt"]
-    assert saved.paths and saved.paths == reported[: len(saved.paths)], saved.paths
+    assert saved.paths == [p for p in reported if p in saved.paths], saved.paths
     # the save at step 6 was in flight when the fit stopped: drained, so it is in the bucket
     store = Storage.for_url(url)
     names = [n for n in store.names() if not n.endswith(".json")]
-    assert names == ["ckpt-e000001-s000000006.pt", "ckpt-e000000-s000000004.pt"][::-1]
+    assert "ckpt-e000001-s000000006.pt" in names and len(names) <= 2, names  # keep_last=2
     assert json.loads(store.read("ckpt-latest.json"))["step"] == 6
 
     model, trainer = _trainer()
@@ -195,7 +196,7 @@ def test_credentials_never_reach_yaml_checkpoints_or_the_start_check(
         "region_name": "us-east-1"
     }
     assert cfg.with_overrides(["epochs=1"]).checkpoint_storage_options == options  # kept
-    with pytest.raises(ValueError, match="redacted"):
+    with pytest.raises(ValueError, match=r"\[.key.\] is .\*\*\*."):
         DistributedTrainingConfig.from_yaml(tmp_path / "run.yaml")
     x, y = _data()
     _, trainer = _trainer()

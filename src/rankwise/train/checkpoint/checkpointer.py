@@ -38,7 +38,8 @@ class Checkpointer:
     ``manager``: the checkpoint folder or bucket, or None (no ``checkpoint_dir``: every call does
     nothing). ``cfg``: the fit's config (``checkpoint_every_n_steps``,
     ``checkpoint_every_n_epochs``, ``async_checkpoints``, ``save_on_master_only``).
-    ``on_saved(path)`` runs on every rank once a checkpoint is durable. ``progress`` names the
+    ``on_saved(path)`` runs on every rank once a checkpoint is durable; ``on_written(path)``
+    only on a rank that wrote it, once its write landed (a drain's too). ``progress`` names the
     save a late rank is stuck in. ``saved_at``: the step the run's newest checkpoint holds
     already (a resume's), which the end of ``fit`` then does not save again.
 
@@ -52,10 +53,11 @@ class Checkpointer:
         cfg: DistributedTrainingConfig,
         *,
         on_saved: Callable[[Location], None],
+        on_written: Callable[[Location], None] = lambda path: None,
         progress: rd.Progress | None = None,
         saved_at: int | None = None,
     ) -> None:
-        self.writer = writer_for(manager, cfg, on_saved)
+        self.writer = writer_for(manager, cfg, on_saved, on_written)
         self.every_n_steps: int = cfg.checkpoint_every_n_steps
         self.every_n_epochs: int = cfg.checkpoint_every_n_epochs
         self.progress = progress

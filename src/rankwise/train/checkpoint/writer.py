@@ -18,6 +18,9 @@ is at most one checkpoint interval plus one write.
 ``on_checkpoint_saved`` runs once a checkpoint is durable, on every rank: for a background
 save that is known at the next save (whose state dict is a collective the writing rank enters
 only after its previous write finished) or when ``fit`` drains the writer.
+``written(path)`` (the trainer's ``on_checkpoint_written``, what the audit records) runs only
+on a rank that wrote the checkpoint, once the write landed: also a write that a drain on an
+exception or on SIGTERM waited for, and never a write the store refused past its retries.
 
 ``async_checkpoints=False`` keeps the synchronous save: the writing rank writes, every rank
 learns the path and waits at a barrier.
@@ -145,7 +148,8 @@ class CheckpointWriter:
     function is asked at each save (rank 0 may change under ``--on-failure continue``);
     ``background``: write on the manager's background thread; ``shared``: one writer for
     all ranks (``save_on_master_only``), whose path the others learn. ``saved(path)`` is called
-    on every rank once a checkpoint is durable.
+    on every rank once a checkpoint is durable; ``written(path)`` only on a rank that wrote it,
+    once its write landed (a drain's too; maybe on the SIGTERM guard's helper thread).
     """
 
     def __init__(
@@ -157,12 +161,15 @@ class CheckpointWriter:
         shared: bool,
         saved: Callable[[Location], None],
         final_wait_s: float = 600.0,
+        written: Callable[[Location], None] = lambda path: None,
     ) -> None:
         self.manager, self.background, self.shared = manager, background, shared
         self._writes = writes
         self.stats = SaveStats()
         self._saved = saved
         self.final_wait_s = final_wait_s
+        self._written = written
+        self._recorded: set[str] = set()  # the writes ``written`` was told of (once each)
         self._in_flight: Location | None = None  # a background save not yet known to be durable
         self._written_in: tuple[int, int] | None = None  # its (generation, writer's slot)
         # queued saves (see _queues): this rank's writes not yet reported, oldest first
@@ -238,6 +245,8 @@ class CheckpointWriter:
                 except Exception as exc:  # whatever the writing library raised: every rank stops
                     where = self.manager.path_for(state.epoch, state.step)
                     error = _failed(where, exc)
+                else:
+                    self._record_written(path)
             self._agree(error)
             path = broadcast_path(path) if self.shared else path
             rd.barrier()  # no rank runs ahead of a checkpoint that may not exist yet
@@ -300,7 +309,7 @@ class CheckpointWriter:
             return
         pending = self.manager.pending()
         try:
-            self.manager.wait(self.final_wait_s)
+            landed = self.manager.wait(self.final_wait_s)
         except Exception as e:  # the fit is already failing: say so, do not mask its error
             late = isinstance(e, TimeoutError) and pending is not None and not pending.done()
             said = (
@@ -312,6 +321,9 @@ class CheckpointWriter:
             warnings.warn(
                 f"the background checkpoint write {said}", CheckpointWarning, stacklevel=2
             )
+        else:
+            if landed is not None:
+                self._record_written(landed)
 
     def sigterm_duty(self) -> Duty:
         """On SIGTERM (:mod:`rankwise.train.sigterm`): the write in flight (and the snapshot
@@ -342,6 +354,8 @@ class CheckpointWriter:
                     file=sys.stderr,
                     flush=True,
                 )
+            else:
+                self._record_written(pending.result())
 
         return Duty(
             "the checkpoint write in flight", lambda: self.may_have_write_in_flight, await_write
@@ -374,7 +388,7 @@ class CheckpointWriter:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 where = self._location_of(pending)
                 try:
-                    self.manager.wait(left, first=True)  # re-raises the write's error
+                    landed = self.manager.wait(left, first=True)  # re-raises the write's error
                 except StorageError as e:
                     if final:
                         return (
@@ -417,6 +431,9 @@ class CheckpointWriter:
                             "train again with resume='auto'."
                         )
                     return _failed(where, exc)
+                else:
+                    if landed is not None:
+                        self._record_written(landed)
             self._stalled = False  # every write ended: a later silence is a new outage
         finally:
             self.stats.waited_seconds += time.perf_counter() - started
@@ -467,6 +484,13 @@ class CheckpointWriter:
             member.stop(str(error))
         raise CheckpointWriteError(str(error))
 
+    def _record_written(self, path: Location) -> None:
+        """``written(path)`` on this rank, which wrote ``path`` and saw it land; once per
+        checkpoint, whichever wait saw it first (a drain, the SIGTERM duty, the next save)."""
+        if str(path) not in self._recorded:
+            self._recorded.add(str(path))
+            self._written(path)
+
     def _time_write(self, started: float, future: concurrent.futures.Future[Any]) -> None:
         done = self.stats.durable_after.append
 
@@ -494,6 +518,8 @@ class CheckpointWriter:
             if future.done() and not future.cancelled() and future.exception() is None:
                 landed.append(path)
         self._flights = [(path, future) for path, future in self._flights if not future.done()]
+        for path in landed:  # this rank's own writes (the others learn them just below)
+            self._record_written(path)
         if self.shared and rd.get_world_size() > 1 and rd.has_group():
             gathered = rd.all_gather_plain([str(p) for p in landed])
             landed = sorted({path for paths in gathered for path in paths})  # names sort by step
@@ -524,7 +550,10 @@ def _failed(where: Location, exc: BaseException) -> str:
 
 
 def writer_for(
-    manager: Manager | None, cfg: Any, saved: Callable[[Location], None]
+    manager: Manager | None,
+    cfg: Any,
+    saved: Callable[[Location], None],
+    written: Callable[[Location], None] = lambda path: None,
 ) -> CheckpointWriter | None:
     """The writer ``fit`` saves through under ``cfg`` (None without a checkpoint folder)."""
     if manager is None:
@@ -540,4 +569,5 @@ def writer_for(
         shared=manager.sharded or cfg.save_on_master_only,
         saved=saved,
         final_wait_s=cfg.checkpoint_final_wait_s,
+        written=written,
     )
