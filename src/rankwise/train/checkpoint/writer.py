@@ -347,15 +347,18 @@ class CheckpointWriter:
                     flush=True,
                 )
                 return
-            if pending.exception() is not None:
-                print(
-                    "rankwise: the background checkpoint write failed as well: "
-                    f"{pending.exception()}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            else:
-                self._record_written(pending.result())
+            for future in (pending, *queued):  # oldest first; a replaced one never ran
+                if future.cancelled():
+                    continue
+                if future.exception() is not None:
+                    print(
+                        "rankwise: the background checkpoint write failed as well: "
+                        f"{future.exception()}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                else:
+                    self._record_written(future.result())
 
         return Duty(
             "the checkpoint write in flight", lambda: self.may_have_write_in_flight, await_write
