@@ -78,6 +78,31 @@ exactly one fault of that class at a random step (or slot):
    still for ``RANKWISE_STALE_S``: then the launcher ends the exiting process), the launcher
    restarts it and it rejoins: the job finishes.
 
+The classes of issue 30 (trust, second round):
+
+8. real-disk-full: as disk-full, but the tmpfs is left with 8-36 kB free, part of one
+   checkpoint: the write starts and fails inside torch's own writer (its ``RuntimeError ...
+   unexpected pos`` over the OS error): still one ``CheckpointWriteError`` per rank, errno 28.
+9. early-exit-0: 2 ranks, ``--max-restarts 2``: one slot exits 0 mid-epoch (a script that
+   left early), the other raises later: both are restarted and named, the job finishes and
+   exits 0 only with its final model.
+10. tampered-checkpoint: a job with ``RANKWISE_CHECKPOINT_KEY`` set is SIGTERMed, its newest
+   checkpoint tampered (each of ``rankwise.testing.TAMPERS`` in turn: a pickle payload, a
+   rehash, a stripped or forged MAC, a step renamed ...), and relaunched: the tampered
+   checkpoint is refused naming it, the relaunch goes on from an earlier one, no code from
+   the checkpoint runs (the payload's marker file never appears).
+11. replayed-proof: a slot is SIGKILLed, its restart rejoins and is SIGKILLed again (no
+   restarts left); a store client that recorded the store meanwhile
+   (``rankwise.testing.store_attacks``) replays the dead and member marks, the join request,
+   challenge and proof and deletes the admit mark: never admitted, the job finishes on 2.
+12. frozen-store: 3 ranks save every step to their own SeaweedFS, which is SIGSTOPped for
+   3-8 s: no gap between two steps passes 2 s, the silence is said once, the newest
+   checkpoint holds the final weights.
+13. store-chaos: a store client writes garbage, replays values to other keys and deletes
+   keys across the protocol every 20 ms, and asks to join with made-up proofs, during a job
+   with a kill and a rejoin: never admitted, no value crashes a rank; the job finishes
+   exactly once or stops naming a rankwise error.
+
 Per class it reports the outcome (``finished``, or the error a job stopped with, read from
 its output), the time to that end against the class's bound, exactly-once violations
 (``read_audit``; for a job that stops, over what it committed: every epoch it went through,

@@ -746,6 +746,41 @@ def store_chaos(out: Path, rng: random.Random, trial: int) -> Trial:
         job.end()
 
 
+def frozen_store(out: Path, rng: random.Random, trial: int) -> Trial:
+    from rankwise.testing.frozen_store import frozen_store as run_frozen
+
+    step, freeze_s = rng.randint(2, STEPS - 6), round(rng.uniform(3.0, 8.0), 1)
+    t = Trial(f"the object store SIGSTOPped for {freeze_s} s in step {step} (a save every step)")
+    job = out / "job"
+    job.mkdir(parents=True, exist_ok=True)
+    run = run_frozen(
+        WORKER, out, freeze_when=lambda: any(row[2] >= step for row in steps_log(job)),
+        freeze_s=freeze_s, nproc=3,
+        script_args=[str(job), "--epochs", str(EPOCHS), "--step-delay", str(STEP_DELAY),
+                     "--checkpoint-every", "1", "--silent-s", "1"],
+        launch_args=["--on-failure", "continue", *RESTARTS], env=ENV, timeout=LAUNCH_TIMEOUT_S,
+    )  # fmt: skip
+    rows = sorted(steps_log(job))
+    gaps = [
+        b[3] - a[3] for a, b in itertools.pairwise(rows) if a[:2] == b[:2] and b[2] > a[2]
+    ]  # fmt: skip
+    t.seconds, t.bound = max(gaps, default=NAN), 2.0
+    during = [r for r in rows if run.frozen_at <= r[3] <= run.thawed_at]
+    t.detail = f"{len({r[2] for r in during})} steps trained while the store was frozen"
+    said = run.stderr.count(f"the checkpoint store {run.url} has not answered for")
+    check(t, f"the store's silence said once ({said})", said == 1)
+    check(t, "steps trained while it was frozen", bool(during))
+    final = job / "final.pt"
+    if run.latest is not None and final.exists():
+        params = torch.load(final)
+        model = run.latest[1]["model"]
+        check(t, "the newest checkpoint holds the final weights",
+              all(torch.equal(model[k], params[k]) for k in params))  # fmt: skip
+    else:
+        check(t, "a final model and a checkpoint", False)
+    return finish(t, job, run.returncode, run.stderr, run.returncode == 0)
+
+
 CLASSES = [
     FaultClass("preemption", preemption, "exit 143, relaunch finished",
                "SIGTERM -> launcher exit <= the drain's bound (STOP_WAIT_S)"),
@@ -771,6 +806,8 @@ CLASSES = [
                "relaunch -> its first step <= the rendezvous timeout"),
     FaultClass("replayed-proof", replayed_proof, "finished",
                "the replay -> the members' next step <= RANKWISE_STALE_S"),
+    FaultClass("frozen-store", frozen_store, "finished",
+               "the longest gap between two steps <= 2 s (never the store's silence)"),
     FaultClass("store-chaos", store_chaos, "finished or a named error",
                "launch -> the job's end <= the chaos test's bound"),
 ]  # fmt: skip
