@@ -24,8 +24,17 @@ _log = logging.getLogger(__name__)
 
 
 def drain() -> None:
-    """Collect garbage, then release the GIL for ``DRAIN_SECONDS`` so gloo's threads finish."""
+    """Release the GIL for ``DRAIN_SECONDS`` so gloo's threads finish, collect garbage, then
+    release it again.
+
+    The first wait matters: right after a collective returns, its run-loop thread may still be
+    about to drop its work object, which it does holding the group's work lock and which
+    needs the GIL (the work's tensors are Python's). A ``gc.collect()`` that destroys the
+    group (a DDP reducer's last reference) holds the GIL and waits for that lock: a deadlock
+    at exit (seen: a rank hung in ``~ProcessGroupGloo`` under ``gc_collect``, its run loop in
+    ``~AsyncAllgatherWork`` waiting for the GIL)."""
     _log.debug("giving the process group's threads %.0f ms to finish", DRAIN_SECONDS * 1e3)
+    time.sleep(DRAIN_SECONDS)
     gc.collect()
     time.sleep(DRAIN_SECONDS)
 
