@@ -287,7 +287,9 @@ def launch_continue(
          "--batch-size", "6", *worker_args]
         for node, host in enumerate(hosts)
     ]  # fmt: skip
-    background = [(a, ["store", "--port", str(STORE_PORT), "--nnodes", "2"])] if store else []
+    # rankwise store listens on loopback unless told: here on host 0's address, for host 1
+    serve = ["store", "--host", a.addr, "--port", str(STORE_PORT), "--nnodes", "2"]
+    background = [(a, serve)] if store else []
     return run_agents(hosts, out, cmds, background)
 
 

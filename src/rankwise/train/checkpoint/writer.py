@@ -395,7 +395,7 @@ class CheckpointWriter:
                 except StorageError as e:
                     if final:
                         return (
-                            f"fit's last checkpoint ({where}) could not be made durable: {e} "
+                            f"fit's last checkpoint ({self._in_flight or where}) could not be made durable: {e} "
                             "Training finished, but the checkpoint store holds only the "
                             "previous checkpoint: fix the store and train again with "
                             "resume='auto' (it goes on from there)."
