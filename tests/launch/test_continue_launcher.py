@@ -322,6 +322,9 @@ def test_store_chaos_never_admits_the_client_nor_breaks_the_job(tmp_path) -> Non
     assert "slot 1 (restart 99)" not in result.stdout  # never said to rejoin
     assert "ValueError" not in err and "KeyError" not in err, err[-4000:]
     assert "ignored the value of the store key" in err  # it did write garbage the job read
+    # Training that finished is a job that succeeded: a deleted finished mark (fit/finished)
+    # must not turn the end into restarts and a failure (found by the fault sweep).
+    assert (result.returncode == 0) == (tmp_path / "final.pt").exists(), err[-4000:]
     if result.returncode == 0:
         report = read_audit(tmp_path / "audit")
         assert report.violations(NUM_SAMPLES, 2) == []  # every sample once per epoch

@@ -30,7 +30,6 @@ from rankwise.distributed.config import (
 )
 from rankwise.distributed.drain import drain, gloo_threads_alive
 from rankwise.distributed.errors import DistributedConfigError, DistributedStateError
-from rankwise.distributed.finish import mark_finished
 from rankwise.distributed.membership import Membership
 from rankwise.distributed.rendezvous import lost_store, rendezvous, wait_until_all_joined
 
@@ -67,7 +66,7 @@ def mark_training_finished() -> None:
     ``DistributedTrainer.fit`` calls it when its last epoch is saved; a training loop of one's
     own calls it once its training is done. Nothing to do in any other mode."""
     if _membership is not None:
-        mark_finished(_membership.signed)
+        _membership.record_finished()
 
 
 def init(config: DistributedConfig | None = None) -> DistributedConfig:

@@ -81,6 +81,7 @@ import torch.distributed as dist
 
 from rankwise.distributed.config import MemberConfig
 from rankwise.distributed.errors import DistributedConnectionError, PeerLostError
+from rankwise.distributed.finish import mark_finished
 from rankwise.distributed.retire import retire_groups
 from rankwise.distributed.signing import SignedStore, parse_count, parse_slots
 
@@ -189,6 +190,7 @@ class Membership:
         self._answered = ""  # the last challenge this joiner answered
         self._ready = ""  # the ready mark of the group this joiner is entering now
         self._published: tuple[int, str] | None = None  # the newest member list it wrote
+        self._finished = False  # this rank's training finished (record_finished)
         self._refused: set[tuple[int, int]] = set()  # (slot, incarnation) refused and said
         self._stop = threading.Event()
         threading.Thread(target=self._heartbeat, name="rankwise-heartbeat", daemon=True).start()
@@ -357,6 +359,14 @@ class Membership:
         ``gc.collect()`` starves the heartbeat thread), so the leader never counts it gone."""
         key = f"gen/{self.generation + 1}/arrive/{self.cfg.slot}"
         self._call(self.signed.set, key, "1")
+
+    def record_finished(self) -> None:
+        """Record in the store that this rank's training finished (``fit/finished``, which the
+        launcher looks for before it counts an exit 0 as the job's end); the heartbeat writes
+        it again until the process ends, so that a store client deleting it cannot make the
+        launcher take a finished rank for one that left early."""
+        self._finished = True
+        self._call(mark_finished, self.signed)
 
     def close(self) -> None:
         self._stop.set()
@@ -620,6 +630,8 @@ class Membership:
                     self._beats.set(ready, "1")
                 if published := self._published:  # the newest list this one led: the same
                     self._beats.set(f"gen/{published[0]}/members", published[1])
+                if self._finished:  # training finished: the launcher's mark, kept until exit
+                    mark_finished(self._beats)
             except Exception:  # the store host is gone: the main thread finds out and says so
                 return
 

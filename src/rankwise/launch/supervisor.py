@@ -248,6 +248,9 @@ def _supervise(
         seen_gen = _watch_members(jobs, slots, seen_gen)
         if not ledger.finished and jobs.nnodes > 1 and jobs.finished():
             ledger.finish()  # another node's rank finished training
+        if not ledger.finished and jobs.call(is_finished, jobs.signed):
+            ledger.finish()  # a rank here finished training (seen while it runs: the mark's
+            jobs.set("launch/finished", "1")  # rank keeps it, a client may delete it later)
         running = 0
         for slot in slots:
             code = slot.proc.poll()

@@ -50,7 +50,6 @@ import torch
 import torch.distributed as dist
 
 import rankwise.distributed as rd
-from rankwise.distributed.finish import mark_finished
 from rankwise.distributed.membership import Membership, RegroupError
 from rankwise.distributed.signing import SignedStore
 from rankwise.parallel import unwrap_model
@@ -282,7 +281,7 @@ class Continuing:
         """The last epoch and its save are done: record it in the job's store, where the
         launcher looks when a process exits 0 (an exit 0 before any rank recorded it is a rank
         that left early, restarted like any lost one; docs/continue.md)."""
-        mark_finished(self.membership.signed)
+        self.membership.record_finished()
 
     def begin_epoch(self, source: Any) -> Any:
         """The epoch's batches: ``source`` (the trainer's), or this mode's re-split of it after
