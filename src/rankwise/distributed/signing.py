@@ -99,12 +99,9 @@ class SignedStore:
     def open(self, key: str, raw: bytes | None) -> str | None:
         """The value ``raw`` (as read from ``key``) holds, or None where it is absent or not
         signed with this job's secret (warned once per key)."""
-        if raw is None:
+        text = self._text(key, raw)
+        if text is None:
             return None
-        try:
-            text = raw.decode()
-        except UnicodeDecodeError:
-            return self.ignore(key, "it is not text")
         value, bar, mac = text.rpartition("|")
         if not bar or len(mac) != _MAC_HEX:
             return self.ignore(key, "it is not a signed value")
@@ -155,14 +152,17 @@ class SignedStore:
     def plain(self, key: str, parse: Callable[[str], T | None], what: str) -> T | None:
         """An *unsigned* key (a join request, which a process with the wrong secret writes
         too): its value parsed by ``parse``, or None where it is absent or does not parse."""
-        raw = self.raw(key)
+        text = self._text(key, self.raw(key))
+        return None if text is None else self._as(key, text, parse, what)
+
+    def _text(self, key: str, raw: bytes | None) -> str | None:
+        """``raw`` as text (None: absent, or not text, warned once per key)."""
         if raw is None:
             return None
         try:
-            text = raw.decode()
+            return raw.decode()
         except UnicodeDecodeError:
             return self.ignore(key, "it is not text")
-        return self._as(key, text, parse, what)
 
     def _as(
         self, key: str, value: str | None, parse: Callable[[str], T | None], what: str

@@ -84,15 +84,20 @@ def check_validation_split(value: Any) -> float:
     return float(value)
 
 
+def _positive_number(value: Any) -> bool:
+    """Whether ``value`` is a finite int or float > 0 (a bool is not a number here)."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
 def check_clip(value: Any) -> float | None:
     if value is None:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
+    if not _positive_number(value):
         fail(
             "grad_clip_norm",
             value,
@@ -108,12 +113,7 @@ def check_final_wait(value: Any) -> float:
     >>> check_final_wait(600)
     600.0
     """
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
+    if not _positive_number(value):
         fail(
             "checkpoint_final_wait_s",
             value,
