@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rankwise.launch.supervisor import Ledger
+from rankwise.launch.ledger import Ledger
 
 SIGKILL = -9
 

@@ -1,5 +1,9 @@
 """Process-group configuration: with :mod:`.environment`, the only code that reads variables.
 
+One concept, every variable rankwise reads and its check (so a new variable is checked in one
+place, and the launcher's up-front check covers it); past 600 lines with gloo's interface
+choice, which issue 31 moves apart with :class:`MemberConfig`.
+
 Who this process is (rank, world size, local rank, master) comes from
 :func:`rankwise.distributed.environment.detect`: torchrun, SLURM, MPI or plain ``RANK`` /
 ``WORLD_SIZE``. This module adds the CyxWiz guide's settings (``DISTRIBUTED_BACKEND``,

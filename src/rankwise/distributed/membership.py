@@ -1,5 +1,9 @@
 """Who is still there: regrouping the survivors of a lost rank without restarting them.
 
+One concept, the membership protocol on the job's store: generations, arrivals, and the
+admission of joiners (challenge and proof), which decide together who is in; past 600 lines
+since every value is signed and re-asserted against a store client (issue 30).
+
 Under ``rankwise launch --on-failure continue`` the launcher hosts one ``TCPStore`` for the
 whole job (so any rank may die and the store lives on) and gives every process a *slot* (its
 first rank). Membership moves in *generations*: generation 0 is the launched world; each

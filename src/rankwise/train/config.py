@@ -1,5 +1,9 @@
 """What a training run does: :class:`DistributedTrainingConfig`, with YAML in and out.
 
+Past 600 lines because the dataclass and the rules that guard its fields live together (the
+field checks, the storage and tracker option checks, YAML in and out); issue 31 splits the
+rule sets into a ``config/`` package beside the fields they guard.
+
 The CyxWiz guide builds the config with no arguments and sets fields one by one::
 
     config = DistributedTrainingConfig()
