@@ -26,6 +26,7 @@ import torch
 import yaml
 from torch import nn
 
+from helpers.states import state_after
 from rankwise.testing.tamper import DCP_ONLY, TAMPERS, tamper_checkpoint
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train import checkpoint as ck
@@ -126,15 +127,6 @@ class Place:
         return target
 
 
-def _trained(step: int, net: nn.Module, optimizer: torch.optim.Optimizer) -> TrainState:
-    net(torch.randn(4, 3)).sum().backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    state = TrainState(net, optimizer)
-    state.step = step
-    return state
-
-
 def _pristine(place: Place, key: str | None) -> tuple[str, torch.Tensor]:
     """Two checkpoints (steps 1 and 2) under ``place``; the weights of step 2."""
     at = f"{place.root}/pristine"
@@ -142,7 +134,7 @@ def _pristine(place: Place, key: str | None) -> tuple[str, torch.Tensor]:
     optimizer = torch.optim.Adam(net.parameters(), lr=0.1)
     manager = place.manager(at, key)
     for step in (1, 2):
-        state = _trained(step, net, optimizer)
+        state = state_after(net, optimizer, step)
         manager.save(state.state_dict(sharded=place.sharded), epoch=0, step=step)
     return at, net.weight.detach().clone()
 

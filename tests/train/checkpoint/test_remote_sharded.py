@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import rankwise.distributed as rd
+from helpers.states import state_after
 from helpers.trainer_stops import Stop, fit_starts, stop_in_step
 from rankwise.distributed.config import MemberConfig
 from rankwise.testing import RankFailedError, assert_exactly_once, run_distributed
@@ -253,15 +254,6 @@ def test_a_rank_s_failed_upload_fails_the_save_on_every_rank(
 # -- one process: a bucket's sharded folders without a group ---------------------------------
 
 
-def _state_after(net: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> TrainState:
-    net(torch.randn(4, 3)).sum().backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    state = TrainState(net, optimizer)
-    state.step = step
-    return state
-
-
 def test_sharded_saves_to_the_bucket_in_a_world_of_one(s3_bucket: str) -> None:
     url = f"{s3_bucket}/one"
     net = nn.Linear(3, 2)
@@ -271,12 +263,12 @@ def test_sharded_saves_to_the_bucket_in_a_world_of_one(s3_bucket: str) -> None:
         f"{url}/ckpt-e000000-s000000000.dcp"
     )
     for step in (1, 2, 3):
-        state = _state_after(net, optimizer, step)
+        state = state_after(net, optimizer, step)
         pending = manager.save_async(state.state_dict(sharded=True), epoch=0, step=step)
         expected = net.weight.detach().clone()  # as staged: the next step changes it in place
     assert manager.wait() == pending.result() == f"{url}/ckpt-e000000-s000000003.dcp"
     assert manager.checkpoints() == ["ckpt-e000000-s000000002.dcp", "ckpt-e000000-s000000003.dcp"]
-    _state_after(net, optimizer, 4)  # after the save: not in it
+    state_after(net, optimizer, 4)  # after the save: not in it
     again = nn.Linear(3, 2)
     other = torch.optim.Adam(again.parameters(), lr=0.5)
     found, loaded = manager.load_latest() or ("", {})
@@ -296,9 +288,7 @@ def test_a_torn_or_unfinished_folder_in_the_bucket_is_never_trusted(s3_bucket: s
     store = Storage.for_url(url)
     manager = RemoteCheckpointManager(store, keep_last=3, sharded=True)
     for step in (1, 2):
-        manager.save(
-            _state_after(net, optimizer, step).state_dict(sharded=True), epoch=0, step=step
-        )
+        manager.save(state_after(net, optimizer, step).state_dict(sharded=True), epoch=0, step=step)
     newest = store.child("ckpt-e000000-s000000002.dcp")
     shard = newest.read("__0_0.distcp")
     newest.put(shard[: len(shard) // 2], "__0_0.distcp")  # torn: a crash mid-upload
@@ -317,7 +307,7 @@ def test_a_torn_or_unfinished_folder_in_the_bucket_is_never_trusted(s3_bucket: s
     set_fault_hook(_raise_at("before-manifest"))
     try:
         with pytest.raises(OSError, match="killed at before-manifest"):
-            manager.save(_state_after(net, optimizer, 3).state_dict(sharded=True), epoch=0, step=3)
+            manager.save(state_after(net, optimizer, 3).state_dict(sharded=True), epoch=0, step=3)
     finally:
         set_fault_hook(None)
     unfinished = "ckpt-e000000-s000000003.dcp"
@@ -329,7 +319,7 @@ def test_a_torn_or_unfinished_folder_in_the_bucket_is_never_trusted(s3_bucket: s
         assert manager.latest() == f"{url}/ckpt-e000000-s000000001.dcp"
     with pytest.raises(CheckpointError, match=f"{url}/{unfinished} has no manifest"):
         ck.read_checkpoint(f"{url}/{unfinished}")
-    manager.save(_state_after(net, optimizer, 4).state_dict(sharded=True), epoch=0, step=4)
+    manager.save(state_after(net, optimizer, 4).state_dict(sharded=True), epoch=0, step=4)
     assert unfinished not in manager.checkpoints()
     assert manager.latest() == f"{url}/ckpt-e000000-s000000004.dcp"
 
