@@ -96,6 +96,7 @@ __all__ = [
     "RemovedError",
     "check_min_nproc",
     "mark_dead",
+    "parse_members",
 ]
 
 
@@ -151,7 +152,7 @@ def _parse_proof(text: str) -> tuple[int, str, str] | None:
     return (*challenge, mac)
 
 
-def _parse_members(text: str) -> tuple[list[int], list[int], dict[int, int]] | None:
+def parse_members(text: str) -> tuple[list[int], list[int], dict[int, int]] | None:
     """``"0,1,2;2;1"``: the members, the slots let in, and the incarnation of each let in."""
     members, semi, rest = text.partition(";")
     joined, _, incs = rest.partition(";")
@@ -463,7 +464,7 @@ class Membership:
         deadline = time.monotonic() + self.timeout_s
         while True:
             value = self._read(self.signed.get, key)
-            parsed = None if value is None else _parse_members(value)
+            parsed = None if value is None else parse_members(value)
             if value is not None and parsed is None:
                 self.signed.ignore(key, f"not a member list: {value[:40]!r}")
             if parsed is not None:
@@ -534,7 +535,7 @@ class Membership:
         if self._answered:  # let in by the generation after its challenge's, admit mark or not
             after = int(self._answered.partition(":")[0]) + 1
             listed = self._read(self.signed.get, f"gen/{after}/members")
-            entry = None if listed is None else _parse_members(listed)
+            entry = None if listed is None else parse_members(listed)
             if entry is not None and slot in entry[1]:
                 return after
         # The challenge is answered unchecked (a joiner given the wrong secret could not check
@@ -576,7 +577,7 @@ class Membership:
         if gen is None:
             return None
         value = self._read(self.signed.get, f"gen/{gen}/members")
-        parsed = None if value is None else _parse_members(value)
+        parsed = None if value is None else parse_members(value)
         members = parsed[0] if parsed else []
         return gen if members and all(self._marked_dead(s) for s in members) else None
 

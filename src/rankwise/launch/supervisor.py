@@ -47,8 +47,7 @@ from typing import Any
 
 from rankwise.distributed.environment import LAUNCHED_VAR
 from rankwise.distributed.finish import is_finished
-from rankwise.distributed.membership import mark_dead
-from rankwise.distributed.signing import parse_slots
+from rankwise.distributed.membership import mark_dead, parse_members
 from rankwise.launch.jobstore import CONNECT_S, DuplicateNodeError, JobStore, parse_endpoint
 from rankwise.launch.ledger import Ledger
 from rankwise.launch.ledger import describe_exit as _describe
@@ -63,9 +62,20 @@ class _Slot:
     index: int
     proc: subprocess.Popen[bytes]
     incarnation: int = 0
-    member_seen: bool = True  # in a generation since this start (a first start: generation 0)
+    # The incarnation of this slot in the newest generation the launcher read (None: not a
+    # member); a first start counts as generation 0's until its list says otherwise.
+    member_inc: int | None = 0
     exit_codes: list[int] = field(default_factory=list)
     ended: bool = False  # the launcher ended this start (SIGKILL) itself
+
+    def restarted(self, proc: subprocess.Popen[bytes], incarnation: int) -> None:
+        """The slot's next start: which generation it is in is read from the lists to come."""
+        self.proc, self.incarnation, self.ended = proc, incarnation, False
+
+    @property
+    def member_seen(self) -> bool:
+        """Whether this start (not an earlier incarnation of the slot) is in a generation."""
+        return self.member_inc == self.incarnation
 
 
 def check_continue_args(args: argparse.Namespace) -> None:
@@ -277,10 +287,8 @@ def _supervise(
             if verdict.message:
                 _say(verdict.message + _others(slots, slot))
             if verdict.action == "restart":
-                slot.incarnation = ledger.incarnations[slot.index]
-                slot.proc = spawn(slot.index, slot.incarnation)
-                slot.member_seen = False
-                slot.ended = False
+                incarnation = ledger.incarnations[slot.index]
+                slot.restarted(spawn(slot.index, incarnation), incarnation)
                 running += 1
         if running == 0:
             break
@@ -481,26 +489,42 @@ def _recorded(slot: _Slot) -> bool:
 def _watch_members(jobs: JobStore, slots: list[_Slot], seen: int) -> int:
     """End every running process of this node a new generation left out (frozen or stalled).
 
-    Only a newer generation than the last one seen, whose member list the leader signed: a
-    stranger's or a replayed value is ignored (warned once per key), never a cause to kill."""
+    Every generation after ``seen`` is read in order, so that membership is known by
+    incarnation: a restart let into generation g and lost before the launcher read g, then
+    restarted again, is not mistaken for the new process (which the next generation, built
+    without the lost one, would then have had killed). Only lists the job's own leader
+    signed count: a stranger's or a replayed value is ignored (warned once per key), never a
+    cause to kill. The newest generation, the one seen last."""
     gen = jobs.get_int("current")
     if gen is None or gen <= seen:
         return seen
-    value = jobs.get(f"gen/{gen}/members")
-    listed = parse_slots(value.partition(";")[0]) if value is not None else None
-    if listed is None:  # not written yet (or not a list: never from the job's own leader)
-        return seen
-    members = set(listed)
-    for slot in slots:
-        if slot.index in members:
-            slot.member_seen = True
-        elif slot.member_seen and slot.proc.poll() is None:
-            _say(f"slot {slot.index} was left out of generation {gen} (frozen or stalled); "
-                 "ending it")  # fmt: skip
-            _kill(slot.proc)
-            slot.ended = True
-            slot.member_seen = False
+    for g in range(seen + 1, gen + 1):
+        value = jobs.get(f"gen/{g}/members")
+        listed = None if value is None else parse_members(value)
+        if listed is None:  # not written yet, or not a list: never from the job's own leader
+            if g == gen:
+                return g - 1  # the newest: read again at the next look
+            continue  # an older one a store client deleted: the newer lists say who is in
+        _note_generation(g, *listed, slots)
     return gen
+
+
+def _note_generation(
+    gen: int, members: list[int], joined: list[int], incs: dict[int, int], slots: list[_Slot]
+) -> None:
+    for slot in slots:
+        if slot.index in joined:
+            slot.member_inc = incs.get(slot.index, slot.incarnation)
+        elif slot.index in members:
+            if slot.member_inc is None:  # the list that let it in was deleted: this start
+                slot.member_inc = slot.incarnation
+        else:
+            if slot.member_seen and slot.proc.poll() is None:
+                _say(f"slot {slot.index} was left out of generation {gen} (frozen or stalled); "
+                     "ending it")  # fmt: skip
+                _kill(slot.proc)
+                slot.ended = True
+            slot.member_inc = None
 
 
 def _end_joiners(slots: list[_Slot], seen_first: bool) -> None:

@@ -153,6 +153,10 @@ def lost_slots(store: SignedStore, old: list[int], members: list[int]) -> str:
     >>> store.set("member/2", "0"); store.set("exit/2/0", "signal SIGKILL")
     >>> lost_slots(store, [0, 1, 2], [0]), lost_slots(store, [0, 1], [0, 1])
     ('slot 1 (rank 1) stopped answering (no exit seen: frozen, stalled or on a lost node), slot 2 (rank 2) ended with signal SIGKILL', 'none left (every member regrouped)')
+    >>> store.set("exit/2/1", "signal SIGTERM"); store.set("dead/2", "1")  # its restart, lost
+    >>> lost_slots(store, [0, 2], [0])
+    'slot 2 (rank 1) ended with signal SIGTERM'
+
     """
     said = []
     for rank, slot in enumerate(old):
@@ -160,8 +164,11 @@ def lost_slots(store: SignedStore, old: list[int], members: list[int]) -> str:
             continue
         ended = None
         with contextlib.suppress(Exception):  # a lost store: what is known is said
+            # The newest start the launcher saw end, where it is the member's or a later one
+            # (a restart let in and lost on its way, before it wrote member/<slot>).
             inc = store.get_int(f"member/{slot}") or 0
-            ended = store.get(f"exit/{slot}/{inc}")
+            dead = store.get_int(f"dead/{slot}")
+            ended = store.get(f"exit/{slot}/{max(inc, dead if dead is not None else inc)}")
         how = (
             f"ended with {ended}"
             if ended
