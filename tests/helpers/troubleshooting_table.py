@@ -13,18 +13,43 @@ from helpers.paths import DOCS
 TABLE = DOCS / "troubleshooting.md"
 
 
+# The header of every table of rows; the page's other tables (``| you see | cause | fix |``:
+# lines rankwise prints that are not exceptions) have none and are not rows.
+HEADER = ["id", "you see", "cause", "fix"]
+# ``| `id` | `ErrorType`: `` message `` | cause | fix |``
+_SEEN = re.compile(r"`(\w+)`: `` (.*) ``", re.DOTALL)
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+
+
 def rows() -> dict[str, tuple[str, str]]:
-    """``id -> (error type, message)`` from the table's rows."""
+    """``id -> (error type, message)`` from the page's tables of rows.
+
+    A table of rows starts at a ``| id | you see | cause | fix |`` header; every line of it
+    after the separator must be a row in the documented form (a malformed one fails here, it
+    is not skipped), and the page must hold rows at all."""
     found: dict[str, tuple[str, str]] = {}
+    in_table = False
     for line in TABLE.read_text().splitlines():
-        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-        if len(cells) < 5 or not cells[0].startswith("`"):
-            continue  # not a table row, or the header or separator
-        # | id | where | you did | error | message | fix | also tested in |
-        row_id, error, message = cells[0].strip("`"), cells[3].strip("`"), cells[4]
-        assert message.startswith("`` ") and message.endswith(" ``"), line
+        if not line.startswith("|"):
+            in_table = False
+            continue
+        cells = _cells(line)
+        if cells == HEADER:
+            in_table = True
+            continue
+        if not in_table or set("".join(cells)) <= set("-: "):
+            continue  # another table's line, or the separator
+        assert len(cells) == len(HEADER), f"a row needs {len(HEADER)} cells: {line}"
+        row_id, seen = cells[0], _SEEN.fullmatch(cells[1])
+        assert re.fullmatch(r"`[a-z0-9-]+`", row_id), f"a row's id is `lower-case-words`: {line}"
+        assert seen is not None, f"a row's 'you see' is `ErrorType`: `` message ``: {line}"
+        row_id = row_id.strip("`")
         assert row_id not in found, f"duplicate row id {row_id}"
-        found[row_id] = (error, message[3:-3])
+        found[row_id] = (seen.group(1), seen.group(2))
+    assert len(found) >= 300, f"only {len(found)} rows read from {TABLE}: is the format changed?"
     return found
 
 

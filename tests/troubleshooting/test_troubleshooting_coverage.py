@@ -22,10 +22,10 @@ import re
 from dataclasses import dataclass
 
 from helpers.paths import REPO
+from helpers.troubleshooting_table import rows
 
 ROOT = REPO
 SRC = ROOT / "src" / "rankwise"
-TABLE = ROOT / "docs" / "troubleshooting.md"
 
 # A template with less literal text than this says too little to match a row by (e.g. "{}").
 MIN_LITERAL = 12
@@ -281,13 +281,8 @@ def sites() -> list[Site]:
 
 
 def row_messages() -> dict[str, str]:
-    """``id -> message`` of the table's rows (as tests/troubleshooting/test_troubleshooting.py reads them)."""
-    rows = {}
-    for line in TABLE.read_text().splitlines():
-        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-        if len(cells) >= 5 and cells[0].startswith("`") and cells[4].startswith("`` "):
-            rows[cells[0].strip("`")] = cells[4][3:-3]
-    return rows
+    """``id -> message`` of the page's rows (read as tests/troubleshooting/test_troubleshooting.py reads them)."""
+    return {row: message for row, (_, message) in rows().items()}
 
 
 def _regex(template: str) -> re.Pattern[str]:
