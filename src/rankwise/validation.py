@@ -3,18 +3,46 @@
 Each returns the value as a plain Python int or raises a ValueError that names the argument,
 repeats its value, states the rule and says how to fix it. ``distributed/`` may import this
 module (it imports nothing else of rankwise), so the data and augmentation layers and the
-process group all word their errors the same way.
+process group all word their errors the same way. :func:`did_you_mean` is the one home of the
+"did you mean ...?" hint every layer adds to an error about an unknown name.
 """
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
+
 import numpy as np
 
-__all__ = ["MAX_EPOCH", "check_epoch", "check_int", "check_rank"]
+__all__ = ["MAX_EPOCH", "check_epoch", "check_int", "check_rank", "did_you_mean"]
 
 # Epochs are shared with DataLoader workers through int64 tensors (see check_epoch).
 MAX_EPOCH = 2**63 - 1
 _MAX_U64 = 2**64 - 1  # seeds
+
+
+def did_you_mean(
+    given: object,
+    choices: Sequence[str],
+    *,
+    text: str = " (did you mean {!r}?)",
+    cutoff: float = 0.6,
+    ignore_case: bool = False,
+) -> str:
+    """``text`` filled with the closest of ``choices`` to ``given`` (``difflib``'s ratio of at
+    least ``cutoff``; ``given`` lowercased first with ``ignore_case``), or ``""`` when none is
+    close: an error message appends it where it names the unknown value.
+
+    >>> did_you_mean("runname", ("run_name", "tags"))
+    " (did you mean 'run_name'?)"
+    >>> did_you_mean("Mode", ("mode",), text="did you mean {!r}? ", ignore_case=True)
+    "did you mean 'mode'? "
+    >>> did_you_mean("xyz", ("run_name",))
+    ''
+    """
+    word = str(given).lower() if ignore_case else str(given)
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return text.format(close[0]) if close else ""
 
 
 def check_int(name: str, value: object, *, minimum: int = 0, maximum: int | None = None) -> int:

@@ -11,6 +11,9 @@ Two families, for the two modes of :mod:`rankwise.augment`:
   same bits in any batch, order, process or world size.
 
 Neither touches the global ``random`` / numpy / torch generators.
+
+Module state: only ``functools.lru_cache`` memos of pure functions (the round suffixes of a
+depth, the hash head of a ``(seed, epoch)``): they change no answer, only its cost.
 """
 
 from __future__ import annotations

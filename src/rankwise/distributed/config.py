@@ -15,6 +15,11 @@ describes a world of one, so the same script runs under ``python train.py`` and 
 that launcher sets for each process (``RANKWISE_SLOT``, ``RANKWISE_INCARNATION``, ...) and the
 ones a user may tune (``RANKWISE_STALE_S``, ``RANKWISE_JOIN_CHECK_EVERY``), read and checked here
 and nowhere else; :mod:`.membership` and the trainer take them from the config object.
+
+Module state: the gloo interface rankwise itself put in ``GLOO_SOCKET_IFNAME`` (so that it can
+take out its own value and never a user's, and diagnostics never show it as the user's choice)
+and the interfaces already logged (each choice is logged once per process). Both are per
+process, as the environment variable they shadow is.
 """
 
 from __future__ import annotations

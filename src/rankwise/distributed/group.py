@@ -9,6 +9,17 @@ Only a bare ``python train.py`` (no launcher variables) runs without a torch pro
 the collectives in :mod:`rankwise.distributed.collectives` are identities there. A world of one
 started by a launcher (``torchrun --nproc-per-node 1``, ``srun -n 1``) gets a real group, so the
 script's own ``torch.distributed`` calls work.
+
+Module state: this process's session (what ``init()`` set up), whether it ever had a torch
+group or called ``init()`` (so the exit hook knows what to drain and destroy), and its
+continue-mode :class:`~rankwise.distributed.membership.Membership`. They are module globals
+because they describe the process, as torch's own default group does: one per process, read by
+the free functions ``get_local_rank()``, ``device()``, ``membership()``. Other modules keep
+process state of their own, each saying why in its docstring (tests/test_architecture.py
+finds them): :mod:`.config` (gloo's interface
+rankwise chose), :mod:`.rendezvous` (the count of rendezvous), ``augment/seeds.py`` (caches of
+pure functions), and in ``train/checkpoint/`` the test fault hook and the snapshot's refill
+pool (not yet described there: that package is being moved to ``rankwise/storage/``).
 """
 
 from __future__ import annotations
@@ -45,8 +56,9 @@ class _Session:
     owns_group: bool  # rankwise built the torch group (and so destroys it in finalize)
 
 
-# The only module state rankwise keeps: what init() set up, so that get_local_rank() and
-# device() can answer and finalize() knows what to tear down. torch.distributed keeps the rest.
+# This module's state (the module docstring lists the other modules that keep some): what
+# init() set up, so that get_local_rank() and device() can answer and finalize() knows what to
+# tear down. torch.distributed keeps the rest.
 _session: _Session | None = None
 _saw_group = False  # this process has had a torch group: drain its threads before exit
 _init_called = False  # init() ran: at exit rankwise tears down every live group (_at_exit)

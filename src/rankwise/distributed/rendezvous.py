@@ -18,6 +18,10 @@ agent's store at MASTER_PORT serves every restart round and keeps the dead round
 6 measured), and the restart count cannot tell rounds apart because each node counts its
 own. So rank 0 listens on a fresh port of its own and announces it through the agent store;
 a peer that reads the dead round's announcement finds nobody listening and reads again.
+
+Module state: the count of this process's multi-rank rendezvous, which names each one's key
+namespace. It is per process by nature (every rank of a job counts its own ``init()`` calls
+alike), so it is a module global rather than a field of an object a caller would have to keep.
 """
 
 from __future__ import annotations

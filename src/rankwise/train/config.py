@@ -20,16 +20,16 @@ adjusted from the command line::
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
 
 from rankwise.train.secrets import REDACTED, redacted
+from rankwise.validation import did_you_mean
 
 # -- the rules of single fields (the rules across fields are the config's own methods) ------
 
@@ -127,16 +127,6 @@ def check_final_wait(value: Any) -> float:
     return float(value)
 
 
-def did_you_mean(given: Any, choices: Sequence[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``choices``, or nothing.
-
-    >>> did_you_mean("runname", ("run_name", "tags"))
-    " (did you mean 'run_name'?)"
-    """
-    close = difflib.get_close_matches(str(given).lower(), choices, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def check_choice(name: str, value: Any, choices: tuple[str | None, ...]) -> str | None:
     if isinstance(value, str):
         lowered = value.strip().lower()
@@ -148,23 +138,27 @@ def check_choice(name: str, value: Any, choices: tuple[str | None, ...]) -> str 
     elif value is None and None in choices:
         return None
     names = ", ".join(repr(c) for c in choices)
-    fail(name, value, f"must be one of {names}{did_you_mean(value, [str(c) for c in choices])}")
+    fail(
+        name,
+        value,
+        f"must be one of {names}{did_you_mean(value, [str(c) for c in choices], ignore_case=True)}",
+    )
 
 
 _PLAIN_OPTION = (str, int, float, bool, type(None))
 
 
-def check_plain(name: str, item: Any, where: str) -> None:
+def check_yaml_values(name: str, item: Any, where: str) -> None:
     """Refuse anything in ``item`` (nested) but what YAML holds: string keys; strings,
     numbers, booleans, None, lists and dicts. ``where`` names the place in errors."""
     if isinstance(item, Mapping):
         for key, inner in item.items():
             if not isinstance(key, str):
                 fail(name, where, f"has a key {key!r}; option names are strings")
-            check_plain(name, inner, f"{where}[{key!r}]")
+            check_yaml_values(name, inner, f"{where}[{key!r}]")
     elif isinstance(item, list | tuple):
         for i, inner in enumerate(item):
-            check_plain(name, inner, f"{where}[{i}]")
+            check_yaml_values(name, inner, f"{where}[{i}]")
     elif not isinstance(item, _PLAIN_OPTION):
         # the type only: the value may be a credential
         fail(
@@ -209,7 +203,7 @@ def check_storage_options(value: Any) -> dict[str, Any] | None:
             "{'endpoint_url': 'https://s3.example.com'}, or None (the AWS_* variables and the "
             "provider's own files)",
         )
-    check_plain(name, value, "options")
+    check_yaml_values(name, value, "options")
     _storage_values(value, "options")
     options = dict(value)
     refuse_redacted(name, options, "the AWS_* variables or the provider's own files")
@@ -268,7 +262,7 @@ def check_loggers(value: Any) -> list[str] | None:
             fail(
                 "loggers",
                 value,
-                f"has an unknown logger {item!r}{did_you_mean(name, LOGGERS)}; the loggers "
+                f"has an unknown logger {item!r}{did_you_mean(name, LOGGERS, ignore_case=True)}; the loggers "
                 f"are {choices} (None: "
                 "'csv' and 'tensorboard' when log_dir is set)",
             )
@@ -296,7 +290,7 @@ def check_logger_options(value: Any) -> dict[str, Any]:
             fail(
                 name,
                 tracker,
-                f"is not a tracker that takes options{did_you_mean(tracker, TRACKERS)}; the "
+                f"is not a tracker that takes options{did_you_mean(tracker, TRACKERS, ignore_case=True)}; the "
                 f"keys are {trackers} ({example})",
             )
         if not isinstance(options, Mapping):
@@ -307,11 +301,11 @@ def check_logger_options(value: Any) -> dict[str, Any]:
                     fail(
                         name,
                         f"mlflow: {key!r}",
-                        f"is not an MLflow option{did_you_mean(key, MLFLOW_OPTIONS)}; they are "
+                        f"is not an MLflow option{did_you_mean(key, MLFLOW_OPTIONS, ignore_case=True)}; they are "
                         f"{', '.join(MLFLOW_OPTIONS)} (the rest is MLflow's own variables: "
                         "MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME, ...)",
                     )
-        check_plain(name, options, tracker)
+        check_yaml_values(name, options, tracker)
         refuse_redacted(
             f"{name}[{tracker!r}]",
             options,
@@ -360,8 +354,7 @@ def check_compile_options(value: Any) -> dict[str, Any]:
     options = dict(value)
     for key, item in options.items():
         if key not in _COMPILE_KEYS:
-            close = difflib.get_close_matches(str(key), list(_COMPILE_KEYS), n=1)
-            guess = f"did you mean {close[0]!r}? " if close else ""
+            guess = did_you_mean(key, list(_COMPILE_KEYS), text="did you mean {!r}? ")
             keys = ", ".join(repr(k) for k in _COMPILE_KEYS)
             fail(name, value, f"has an unknown key {key!r}; {guess}the keys are {keys}")
         if not _compile_value_ok(key, item):
@@ -777,8 +770,7 @@ FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DistributedTr
 def _check_field_name(name: object) -> None:
     if name in FIELDS:
         return
-    close = difflib.get_close_matches(str(name), FIELDS, n=1, cutoff=0.5)
-    hint = f"did you mean {close[0]!r}? " if close else ""
+    hint = did_you_mean(name, FIELDS, text="did you mean {!r}? ", cutoff=0.5)
     raise ValueError(
         f"unknown DistributedTrainingConfig field {name!r}; {hint}"
         f"the fields are: {', '.join(FIELDS)}."

@@ -16,12 +16,13 @@ rankwise.train.config_tree.ConfigKeyError: config.model.input_dim is not set (co
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from rankwise.validation import did_you_mean
 
 
 class ConfigKeyError(KeyError, AttributeError):
@@ -141,8 +142,7 @@ class ConfigTree:
     def _missing(self, key: str) -> str:
         known = sorted(str(k) for k in self._data)
         where = f"{self._path} has {', '.join(known)}" if known else f"{self._path} is empty"
-        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.8)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(key, known, text=" Did you mean {!r}?", cutoff=0.8)
         section = self._path.partition(".")[2]
         under = f" under {section}:" if section else ""
         return (

@@ -9,7 +9,6 @@ measure (no validation data; targets that are not class labels).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import numbers
@@ -17,6 +16,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from rankwise.validation import did_you_mean
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -87,8 +88,7 @@ class DistributedTrainingHistory:
         names = [f.name for f in dataclasses.fields(cls)]
         for key in values:
             if key not in names:
-                close = difflib.get_close_matches(str(key), names, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                hint = did_you_mean(key, names)
                 raise ValueError(
                     f"unknown DistributedTrainingHistory field {key!r}{hint}; "
                     f"the fields are: {', '.join(names)}."

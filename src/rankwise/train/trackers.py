@@ -47,9 +47,9 @@ from typing import Any, Protocol
 import rankwise.distributed as rd
 from rankwise.distributed.errors import RankwiseWarning
 from rankwise.train.checkpoint import Storage, manifest_path
-from rankwise.train.config import did_you_mean
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.secrets import redacted, secret_values
+from rankwise.validation import did_you_mean
 
 __all__ = [
     "EXTRAS",
@@ -224,7 +224,7 @@ class WandbTracker:
             if key not in takes:
                 raise TrackerOptionError(
                     f"logger_options['wandb'] has {key!r}, which wandb.init() does not take"
-                    f"{did_you_mean(key, list(takes))}"
+                    f"{did_you_mean(key, list(takes), ignore_case=True)}"
                 )
         # The config at the start and again on a resume, the world it goes on in (a new world
         # size after a lost rank): an offline part killed by SIGKILL may have kept nothing.
