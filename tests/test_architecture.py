@@ -16,8 +16,8 @@ ROOT = Path(rankwise.__file__).parent
 # DESIGN.md's layers, top first: a module may import from its own layer and the ones above.
 # validation.py holds the input checks every layer words alike; testing/ drives the trainer.
 LAYERS = [
-    "validation", "distributed", "data", "augment", "parallel", "train", "launch", "models",
-    "testing", "compat", "demo", "cli",
+    "validation", "distributed", "storage", "data", "augment", "parallel", "train", "launch",
+    "models", "testing", "compat", "demo", "cli",
 ]  # fmt: skip
 LONG_FILE = 600  # lines: past this a file is pointed out, never failed
 # DESIGN.md: "environment.py ... the only place besides config.py that reads the environment".

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import s3fs
 
+from rankwise.storage import is_remote_url
 from rankwise.testing import free_port
 from rankwise.testing.s3server import S3_KEY, S3_SECRET, start_server
 from rankwise.train import checkpoint as files
@@ -28,7 +29,6 @@ from rankwise.train.checkpoint import (
     StorageWarning,
 )
 from rankwise.train.checkpoint import remote as rc
-from rankwise.train.checkpoint.storage_errors import is_remote_url
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -62,16 +62,6 @@ def test_a_published_checkpoint_is_the_latest_and_verifies(s3_bucket: str, tmp_p
     assert sorted(manifest) == sorted(local_manifest)
     (tmp_path / "got.pt.sha256.json").write_bytes(store.read("ckpt-s002.pt.sha256.json"))
     assert files.verify_file(got)["xxh3_128"] == manifest["xxh3_128"]
-
-
-def test_a_local_path_keeps_the_local_code_path(tmp_path: Path):
-    for url in (str(tmp_path / "run"), f"file://{tmp_path}/run"):
-        store = Storage.for_url(url)
-        assert not store.is_remote and store.local_path == tmp_path / "run"
-        with pytest.raises(TypeError, match="local folder"):
-            store.names()
-        store.check_writable()
-        assert (tmp_path / "run").is_dir()
 
 
 def test_a_torn_upload_is_never_the_latest(s3_bucket: str):

@@ -22,9 +22,10 @@ here, never from the modules below (their shared names are the package's interna
   buffers (:func:`snapshot`, ``staging.py``); :class:`SaveStats` is what that cost the loop.
   :func:`manager_for` and :func:`load_resume` (``resume.py``) are where ``fit`` saves and what
   it resumes from.
-- Object storage (``storage.py``, ``storage_errors.py``, ``remote.py``, ``remote_sharded.py``,
-  ``remote_manager.py``): :class:`Storage` reaches any fsspec URL (``s3://``, ``gs://``,
-  ``az://``, ``memory://``) with retries and errors that name the URL, never a credential;
+- Object storage (``remote.py``, ``remote_sharded.py``, ``remote_manager.py``, over
+  ``rankwise.storage``): :class:`Storage` reaches a local folder or any fsspec URL (``s3://``,
+  ``gs://``, ``az://``, ``memory://``) with retries and errors that name the URL, never a
+  credential;
   ``remote`` writes a checkpoint as data, then manifest, then pointer (there is no rename) and
   trusts only what verifies; ``remote_sharded`` does the same for FSDP2's DCP folders, each
   rank uploading its own shards; :class:`RemoteCheckpointManager` is the bucket's
@@ -40,6 +41,7 @@ here, never from the modules below (their shared names are the package's interna
 {'step': 30}
 """
 
+from rankwise.storage import RetryPolicy, Storage, StorageError, StorageWarning
 from rankwise.train.checkpoint.checkpointer import Checkpointer
 from rankwise.train.checkpoint.files import (
     FAULT_POINTS,
@@ -69,7 +71,6 @@ from rankwise.train.checkpoint.remote_manager import RemoteCheckpointManager
 from rankwise.train.checkpoint.resume import load_resume, manager_for
 from rankwise.train.checkpoint.sharded import load_shards, sharded_state_dicts
 from rankwise.train.checkpoint.staging import snapshot
-from rankwise.train.checkpoint.storage import RetryPolicy, Storage, StorageError, StorageWarning
 from rankwise.train.checkpoint.writer import SaveStats
 
 __all__ = [

@@ -32,7 +32,6 @@ import hmac
 import json
 import os
 import re
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,13 +41,13 @@ import xxhash
 
 from rankwise.distributed.environment import CHECKPOINT_KEY, checkpoint_key
 from rankwise.distributed.errors import RankwiseWarning
+from rankwise.storage.local import json_bytes, write_atomic
 
 _MANIFEST_VERSION = 2
 # The manifest key of each checksum a manifest may hold, newest first, and its hasher.
 _CHECKSUMS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 # The suffix of version 1 (SHA-256) kept for XXH3-128 manifests: one name for both versions.
 _MANIFEST_SUFFIX = ".sha256.json"
-TMP_MARK = ".tmp-"
 _CHUNK = 8 << 20
 _PARALLEL_HASH = 1 << 20  # bytes; below this a thread hand-off costs more than it saves
 
@@ -135,49 +134,9 @@ class _HashingWriter:
         self._file.flush()
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make the renames in ``directory`` durable (where the platform allows it)."""
-    # Makes the rename itself durable; not possible on every platform (Windows).
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def tmp_name(path: Path) -> Path:
-    """A hidden name beside ``path`` for its write in progress, marked with this process's id
-    (so that a later save removes it only once this process is gone)."""
-    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
-def write_atomic(
-    path: Path, write: Callable[[Any], Any], before_rename: Callable[[], None] | None = None
-) -> Any:
-    """``write(f)`` into a temporary file beside ``path``, fsync it, rename it to ``path``
-    (``before_rename()`` first, if given) and fsync the folder; return what ``write``
-    returned. A failure leaves no temporary file and ``path`` as it was."""
-    tmp = tmp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            result = write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        if before_rename is not None:
-            before_rename()
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    fsync_dir(path.parent)
-    return result
-
-
 def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
     """``obj`` as JSON at ``path``, written as :func:`write_atomic` does."""
-    data = (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
+    data = json_bytes(obj)
     write_atomic(path, lambda f: f.write(data))
 
 

@@ -20,9 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rankwise.storage import Storage, is_remote_url, split_url
+from rankwise.storage.local import TMP_MARK
 from rankwise.train.checkpoint import remote, remote_sharded, sharded
 from rankwise.train.checkpoint.files import (
-    TMP_MARK,
     CheckpointError,
     CheckpointWarning,
     check_plain,
@@ -36,8 +37,6 @@ from rankwise.train.checkpoint.files import (
 )
 from rankwise.train.checkpoint.sharded import ShardedWriter
 from rankwise.train.checkpoint.staging import BackgroundSaves
-from rankwise.train.checkpoint.storage import Storage
-from rankwise.train.checkpoint.storage_errors import is_remote_url, split_url
 
 __all__ = ["FORMAT_VERSION", "CheckpointManager", "find_latest", "read_checkpoint"]
 

@@ -1,6 +1,6 @@
 """Crash-safe checkpoints in object storage, where there is no rename.
 
-A checkpoint ``NAME`` under a :class:`~rankwise.train.checkpoint.storage.Storage` is three objects,
+A checkpoint ``NAME`` under a :class:`~rankwise.storage.Storage` is three objects,
 written in this order by :func:`publish`:
 
 1. the data, ``NAME`` (a multipart upload for a large file: invisible until complete);
@@ -17,7 +17,7 @@ target verifies and otherwise scans the checkpoints newest first, so it never re
 one. Old checkpoints are pruned only after the new pointer is written; unfinished multipart
 uploads are aborted by :func:`clean_partial_uploads`.
 
->>> from rankwise.train.checkpoint.storage import Storage
+>>> from rankwise.storage import Storage
 >>> store = Storage.for_url("memory://rankwise-doc/ckpts")
 >>> for step in (1, 2, 3):
 ...     _ = publish(store, f"state {step}".encode(), f"ckpt-s{step:03d}.pt", keep_last=2)
@@ -37,6 +37,8 @@ from typing import Any
 
 import xxhash
 
+from rankwise.storage import Storage
+from rankwise.storage.local import json_bytes
 from rankwise.train.checkpoint.files import (
     CheckpointError,
     CheckpointWarning,
@@ -50,7 +52,6 @@ from rankwise.train.checkpoint.files import (
     parse_manifest,
     sign,
 )
-from rankwise.train.checkpoint.storage import Storage
 
 _CHUNK = 8 << 20
 
@@ -117,9 +118,9 @@ def publish(
         if storage.put(source, name, uploaded=uploaded) != manifest["size"]:
             raise CheckpointError(f"{source} changed while it was uploaded to {name}.")
     manifest = sign({**manifest, "file": name}, name, key)
-    storage.put(_json(manifest), manifest_key(name))
+    storage.put(json_bytes(manifest), manifest_key(name))
     fault_point("before-pointer")
-    storage.put(_json({**(pointer or {}), "file": name}), pointer_key(prefix))
+    storage.put(json_bytes({**(pointer or {}), "file": name}), pointer_key(prefix))
     fault_point("before-prune")
     if keep_last is not None:
         prune(storage, keep_last, prefix=prefix, saved=name)
@@ -128,10 +129,6 @@ def publish(
 
 def _digest_file(path: str | os.PathLike[str]) -> tuple[int, str]:
     return os.path.getsize(path), checksum_of(Path(path))
-
-
-def _json(obj: dict[str, Any]) -> bytes:
-    return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
 
 
 def checkpoints(storage: Storage, prefix: str = "ckpt") -> list[str]:

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rankwise.storage import Storage, StorageError
 from rankwise.train.checkpoint import remote, remote_sharded, sharded
 from rankwise.train.checkpoint.files import (
     CheckpointError,
@@ -43,8 +44,6 @@ from rankwise.train.checkpoint.files import (
 )
 from rankwise.train.checkpoint.manager import check_naming, check_position, name_pattern
 from rankwise.train.checkpoint.staging import BackgroundSaves
-from rankwise.train.checkpoint.storage import Storage
-from rankwise.train.checkpoint.storage_errors import StorageError
 
 __all__ = ["RemoteCheckpointManager"]
 

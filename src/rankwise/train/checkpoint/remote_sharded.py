@@ -53,11 +53,11 @@ import torch
 import torch.distributed as dist
 
 import rankwise.distributed as rd
+from rankwise.storage import Storage, StorageError
+from rankwise.storage.local import json_bytes
 from rankwise.train.checkpoint import remote, sharded
 from rankwise.train.checkpoint.files import checksum_of, fault_point, sign
 from rankwise.train.checkpoint.sharded import MANIFEST, REST, SUFFIX, ShardedWriter
-from rankwise.train.checkpoint.storage import Storage
-from rankwise.train.checkpoint.storage_errors import StorageError
 
 __all__ = ["RemoteShardedWriter", "fetch", "folders", "prune", "remove", "verify"]
 
@@ -146,10 +146,10 @@ class RemoteShardedWriter:
         files = {**files, REST: {"size": path.stat().st_size, "xxh3_128": checksum_of(path)}}
         folder.put(path, REST)
         fault_point("before-manifest")
-        folder.put(_json(sign(sharded.new_manifest(files, meta), name, self.key)), MANIFEST)
+        folder.put(json_bytes(sign(sharded.new_manifest(files, meta), name, self.key)), MANIFEST)
         fault_point("before-pointer")
         pointer = {"file": name, "epoch": meta["epoch"], "step": meta["step"]}
-        self.storage.put(_json(pointer), remote.pointer_key(self.prefix))
+        self.storage.put(json_bytes(pointer), remote.pointer_key(self.prefix))
         fault_point("before-prune")
         if self.keep_last is not None:
             prune(self.storage, self.keep_last, prefix=self.prefix, saved=name)
@@ -203,10 +203,6 @@ def _upload(folder: Storage, local: Path) -> dict[str, Any]:
 
         folder.put(local / name, name, uploaded=uploaded)
     return files
-
-
-def _json(obj: dict[str, Any]) -> bytes:
-    return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
 
 
 def folders(storage: Storage, prefix: str = "ckpt") -> list[str]:

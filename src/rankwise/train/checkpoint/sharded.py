@@ -53,6 +53,7 @@ import xxhash
 from torch import nn
 
 import rankwise.distributed as rd
+from rankwise.storage.local import fsync_dir, tmp_name, write_atomic
 from rankwise.train.checkpoint.files import (
     USE_ANOTHER,
     CheckpointError,
@@ -63,10 +64,7 @@ from rankwise.train.checkpoint.files import (
     check_trust,
     checksum_of,
     fault_point,
-    fsync_dir,
     sign,
-    tmp_name,
-    write_atomic,
     write_json_atomic,
 )
 from rankwise.train.checkpoint.portable import (
