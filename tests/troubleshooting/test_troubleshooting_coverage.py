@@ -110,22 +110,16 @@ INTERNAL.update(
         ("testing/servers.py", "attempts must be >= 1"): _TESTING,
         ("storage/retry.py", "unreachable"): _INVARIANT,
         ("train/checkpoint/remote.py", "is a manifest's or the pointer's name"): _STORAGE_API,
-        ("train/checkpoint/remote.py", "keep_last ({}) must be an integer >= 1."): _STORAGE_API,
+        ("train/checkpoint/catalogue.py", "is not a checkpoint name of prefix"): _STORAGE_API,
         ("train/checkpoint/remote_manager.py", "is a local folder: use CheckpointManager"): (
             _STORAGE_API
         ),
         ("train/checkpoint/remote_sharded.py", "could not write its part of {}: {}"): _WRAPPER,
         ("storage/store.py", "part_size ({}) must be >= 5 MiB"): _STORAGE_API,
         ("storage/store.py", "is remote storage; it has no local path."): _STORAGE_API,
-        ("storage/retry.py", "attempts ({}) must be an integer >= 1."): (
-            _STORAGE_API
-        ),
-        ("storage/retry.py", "attempts ({}) must be >= 1 (1: no retry)."): (
-            _STORAGE_API
-        ),
-        ("storage/retry.py", "first_delay ({}) and max_delay ({}) must"): (
-            _STORAGE_API
-        ),
+        ("storage/retry.py", "attempts ({}) must be an integer >= 1."): (_STORAGE_API),
+        ("storage/retry.py", "attempts ({}) must be >= 1 (1: no retry)."): (_STORAGE_API),
+        ("storage/retry.py", "first_delay ({}) and max_delay ({}) must"): (_STORAGE_API),
     }
 )
 
@@ -137,10 +131,6 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
     ("train/checkpoint/remote.py", "changed while it was uploaded to"): _RACE,
     ("train/checkpoint/remote.py", "is missing; its manifest remains."): _RACE,
     ("storage/store.py", "read back other bytes than were written."): _RACE,
-    ("train/checkpoint/remote.py", "checkpoint pointer {} is unreadable ({}); scanning"): (
-        "the bucket's twin of the local pointer's warning; fires only for a pointer object "
-        "edited by hand"
-    ),
     ("storage/store.py", "use a local path or an fsspec URL (s3://, gs://"): (
         "fires for a URL scheme fsspec does not know; its text is fsspec's, which varies by "
         "fsspec version"

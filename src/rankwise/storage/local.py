@@ -19,7 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TMP_MARK", "LocalFiles", "fsync_dir", "json_bytes", "tmp_name", "write_atomic"]
+__all__ = [
+    "TMP_MARK",
+    "LocalFiles",
+    "fsync_dir",
+    "json_bytes",
+    "remove_tree",
+    "tmp_name",
+    "write_atomic",
+]
 
 TMP_MARK = ".tmp-"
 
@@ -62,6 +70,17 @@ def write_atomic(
         raise
     fsync_dir(path.parent)
     return result
+
+
+def remove_tree(folder: Path) -> None:
+    """Delete ``folder`` and its content: renamed away first (atomic), so a kill mid-delete
+    never leaves a half-deleted folder under its name."""
+    doomed = tmp_name(folder)
+    try:
+        os.replace(folder, doomed)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def json_bytes(obj: dict[str, Any]) -> bytes:

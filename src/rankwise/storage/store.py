@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 from rankwise.distributed.environment import aws_region
 from rankwise.storage.errors import StorageError, StorageWarning
-from rankwise.storage.local import LocalFiles
+from rankwise.storage.local import LocalFiles, remove_tree
 from rankwise.storage.retry import RetryPolicy, retrying
 from rankwise.storage.secrets import scrub, secret_values
 from rankwise.storage.urls import split_url
@@ -202,11 +202,15 @@ class Storage:
 
     @property
     def display_url(self) -> str:
-        """The URL as messages show it (credentials scrubbed)."""
+        """The URL as messages show it (credentials scrubbed; a local folder's path)."""
+        if not self.is_remote:
+            return str(self.local_path)
         return self._scrub(self.url)
 
     def url_of(self, key: str) -> str:
-        """The URL of ``key`` (credentials scrubbed)."""
+        """The URL of ``key`` (credentials scrubbed; a local file's path)."""
+        if not self.is_remote:
+            return str(self.local_path / key)
         return f"{self.display_url.rstrip('/')}/{key}"
 
     def _full(self, key: str) -> str:
@@ -357,6 +361,21 @@ class Storage:
         for key in keys:
             with contextlib.suppress(FileNotFoundError):
                 self.call("delete", key, functools.partial(fs.rm_file, self._full(key)))
+
+    def delete_folder(self, name: str, *, first: Iterable[str] = ()) -> None:
+        """Delete the sub-folder ``name`` and everything in it (a missing one is fine). A local
+        folder is renamed away first (atomic), then removed; in object storage, where there is
+        no rename, the keys ``first`` go first (a manifest: a kill in between leaves objects no
+        reader trusts), then the rest, then the folder's own entry (SeaweedFS keeps one)."""
+        if not self.is_remote:
+            remove_tree(self.local_path / name)
+            return
+        folder = self.child(name)
+        folder.delete(*first)
+        fs = self._fs()
+        with contextlib.suppress(FileNotFoundError):  # the rest, and memory://'s folder entry
+            self.call("delete", name, lambda: fs.rm(self._full(name), recursive=True))
+        self.delete(name)
 
     def abort_uploads(self, *, older_than: float | None = None) -> list[str]:
         """Abort the unfinished multipart uploads under the URL (uploads a killed writer left:

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import json
 import os
-import re
 import shutil
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,25 +20,22 @@ from typing import Any
 from rankwise.storage import Storage, is_remote_url, split_url
 from rankwise.storage.local import TMP_MARK
 from rankwise.train.checkpoint import remote, remote_sharded, sharded
+from rankwise.train.checkpoint.catalogue import Catalogue, check_position
 from rankwise.train.checkpoint.files import (
     CheckpointError,
-    CheckpointWarning,
     check_plain,
-    fault_point,
     load_file,
-    manifest_path,
     resolve_key,
     save_file,
     verify_file,
-    write_json_atomic,
 )
+from rankwise.train.checkpoint.remote_manager import RemoteCheckpointManager
 from rankwise.train.checkpoint.sharded import ShardedWriter
 from rankwise.train.checkpoint.staging import BackgroundSaves
 
 __all__ = ["FORMAT_VERSION", "CheckpointManager", "find_latest", "read_checkpoint"]
 
 FORMAT_VERSION = 1  # of the checkpoint content the trainer builds: {"format": 1, "model": ...}
-_PREFIX = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
 class CheckpointManager:
@@ -70,15 +64,15 @@ class CheckpointManager:
         sharded: bool = False,
         key: str | None = None,
     ) -> None:
-        check_naming(keep_last, prefix)
-        self._secret = resolve_key(key)  # never shown: not in repr or messages
         self.directory = Path(directory)
+        # The folder as a store, its path not parsed as a URL: a Path is a local folder.
+        storage = Storage(str(self.directory), "file", str(self.directory))
+        self._catalogue = Catalogue(storage, prefix, keep_last)
+        self._secret = resolve_key(key)  # never shown: not in repr or messages
         self.keep_last = keep_last
         self.prefix = prefix
         self.sharded = sharded
-        self._name = name_pattern(prefix)
         self._dcp: ShardedWriter | None = None
-        self._warned_newer = False
         self._background: BackgroundSaves[Path] = BackgroundSaves()
 
     def __repr__(self) -> str:
@@ -90,25 +84,16 @@ class CheckpointManager:
     @property
     def pointer_path(self) -> Path:
         """The JSON file naming the newest committed checkpoint."""
-        return self.directory / f"{self.prefix}-latest.json"
+        return self.directory / self._catalogue.pointer_key
 
     def path_for(self, epoch: int, step: int) -> Path:
         """The file (or folder) a save at ``(epoch, step)`` writes (zero-padded: names sort by
         age)."""
-        suffix = sharded.SUFFIX if self.sharded else ".pt"
-        return self.directory / f"{self.prefix}-e{epoch:06d}-s{step:09d}{suffix}"
-
-    def _key(self, path: Path) -> tuple[int, int]:
-        match = self._name.match(path.name)
-        assert match is not None  # only called on names checkpoints() matched
-        return int(match[1]), int(match[2])
+        return self.directory / self._catalogue.name_for(epoch, step, sharded=self.sharded)
 
     def checkpoints(self) -> list[Path]:
         """Every checkpoint of this prefix, valid or not, oldest first (by epoch, step)."""
-        if not self.directory.is_dir():
-            return []
-        files = [p for p in self.directory.iterdir() if self._name.match(p.name)]
-        return sorted(files, key=self._key)
+        return [self.directory / name for name in self._catalogue.names()]
 
     def probe(self) -> str | None:
         """Whether a save can write here: create the folder, then create, fsync and delete a
@@ -143,11 +128,8 @@ class CheckpointManager:
         return path
 
     def _commit(self, path: Path) -> None:
-        epoch, step = self._key(path)
-        fault_point("before-pointer")
-        write_json_atomic(self.pointer_path, {"file": path.name, "epoch": epoch, "step": step})
-        fault_point("before-prune")
-        self._prune(path)
+        epoch, step = self._catalogue.position(path.name)
+        self._catalogue.commit(path.name, {"epoch": epoch, "step": step})
 
     def _start_sharded(
         self, state: dict[str, Any], path: Path, *, background: bool
@@ -162,7 +144,7 @@ class CheckpointManager:
             written.result()  # rank 0: every rank's shards are on disk (DCP's last gather)
             if rest is not None:  # rank 0
                 self._remove_orphan_tmp_files()
-                epoch, step = self._key(path)
+                epoch, step = self._catalogue.position(path.name)
                 meta = {"epoch": epoch, "step": step, "world_size": state.get("world_size")}
                 sharded.publish(tmp, path, rest, meta, self._secret)
                 self._commit(path)
@@ -209,95 +191,22 @@ class CheckpointManager:
         first, with a :class:`CheckpointWarning` naming each invalid file and its fault. Files
         newer than the pointer (a save killed before its pointer moved) come last.
         """
-        for path in self._candidates():
-            try:
-                if sharded.is_sharded_path(path):
-                    sharded.verify_folder(path, key=self._secret)
-                else:
-                    verify_file(path, key=self._secret)
-            except CheckpointError as e:
-                self._skip(e)
-                continue
-            return path
-        return None
+        found = self._catalogue.first_valid(self._verify)
+        return None if found is None else self.directory / found[0]
 
     def load_latest(self) -> tuple[Path, dict[str, Any]] | None:
         """``(path, state)`` of the newest valid checkpoint (verified once), or ``None``."""
-        for path in self._candidates():
-            try:
-                return path, read_checkpoint(path, key=self._secret)
-            except CheckpointError as e:
-                self._skip(e)
-        return None
-
-    def _skip(self, error: CheckpointError) -> None:
-        warnings.warn(
-            f"{error} Skipping it and trying the previous checkpoint.",
-            CheckpointWarning,
-            stacklevel=3,
+        found = self._catalogue.first_valid(
+            lambda name: read_checkpoint(self.directory / name, key=self._secret)
         )
+        return None if found is None else (self.directory / found[0], found[1])
 
-    def _candidates(self) -> list[Path]:
-        files = self.checkpoints()
-        target = self._pointer_target(files)
-        if target is None:
-            return files[::-1]
-        older = [p for p in files if self._key(p) < self._key(target)]
-        newer = [p for p in files if self._key(p) > self._key(target)]
-        return [target, *older[::-1], *newer[::-1]]
-
-    def _pointer_target(self, files: list[Path]) -> Path | None:
-        if not self.pointer_path.exists():
-            return None
-        try:
-            name = json.loads(self.pointer_path.read_text())["file"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            warnings.warn(
-                f"checkpoint pointer {self.pointer_path} is unreadable ({e}); scanning the "
-                "folder for the newest valid checkpoint instead.",
-                CheckpointWarning,
-                stacklevel=4,
-            )
-            return None
-        target = self.directory / str(name)
-        if target not in files:
-            warnings.warn(
-                f"checkpoint pointer {self.pointer_path} names {name!r}, which is not in "
-                f"{self.directory}; scanning for the newest valid checkpoint instead.",
-                CheckpointWarning,
-                stacklevel=4,
-            )
-            return None
-        return target
-
-    def _prune(self, saved: Path) -> None:
-        files = self.checkpoints()
-        newer = [p for p in files if self._key(p) > self._key(saved)]
-        if newer and not self._warned_newer:
-            self._warned_newer = True
-            warnings.warn(
-                f"{self.directory} holds checkpoints newer than the one just saved "
-                f"({saved.name}): {[p.name for p in newer]}. They are kept, but the pointer "
-                "names the new one; remove them, or use another folder per run.",
-                CheckpointWarning,
-                stacklevel=3,
-            )
-        older = [p for p in files if self._key(p) < self._key(saved)]
-        # A file with no manifest is a save killed before it finished: never valid, not kept.
-        doomed = [p for p in older if not _manifest_of(p).exists()]
-        if self.keep_last is not None:
-            complete = [p for p in older if p not in doomed]
-            doomed += complete[: max(0, len(complete) - (self.keep_last - 1))]
-        for path in doomed:
-            if sharded.is_sharded_path(path):
-                sharded.remove_folder(path)
-                continue
-            # Manifest first: a kill between the two leaves an unverifiable file, never a
-            # manifest vouching for a missing one.
-            with contextlib.suppress(FileNotFoundError):
-                manifest_path(path).unlink()
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+    def _verify(self, name: str) -> None:
+        path = self.directory / name
+        if sharded.is_sharded_path(path):
+            sharded.verify_folder(path, key=self._secret)
+        else:
+            verify_file(path, key=self._secret)
 
     def _remove_orphan_tmp_files(self) -> None:
         # Left by saves killed mid-write; a live writer's files (its pid runs) are left alone.
@@ -310,36 +219,6 @@ class CheckpointManager:
                     shutil.rmtree(path, ignore_errors=True)
                 with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                     path.unlink()
-
-
-def check_naming(keep_last: int | None, prefix: str) -> None:
-    """Refuse a ``keep_last`` or ``prefix`` a checkpoint manager (folder or bucket) cannot use."""
-    if keep_last is not None and (
-        isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
-    ):
-        raise ValueError(
-            f"keep_last ({keep_last!r}) must be an integer >= 1, or None to keep every checkpoint."
-        )
-    if not isinstance(prefix, str) or not _PREFIX.match(prefix):
-        raise ValueError(
-            f"prefix ({prefix!r}) must be a plain file-name part (letters, digits, '_', "
-            "'.', '-'; not starting with '.' or '-'), e.g. 'ckpt' or 'rank1'."
-        )
-
-
-def name_pattern(prefix: str) -> re.Pattern[str]:
-    """``{prefix}-e{epoch}-s{step}`` with a file's or a folder's suffix."""
-    return re.compile(rf"^{re.escape(prefix)}-e(\d+)-s(\d+)(\.pt|\{sharded.SUFFIX})$")
-
-
-def check_position(epoch: int, step: int) -> None:
-    for name, value in (("epoch", epoch), ("step", step)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} ({value!r}) must be an integer >= 0.")
-
-
-def _manifest_of(path: Path) -> Path:
-    return path / sharded.MANIFEST if sharded.is_sharded_path(path) else manifest_path(path)
 
 
 def read_checkpoint(
@@ -388,8 +267,17 @@ def _pid_running(pid: int) -> bool:
 
 
 def find_latest(
-    directory: str | os.PathLike[str], prefix: str = "ckpt", *, key: str | None = None
-) -> Path | None:
+    directory: str | os.PathLike[str],
+    prefix: str = "ckpt",
+    *,
+    key: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Path | str | None:
     """The newest valid checkpoint in ``directory`` (see :meth:`CheckpointManager.latest`;
-    ``key``: the checkpoint key, default ``RANKWISE_CHECKPOINT_KEY``)."""
+    ``key``: the checkpoint key, default ``RANKWISE_CHECKPOINT_KEY``). ``directory`` may be
+    an object store's URL, as :func:`read_checkpoint`'s path may (reached with
+    ``storage_options``): the newest valid checkpoint's URL is returned."""
+    if is_remote_url(directory):
+        storage = Storage.for_url(directory, storage_options)
+        return RemoteCheckpointManager(storage, prefix=prefix, key=key).latest()
     return CheckpointManager(directory, prefix=prefix, key=key).latest()

@@ -12,26 +12,27 @@ written in this order by :func:`publish`:
 A reader trusts a checkpoint only when its manifest exists (with a checkpoint key: carrying a
 valid MAC over its content and the checkpoint's name) and the object's size and XXH3-128
 match it (:func:`verify`). A writer killed after (1) leaves data with no manifest, after (2) a
-good checkpoint the pointer does not name yet: :func:`latest` follows the pointer when its
-target verifies and otherwise scans the checkpoints newest first, so it never returns a torn
-one. Old checkpoints are pruned only after the new pointer is written; unfinished multipart
+good checkpoint the pointer does not name yet: a resume (``catalogue.Catalogue``, the same
+for folders and buckets) follows the pointer when its target verifies and otherwise scans the
+checkpoints newest first, so it never takes a torn one. Old checkpoints are pruned only after the new pointer is written; unfinished multipart
 uploads are aborted by :func:`clean_partial_uploads`.
 
 >>> from rankwise.storage import Storage
 >>> store = Storage.for_url("memory://rankwise-doc/ckpts")
 >>> for step in (1, 2, 3):
-...     _ = publish(store, f"state {step}".encode(), f"ckpt-s{step:03d}.pt", keep_last=2)
->>> checkpoints(store), latest(store)
-(['ckpt-s002.pt', 'ckpt-s003.pt'], 'ckpt-s003.pt')
+...     name = f"ckpt-e000000-s{step:09d}.pt"
+...     _ = publish(store, f"state {step}".encode(), name, catalogue=Catalogue(store, keep_last=2))
+>>> catalogue = Catalogue(store)
+>>> catalogue.names()
+['ckpt-e000000-s000000002.pt', 'ckpt-e000000-s000000003.pt']
+>>> catalogue.first_valid(lambda name: verify(store, name))[0]
+'ckpt-e000000-s000000003.pt'
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
-import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +40,13 @@ import xxhash
 
 from rankwise.storage import Storage
 from rankwise.storage.local import json_bytes
+from rankwise.train.checkpoint.catalogue import Catalogue, manifest_key
 from rankwise.train.checkpoint.files import (
     CheckpointError,
-    CheckpointWarning,
     check_content,
     checksum_of,
     fault_point,
     load_torch,
-    manifest_path,
     new_checksum,
     new_manifest,
     parse_manifest,
@@ -56,21 +56,7 @@ from rankwise.train.checkpoint.files import (
 _CHUNK = 8 << 20
 
 
-def manifest_key(name: str) -> str:
-    """The manifest's name for checkpoint ``name`` (the local suffix).
-
-    >>> manifest_key("ckpt-s001.pt")
-    'ckpt-s001.pt.sha256.json'
-    """
-    return manifest_path(name).name
-
-
 _MANIFEST_SUFFIX = manifest_key("x").removeprefix("x")
-
-
-def pointer_key(prefix: str = "ckpt") -> str:
-    """The pointer's name, as :class:`~rankwise.train.checkpoint.CheckpointManager`'s."""
-    return f"{prefix}-latest.json"
 
 
 def publish(
@@ -78,16 +64,16 @@ def publish(
     source: bytes | str | os.PathLike[str],
     name: str,
     *,
-    prefix: str = "ckpt",
+    catalogue: Catalogue | None = None,
     pointer: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
     manifest: dict[str, Any] | None = None,
-    keep_last: int | None = None,
     key: str | bytes | None = None,
 ) -> dict[str, Any]:
     """Write checkpoint ``name`` from ``source`` (bytes, or a local file): data, then
     manifest, then the pointer (with ``pointer``'s extra fields, e.g. epoch and step), then
-    prune to ``keep_last`` (``None`` keeps all). Returns the manifest. ``manifest``: the local
+    prune: ``catalogue.commit`` (default: ``storage``'s catalogue of prefix ``ckpt``, keeping
+    every complete checkpoint). Returns the manifest. ``manifest``: the local
     file's own (``save_file`` computed it while writing), uploaded as it is; otherwise one is
     made here (with ``meta``). Each upload retries transient failures under ``storage.retry``;
     when one gives up, the pointer still names the previous checkpoint. The manifest is
@@ -96,7 +82,8 @@ def publish(
     Fault points (:func:`~rankwise.train.checkpoint.set_fault_hook`): ``mid-upload`` once the
     first part of a file's data is up (the whole object, for one part), ``before-pointer`` and
     ``before-prune``."""
-    if name.endswith(_MANIFEST_SUFFIX) or name == pointer_key(prefix):
+    catalogue = catalogue or Catalogue(storage)
+    if name.endswith(_MANIFEST_SUFFIX) or name == catalogue.pointer_key:
         raise ValueError(f"{name!r} is a manifest's or the pointer's name; rename it.")
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
@@ -119,27 +106,12 @@ def publish(
             raise CheckpointError(f"{source} changed while it was uploaded to {name}.")
     manifest = sign({**manifest, "file": name}, name, key)
     storage.put(json_bytes(manifest), manifest_key(name))
-    fault_point("before-pointer")
-    storage.put(json_bytes({**(pointer or {}), "file": name}), pointer_key(prefix))
-    fault_point("before-prune")
-    if keep_last is not None:
-        prune(storage, keep_last, prefix=prefix, saved=name)
+    catalogue.commit(name, pointer or {})
     return manifest
 
 
 def _digest_file(path: str | os.PathLike[str]) -> tuple[int, str]:
     return os.path.getsize(path), checksum_of(Path(path))
-
-
-def checkpoints(storage: Storage, prefix: str = "ckpt") -> list[str]:
-    """The checkpoint names under ``storage`` (``{prefix}-*`` but manifests and the
-    pointer), valid or not, oldest first: names sort by age (zero-padded numbers)."""
-    suffix, pointer = _MANIFEST_SUFFIX, pointer_key(prefix)
-    return [
-        n
-        for n in storage.names()
-        if n.startswith(f"{prefix}-") and not n.endswith(suffix) and n != pointer
-    ]
 
 
 def read_manifest(
@@ -214,84 +186,6 @@ def load(storage: Storage, name: str, key: str | bytes | None = None) -> dict[st
     with tempfile.TemporaryDirectory(prefix="rankwise-fetch-") as folder:
         path = fetch(storage, name, Path(folder) / name, key)
         return load_torch(path, f"checkpoint {storage.url_of(name)}", name=name)
-
-
-def pointer_target(storage: Storage, prefix: str = "ckpt") -> str | None:
-    """The name the pointer holds, or ``None`` (no pointer, or an unreadable one: warned)."""
-    key = pointer_key(prefix)
-    try:
-        return str(json.loads(storage.read(key))["file"])
-    except FileNotFoundError:
-        return None
-    except (ValueError, KeyError, TypeError) as e:
-        warnings.warn(
-            f"checkpoint pointer {storage.url_of(key)} is unreadable ({e}); scanning for the "
-            "newest valid checkpoint instead.",
-            CheckpointWarning,
-            stacklevel=3,
-        )
-        return None
-
-
-def candidates(storage: Storage, prefix: str = "ckpt", names: list[str] | None = None) -> list[str]:
-    """The checkpoints in the order a resume tries them: the pointer's target, then those
-    older than it newest first, then newer ones (a save killed before its pointer moved).
-    ``names``: the checkpoints to order (default: :func:`checkpoints`, the files)."""
-    names = checkpoints(storage, prefix) if names is None else names
-    target = pointer_target(storage, prefix)
-    if target is None or target not in names:
-        return names[::-1]
-    older = [n for n in names if n < target]
-    newer = [n for n in names if n > target]
-    return [target, *older[::-1], *newer[::-1]]
-
-
-def first_valid(
-    storage: Storage, prefix: str, take: Callable[[str], Any], names: list[str] | None = None
-) -> tuple[str, Any] | None:
-    """``(name, take(name))`` for the first of :func:`candidates` (of ``names``) whose
-    ``take`` does not raise :class:`CheckpointError`; each skipped one is named by a
-    :class:`CheckpointWarning`."""
-    for name in candidates(storage, prefix, names):
-        try:
-            return name, take(name)
-        except CheckpointError as e:
-            warnings.warn(
-                f"{e} Skipping it and trying the previous checkpoint.",
-                CheckpointWarning,
-                stacklevel=3,
-            )
-    return None
-
-
-def latest(storage: Storage, prefix: str = "ckpt") -> str | None:
-    """The newest checkpoint that verifies (see :func:`candidates`), or ``None``."""
-    found = first_valid(storage, prefix, lambda name: verify(storage, name))
-    return None if found is None else found[0]
-
-
-def prune(
-    storage: Storage, keep_last: int, *, prefix: str = "ckpt", saved: str | None = None
-) -> list[str]:
-    """Delete all but the ``keep_last`` newest complete checkpoints up to ``saved`` (default:
-    the pointer's target), and the incomplete ones (no manifest) older than it; return the
-    deleted names. Newer ones are left alone: a save may be in flight. Call it only after the
-    pointer names ``saved``. Each goes manifest first, so a kill in between leaves data no
-    reader trusts, never a manifest vouching for missing data."""
-    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
-        raise ValueError(f"keep_last ({keep_last!r}) must be an integer >= 1.")
-    saved = saved or pointer_target(storage, prefix)
-    if saved is None:
-        return []
-    names = set(storage.names())
-    older = [n for n in checkpoints(storage, prefix) if n < saved]
-    doomed = [n for n in older if manifest_key(n) not in names]
-    complete = [n for n in older if n not in doomed]
-    doomed += complete[: max(0, len(complete) - (keep_last - 1))]
-    for name in doomed:
-        storage.delete(manifest_key(name))
-        storage.delete(name)
-    return sorted(doomed)
 
 
 def clean_partial_uploads(storage: Storage, *, older_than: float | None = None) -> list[str]:

@@ -35,6 +35,7 @@ from typing import Any
 
 from rankwise.storage import Storage, StorageError
 from rankwise.train.checkpoint import remote, remote_sharded, sharded
+from rankwise.train.checkpoint.catalogue import Catalogue, check_position
 from rankwise.train.checkpoint.files import (
     CheckpointError,
     check_plain,
@@ -42,7 +43,6 @@ from rankwise.train.checkpoint.files import (
     resolve_key,
     save_file,
 )
-from rankwise.train.checkpoint.manager import check_naming, check_position, name_pattern
 from rankwise.train.checkpoint.staging import BackgroundSaves
 
 __all__ = ["RemoteCheckpointManager"]
@@ -69,7 +69,7 @@ class RemoteCheckpointManager:
         sharded: bool = False,
         key: str | None = None,
     ) -> None:
-        check_naming(keep_last, prefix)
+        self._catalogue = Catalogue(storage, prefix, keep_last)
         self._secret = resolve_key(key)  # never shown: not in repr or messages
         if not storage.is_remote:
             raise ValueError(
@@ -80,8 +80,7 @@ class RemoteCheckpointManager:
         self.keep_last = keep_last
         self.prefix = prefix
         self.sharded = sharded
-        self._name = name_pattern(prefix)
-        self._dcp = remote_sharded.RemoteShardedWriter(storage, prefix, keep_last, self._secret)
+        self._dcp = remote_sharded.RemoteShardedWriter(self._catalogue, self._secret)
         self._background: BackgroundSaves[str] = BackgroundSaves()
 
     def __repr__(self) -> str:
@@ -111,8 +110,7 @@ class RemoteCheckpointManager:
         return None
 
     def name_for(self, epoch: int, step: int) -> str:
-        suffix = sharded.SUFFIX if self.sharded else ".pt"
-        return f"{self.prefix}-e{epoch:06d}-s{step:09d}{suffix}"
+        return self._catalogue.name_for(epoch, step, sharded=self.sharded)
 
     def path_for(self, epoch: int, step: int) -> str:
         """The URL a save at ``(epoch, step)`` writes."""
@@ -121,9 +119,7 @@ class RemoteCheckpointManager:
     def checkpoints(self) -> list[str]:
         """Every checkpoint name of this prefix (files and sharded folders), valid or not,
         oldest first."""
-        names = remote.checkpoints(self.storage, self.prefix)
-        names += remote_sharded.folders(self.storage, self.prefix)
-        return sorted(n for n in names if self._name.match(n))
+        return self._catalogue.names()
 
     def save(self, state: dict[str, Any], *, epoch: int, step: int) -> str:
         """Write ``state`` as the checkpoint of ``(epoch, step)``; return its URL once data,
@@ -140,10 +136,9 @@ class RemoteCheckpointManager:
                 self.storage,
                 local,
                 name,
-                prefix=self.prefix,
+                catalogue=self._catalogue,
                 pointer={"epoch": epoch, "step": step},
                 manifest=manifest,
-                keep_last=self.keep_last,
                 key=self._secret,
             )
         return self.storage.url_of(name)
@@ -187,13 +182,13 @@ class RemoteCheckpointManager:
 
     def latest(self) -> str | None:
         """The URL of the newest checkpoint that verifies, or ``None``."""
-        found = remote.first_valid(self.storage, self.prefix, self._verify, self.checkpoints())
+        found = self._catalogue.first_valid(self._verify)
         return None if found is None else self.storage.url_of(found[0])
 
     def load_latest(self) -> tuple[str, dict[str, Any]] | None:
         """``(url, state)`` of the newest valid checkpoint (downloaded and verified once; a
         sharded folder's state names its local copy, which loading it deletes)."""
-        found = remote.first_valid(self.storage, self.prefix, self._load, self.checkpoints())
+        found = self._catalogue.first_valid(self._load)
         return None if found is None else (self.storage.url_of(found[0]), found[1])
 
     def read(self, url: str) -> dict[str, Any]:

@@ -53,7 +53,7 @@ import xxhash
 from torch import nn
 
 import rankwise.distributed as rd
-from rankwise.storage.local import fsync_dir, tmp_name, write_atomic
+from rankwise.storage.local import fsync_dir, remove_tree, tmp_name, write_atomic
 from rankwise.train.checkpoint.files import (
     USE_ANOTHER,
     CheckpointError,
@@ -86,7 +86,6 @@ __all__ = [
     "load_shards",
     "new_manifest",
     "read_state",
-    "remove_folder",
     "sharded_state_dicts",
     "verify_folder",
 ]
@@ -244,7 +243,7 @@ def publish(
     write_json_atomic(tmp / MANIFEST, manifest)
     fault_point("before-rename")
     if final.exists():  # the same step saved again: the old folder goes first (a kill in
-        remove_folder(final)  # between leaves neither, and the previous checkpoint is used)
+        remove_tree(final)  # between leaves neither, and the previous checkpoint is used)
     os.replace(tmp, final)
     fsync_dir(final.parent)
 
@@ -269,17 +268,6 @@ def new_manifest(files: dict[str, dict[str, Any]], meta: dict[str, Any]) -> dict
         "torch": torch.__version__,
         "meta": meta,
     }
-
-
-def remove_folder(folder: Path) -> None:
-    """Delete a checkpoint folder: renamed away first (atomic), so a kill mid-delete never
-    leaves a half-deleted folder under a checkpoint's name."""
-    doomed = tmp_name(folder)
-    try:
-        os.replace(folder, doomed)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def verify_folder(
