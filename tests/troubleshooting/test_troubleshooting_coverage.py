@@ -111,9 +111,7 @@ INTERNAL.update(
         ("storage/retry.py", "unreachable"): _INVARIANT,
         ("train/checkpoint/remote.py", "is a manifest's or the pointer's name"): _STORAGE_API,
         ("train/checkpoint/catalogue.py", "is not a checkpoint name of prefix"): _STORAGE_API,
-        ("train/checkpoint/remote_manager.py", "is a local folder: use CheckpointManager"): (
-            _STORAGE_API
-        ),
+        ("train/checkpoint/manager.py", "is a local folder: use CheckpointManager"): _STORAGE_API,
         ("train/checkpoint/remote_sharded.py", "could not write its part of {}: {}"): _WRAPPER,
         ("storage/store.py", "part_size ({}) must be >= 5 MiB"): _STORAGE_API,
         ("storage/store.py", "is remote storage; it has no local path."): _STORAGE_API,

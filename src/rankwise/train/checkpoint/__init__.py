@@ -8,12 +8,16 @@ here, never from the modules below (their shared names are the package's interna
   XXH3-128 checksum (manifests of version 1, written before, hold a SHA-256 and are still
   verified); loading verifies it and raises :class:`CheckpointError` naming the file and the
   fault. :func:`set_fault_hook` and :data:`FAULT_POINTS` let tests stop a save at each point.
-- Folders (``manager.py``): :class:`CheckpointManager` keeps numbered checkpoints, a
-  ``latest`` pointer that moves only once the new one is safe, pruning only after that, and
-  :meth:`~CheckpointManager.latest` falls back to the previous good checkpoint when the newest
-  is torn or corrupt. With ``sharded=True`` (FSDP2) a checkpoint is a DCP folder every rank
-  writes its shards to, under the same rules (``sharded.py``); :func:`read_checkpoint` reads
-  either kind.
+- Folders and buckets (``manager.py``): :class:`CheckpointManager` keeps numbered
+  checkpoints, a ``latest`` pointer that moves only once the new one is safe, pruning only
+  after that, and :meth:`~CheckpointManager.latest` falls back to the previous good checkpoint
+  when the newest is torn or corrupt. The rules are written once (``catalogue.py``: names,
+  pointer, candidates, prune) over :class:`Storage`; the step that makes a finished checkpoint
+  visible is the backend's (``backends.py``: a rename in a folder, an upload to a bucket).
+  :class:`RemoteCheckpointManager` is the same manager over object storage, which ``fit``
+  uses when ``checkpoint_dir`` is a URL. With ``sharded=True`` (FSDP2) a checkpoint is a DCP
+  folder every rank writes its shards to, under the same rules (``sharded.py``);
+  :func:`read_checkpoint` and :func:`find_latest` take a path or a URL.
 - Wrapping-independent state (``portable.py``): :func:`model_state_dict`,
   :func:`optimizer_state_dict` and their loaders, :func:`rng_state` / :func:`set_rng_state`.
 - During ``fit``: :class:`Checkpointer` (``checkpointer.py``) decides when to save (every N
@@ -22,14 +26,12 @@ here, never from the modules below (their shared names are the package's interna
   buffers (:func:`snapshot`, ``staging.py``); :class:`SaveStats` is what that cost the loop.
   :func:`manager_for` and :func:`load_resume` (``resume.py``) are where ``fit`` saves and what
   it resumes from.
-- Object storage (``remote.py``, ``remote_sharded.py``, ``remote_manager.py``, over
-  ``rankwise.storage``): :class:`Storage` reaches a local folder or any fsspec URL (``s3://``,
-  ``gs://``, ``az://``, ``memory://``) with retries and errors that name the URL, never a
-  credential;
-  ``remote`` writes a checkpoint as data, then manifest, then pointer (there is no rename) and
-  trusts only what verifies; ``remote_sharded`` does the same for FSDP2's DCP folders, each
-  rank uploading its own shards; :class:`RemoteCheckpointManager` is the bucket's
-  :class:`CheckpointManager`, which ``fit`` uses when ``checkpoint_dir`` is a URL.
+- Object storage (``remote.py``, ``remote_sharded.py``, over ``rankwise.storage``):
+  :class:`Storage` reaches a local folder or any fsspec URL (``s3://``, ``gs://``, ``az://``,
+  ``memory://``) with retries and errors that name the URL, never a credential; ``remote``
+  uploads a checkpoint as data, then manifest (there is no rename), before the pointer moves,
+  and trusts only what verifies; ``remote_sharded`` does the same for FSDP2's DCP folders, each
+  rank uploading its own shards.
 
 >>> import tempfile
 >>> manager = CheckpointManager(tempfile.mkdtemp(), keep_last=2)
@@ -56,6 +58,7 @@ from rankwise.train.checkpoint.files import (
 from rankwise.train.checkpoint.manager import (
     FORMAT_VERSION,
     CheckpointManager,
+    RemoteCheckpointManager,
     find_latest,
     read_checkpoint,
 )
@@ -67,7 +70,6 @@ from rankwise.train.checkpoint.portable import (
     rng_state,
     set_rng_state,
 )
-from rankwise.train.checkpoint.remote_manager import RemoteCheckpointManager
 from rankwise.train.checkpoint.resume import load_resume, manager_for
 from rankwise.train.checkpoint.sharded import load_shards, sharded_state_dicts
 from rankwise.train.checkpoint.staging import snapshot

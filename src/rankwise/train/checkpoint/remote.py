@@ -85,6 +85,23 @@ def publish(
     catalogue = catalogue or Catalogue(storage)
     if name.endswith(_MANIFEST_SUFFIX) or name == catalogue.pointer_key:
         raise ValueError(f"{name!r} is a manifest's or the pointer's name; rename it.")
+    manifest = upload(storage, source, name, meta=meta, manifest=manifest, key=key)
+    catalogue.commit(name, pointer or {})
+    return manifest
+
+
+def upload(
+    storage: Storage,
+    source: bytes | str | os.PathLike[str],
+    name: str,
+    *,
+    meta: dict[str, Any] | None = None,
+    manifest: dict[str, Any] | None = None,
+    key: str | bytes | None = None,
+) -> dict[str, Any]:
+    """Make checkpoint ``name`` visible in the bucket from ``source`` (bytes, or a finished
+    local file): its data, then its manifest (signed under ``key``), the bucket's one step
+    that a folder does by a rename. Returns the manifest (see :func:`publish`)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
         manifest = manifest or new_manifest(
@@ -106,7 +123,6 @@ def publish(
             raise CheckpointError(f"{source} changed while it was uploaded to {name}.")
     manifest = sign({**manifest, "file": name}, name, key)
     storage.put(json_bytes(manifest), manifest_key(name))
-    catalogue.commit(name, pointer or {})
     return manifest
 
 

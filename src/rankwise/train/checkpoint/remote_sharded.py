@@ -20,7 +20,7 @@ The design, and why it is this one:
   secret). Not torch's ``FsspecWriter`` streaming into the bucket: uploading finished local
   files gives the checksums before the first byte goes up, retries a failed upload from the
   file, keeps every call to the store in the one layer that retries and names the URL, and
-  leaves no upload that rankwise's start does not abort (``RemoteCheckpointManager.start``).
+  leaves no upload that rankwise's start does not abort (``CheckpointManager.start``).
 - The ranks' ``(name, size, xxh3)`` lists are gathered over the background group as plain
   data (``all_gather_plain``: never a peer's pickle), each with the rank's error if its
   upload failed: no file is vouched for unless every rank's files are up.

@@ -15,8 +15,11 @@ from typing import Any
 import rankwise.distributed as rd
 from rankwise.storage import Storage, is_remote_url
 from rankwise.train.checkpoint.files import CheckpointError
-from rankwise.train.checkpoint.manager import CheckpointManager, read_checkpoint
-from rankwise.train.checkpoint.remote_manager import RemoteCheckpointManager
+from rankwise.train.checkpoint.manager import (
+    CheckpointManager,
+    RemoteCheckpointManager,
+    read_checkpoint,
+)
 from rankwise.train.config import DistributedTrainingConfig
 
 # Where a checkpoint is: a local path, or an object's URL (a str: Path("s3://b") is "s3:/b").
