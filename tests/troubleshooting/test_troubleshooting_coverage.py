@@ -53,7 +53,7 @@ INTERNAL: dict[tuple[str, str], str] = {
     ("testing/tamper.py", "applies to sharded (.dcp) checkpoints only"): _TESTING,
     ("testing/tamper.py", "plants a pickle payload: pass marker"): _TESTING,
     ("testing/tamper.py", "is not named ...-s<step>.pt/.dcp; nothing to rename."): _TESTING,
-    ("train/checkpoint/files.py", "no checkpoint key: set checkpoint_key or {}."): _GUARD,
+    ("train/checkpoint/manifests.py", "no checkpoint key: set checkpoint_key or {}."): _GUARD,
     ("train/checkpoint/sharded.py", "checkpoint {}: DCP asked for a per-rank index."): (_INVARIANT),
     ("__init__.py", "module 'rankwise' has no attribute {}"): "Python's own AttributeError text",
     ("compat/tensorbrain/alias.py", "has no attribute {}: it is an alias"): "Python's own text",

@@ -5,9 +5,11 @@ here, never from the modules below (their shared names are the package's interna
 
 - Files (``files.py``): :func:`save_file` / :func:`load_file` write one checkpoint atomically
   (temporary file, fsync, ``os.replace``, folder fsync) with a manifest holding its size and
-  XXH3-128 checksum (manifests of version 1, written before, hold a SHA-256 and are still
-  verified); loading verifies it and raises :class:`CheckpointError` naming the file and the
-  fault. :func:`set_fault_hook` and :data:`FAULT_POINTS` let tests stop a save at each point.
+  XXH3-128 checksum (``manifests.py``: the format, its checks and the checkpoint key; manifests
+  of version 1, written before, hold a SHA-256 and are still verified); loading verifies it
+  and raises :class:`CheckpointError` (``errors.py``) naming the file and the fault.
+  :func:`set_fault_hook` and :data:`FAULT_POINTS` (``faults.py``) let tests stop a save at
+  each point.
 - Folders and buckets (``manager.py``): :class:`CheckpointManager` keeps numbered
   checkpoints, a ``latest`` pointer that moves only once the new one is safe, pruning only
   after that, and :meth:`~CheckpointManager.latest` falls back to the previous good checkpoint
@@ -45,16 +47,9 @@ here, never from the modules below (their shared names are the package's interna
 
 from rankwise.storage import RetryPolicy, Storage, StorageError, StorageWarning
 from rankwise.train.checkpoint.checkpointer import Checkpointer
-from rankwise.train.checkpoint.files import (
-    FAULT_POINTS,
-    CheckpointError,
-    CheckpointWarning,
-    load_file,
-    manifest_path,
-    save_file,
-    set_fault_hook,
-    verify_file,
-)
+from rankwise.train.checkpoint.errors import CheckpointError, CheckpointWarning
+from rankwise.train.checkpoint.faults import FAULT_POINTS, set_fault_hook
+from rankwise.train.checkpoint.files import load_file, save_file, verify_file
 from rankwise.train.checkpoint.manager import (
     FORMAT_VERSION,
     CheckpointManager,
@@ -62,6 +57,7 @@ from rankwise.train.checkpoint.manager import (
     find_latest,
     read_checkpoint,
 )
+from rankwise.train.checkpoint.manifests import manifest_path
 from rankwise.train.checkpoint.portable import (
     load_model_state_dict,
     load_optimizer_state_dict,

@@ -31,13 +31,9 @@ from rankwise.storage import Storage, StorageError
 from rankwise.storage.local import TMP_MARK
 from rankwise.train.checkpoint import remote, remote_sharded, sharded
 from rankwise.train.checkpoint.catalogue import Catalogue
-from rankwise.train.checkpoint.files import (
-    CheckpointError,
-    load_file,
-    manifest_path,
-    save_file,
-    verify_file,
-)
+from rankwise.train.checkpoint.errors import CheckpointError
+from rankwise.train.checkpoint.files import load_file, save_file, verify_file
+from rankwise.train.checkpoint.manifests import manifest_path
 from rankwise.train.checkpoint.sharded import ShardedWriter
 
 __all__ = ["BucketSaves", "FolderSaves"]
@@ -49,7 +45,7 @@ class FolderSaves:
     def __init__(self, catalogue: Catalogue, key: bytes | None) -> None:
         self.catalogue = catalogue
         self.directory = catalogue.storage.local_path
-        self.key = key  # the checkpoint key manifests are signed with (files.resolve_key)
+        self.key = key  # the checkpoint key manifests are signed with (manifests.resolve_key)
         self._dcp: ShardedWriter | None = None
 
     def location(self, name: str) -> Path:

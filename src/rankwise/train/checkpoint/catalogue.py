@@ -31,12 +31,9 @@ from typing import Any, TypeVar
 
 from rankwise.storage import Storage
 from rankwise.storage.local import json_bytes
-from rankwise.train.checkpoint.files import (
-    CheckpointError,
-    CheckpointWarning,
-    fault_point,
-    manifest_path,
-)
+from rankwise.train.checkpoint.errors import CheckpointError, CheckpointWarning
+from rankwise.train.checkpoint.faults import fault_point
+from rankwise.train.checkpoint.manifests import manifest_path
 from rankwise.train.checkpoint.sharded import MANIFEST, SUFFIX
 
 __all__ = [

@@ -21,12 +21,9 @@ from rankwise.storage import Storage, is_remote_url, split_url
 from rankwise.train.checkpoint import remote, remote_sharded, sharded
 from rankwise.train.checkpoint.backends import BucketSaves, FolderSaves
 from rankwise.train.checkpoint.catalogue import Catalogue, check_position
-from rankwise.train.checkpoint.files import (
-    CheckpointError,
-    check_plain,
-    load_file,
-    resolve_key,
-)
+from rankwise.train.checkpoint.errors import CheckpointError
+from rankwise.train.checkpoint.files import check_plain, load_file
+from rankwise.train.checkpoint.manifests import resolve_key
 from rankwise.train.checkpoint.staging import BackgroundSaves
 
 __all__ = [

@@ -4,9 +4,9 @@ A checkpoint ``NAME`` under a :class:`~rankwise.storage.Storage` is three object
 written in this order by :func:`publish`:
 
 1. the data, ``NAME`` (a multipart upload for a large file: invisible until complete);
-2. its manifest, ``NAME.sha256.json``: a local manifest's JSON (``files.new_manifest``:
+2. its manifest, ``NAME.sha256.json``: a local manifest's JSON (``manifests.new_manifest``:
    ``version``, ``file``, ``size``, ``xxh3_128``, ``created``, ``torch``, ``meta``), read and
-   checked by the same code as on disk (``files.parse_manifest``, ``files.check_content``);
+   checked by the same code as on disk (``manifests.parse_manifest``, ``manifests.check_content``);
 3. the pointer ``{prefix}-latest.json`` (``{"file": NAME, ...}``), as on disk.
 
 A reader trusts a checkpoint only when its manifest exists (with a checkpoint key: carrying a
@@ -41,12 +41,13 @@ import xxhash
 from rankwise.storage import Storage
 from rankwise.storage.local import json_bytes
 from rankwise.train.checkpoint.catalogue import Catalogue, manifest_key
-from rankwise.train.checkpoint.files import (
-    CheckpointError,
+from rankwise.train.checkpoint.errors import CheckpointError
+from rankwise.train.checkpoint.faults import fault_point
+from rankwise.train.checkpoint.files import load_torch
+from rankwise.train.checkpoint.manifests import (
+    MANIFEST_SUFFIX,
     check_content,
     checksum_of,
-    fault_point,
-    load_torch,
     new_checksum,
     new_manifest,
     parse_manifest,
@@ -54,9 +55,6 @@ from rankwise.train.checkpoint.files import (
 )
 
 _CHUNK = 8 << 20
-
-
-_MANIFEST_SUFFIX = manifest_key("x").removeprefix("x")
 
 
 def publish(
@@ -83,7 +81,7 @@ def publish(
     first part of a file's data is up (the whole object, for one part), ``before-pointer`` and
     ``before-prune``."""
     catalogue = catalogue or Catalogue(storage)
-    if name.endswith(_MANIFEST_SUFFIX) or name == catalogue.pointer_key:
+    if name.endswith(MANIFEST_SUFFIX) or name == catalogue.pointer_key:
         raise ValueError(f"{name!r} is a manifest's or the pointer's name; rename it.")
     manifest = upload(storage, source, name, meta=meta, manifest=manifest, key=key)
     catalogue.commit(name, pointer or {})
@@ -134,7 +132,7 @@ def read_manifest(
     storage: Storage, name: str, key: str | bytes | None = None
 ) -> tuple[dict[str, Any], str]:
     """``(manifest, algorithm)`` of ``name``; :class:`CheckpointError` when it is missing,
-    unreadable or not trusted (``files.check_trust`` under ``key``: a MAC missing or wrong, a
+    unreadable or not trusted (``manifests.check_trust`` under ``key``: a MAC missing or wrong, a
     name claiming another step)."""
     checkpoint_key, key = key, manifest_key(name)
     what = f"checkpoint {storage.url_of(name)}"

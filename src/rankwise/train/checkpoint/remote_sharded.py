@@ -57,7 +57,8 @@ from rankwise.storage import Storage, StorageError
 from rankwise.storage.local import json_bytes
 from rankwise.train.checkpoint import sharded
 from rankwise.train.checkpoint.catalogue import Catalogue
-from rankwise.train.checkpoint.files import checksum_of, fault_point, sign
+from rankwise.train.checkpoint.faults import fault_point
+from rankwise.train.checkpoint.manifests import checksum_of, sign
 from rankwise.train.checkpoint.sharded import MANIFEST, REST, ShardedWriter
 
 __all__ = ["RemoteShardedWriter", "fetch", "verify"]
@@ -73,7 +74,7 @@ class RemoteShardedWriter:
     def __init__(self, catalogue: Catalogue, key: str | bytes | None = None) -> None:
         self.catalogue = catalogue  # the checkpoints of the URL: pointer and pruning
         self.storage = catalogue.storage
-        self.key = key  # the checkpoint key manifests are signed with (files.resolve_key)
+        self.key = key  # the checkpoint key manifests are signed with (manifests.resolve_key)
         self._dcp = ShardedWriter()
 
     def start(

@@ -14,7 +14,7 @@ from typing import Any
 
 import rankwise.distributed as rd
 from rankwise.storage import Storage, is_remote_url
-from rankwise.train.checkpoint.files import CheckpointError
+from rankwise.train.checkpoint.errors import CheckpointError
 from rankwise.train.checkpoint.manager import (
     CheckpointManager,
     RemoteCheckpointManager,

@@ -27,7 +27,7 @@ folder is trusted only when its manifest lists every file in it (an unlisted one
 DCP would read a planted ``__0.metadata``), lists ``.metadata``, and every file matches; the
 ``.metadata`` DCP unpickles is the very bytes checked, on every rank (:func:`load_shards`
 hands DCP a reader of them). A checksum anyone can recompute; with a checkpoint key the
-manifest carries a MAC too (``files.check_trust``), without one the folder must be trusted as
+manifest carries a MAC too (``manifests.check_trust``), without one the folder must be trusted as
 code. Loading
 (:func:`load_shards`) reads the shards into the live model's and optimizer's layout with
 ``torch.distributed.checkpoint.load``, which reshards onto any world size, or into a plain
@@ -54,18 +54,17 @@ from torch import nn
 
 import rankwise.distributed as rd
 from rankwise.storage.local import fsync_dir, remove_tree, tmp_name, write_atomic
-from rankwise.train.checkpoint.files import (
+from rankwise.train.checkpoint.errors import CheckpointError
+from rankwise.train.checkpoint.faults import fault_point
+from rankwise.train.checkpoint.files import check_plain, write_json_atomic
+from rankwise.train.checkpoint.manifests import (
     USE_ANOTHER,
-    CheckpointError,
     check_bytes,
     check_content,
-    check_plain,
     check_position,
     check_trust,
     checksum_of,
-    fault_point,
     sign,
-    write_json_atomic,
 )
 from rankwise.train.checkpoint.portable import (
     dcp_view,
@@ -235,7 +234,7 @@ def publish(
     key: str | bytes | None = None,
 ) -> None:
     """Rank 0, once every rank's shards are in ``tmp``: the rest, the manifest (last; signed
-    under ``key``, see ``files.resolve_key``), then ``tmp`` renamed to ``final`` and the
+    under ``key``, see ``manifests.resolve_key``), then ``tmp`` renamed to ``final`` and the
     parent folder fsynced."""
     write_atomic(tmp / REST, lambda f: torch.save(rest, f))
     fault_point("before-manifest")
