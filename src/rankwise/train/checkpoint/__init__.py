@@ -26,8 +26,8 @@ here, never from the modules below (their shared names are the package's interna
   steps or epochs, the deferral at an epoch's end, the last save, the drain on SIGTERM) and
   saves through one background writer (``writer.py``) that stages the state in reused CPU
   buffers (:func:`snapshot`, ``staging.py``); :class:`SaveStats` is what that cost the loop.
-  :func:`manager_for` and :func:`load_resume` (``resume.py``) are where ``fit`` saves and what
-  it resumes from.
+  :func:`manager_for` (``placement.py``) is where ``fit`` saves, :func:`load_resume`
+  (``resume.py``) what it resumes from.
 - Object storage (``remote.py``, ``remote_sharded.py``, over ``rankwise.storage``):
   :class:`Storage` reaches a local folder or any fsspec URL (``s3://``, ``gs://``, ``az://``,
   ``memory://``) with retries and errors that name the URL, never a credential; ``remote``
@@ -58,6 +58,7 @@ from rankwise.train.checkpoint.manager import (
     read_checkpoint,
 )
 from rankwise.train.checkpoint.manifests import manifest_path
+from rankwise.train.checkpoint.placement import manager_for
 from rankwise.train.checkpoint.portable import (
     load_model_state_dict,
     load_optimizer_state_dict,
@@ -66,7 +67,7 @@ from rankwise.train.checkpoint.portable import (
     rng_state,
     set_rng_state,
 )
-from rankwise.train.checkpoint.resume import load_resume, manager_for
+from rankwise.train.checkpoint.resume import load_resume
 from rankwise.train.checkpoint.sharded import load_shards, sharded_state_dicts
 from rankwise.train.checkpoint.staging import snapshot
 from rankwise.train.checkpoint.writer import SaveStats
