@@ -190,7 +190,7 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
     ("distributed/membership.py", "slot {}, let into generation {}, died or stalled before"): (
         _CONTINUE
     ),
-    ("train/checkpoint/resume.py", "checkpoint_dir ({}) is relative, and this --on-failure"): (
+    ("train/checkpoint/placement.py", "checkpoint_dir ({}) is relative, and this --on-failure"): (
         "fires only inside a continue job launched on more than one node (--nnodes > 1): "
         "tests/train/checkpoint/test_train_writer_roles.py triggers it"
     ),
