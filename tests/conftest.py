@@ -91,5 +91,18 @@ def s3_bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
     return f"s3://{bucket}"
 
 
+@pytest.fixture(params=["folder", "memory", "s3"])
+def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a test's store lives, once per backend: a local folder, ``memory://`` and the real
+    S3 server (:func:`s3_bucket`): the tests of the one store interface run on each."""
+    import uuid
+
+    if request.param == "folder":
+        return str(tmp_path / "store")
+    if request.param == "memory":
+        return f"memory://rankwise-{uuid.uuid4().hex[:16]}"
+    return str(request.getfixturevalue("s3_bucket"))
+
+
 # Helper scripts run under `rankwise launch`; they are not test modules (and parse argv on import).
 collect_ignore = ["scripts"]

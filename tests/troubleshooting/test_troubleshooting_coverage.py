@@ -53,7 +53,7 @@ INTERNAL: dict[tuple[str, str], str] = {
     ("testing/tamper.py", "applies to sharded (.dcp) checkpoints only"): _TESTING,
     ("testing/tamper.py", "plants a pickle payload: pass marker"): _TESTING,
     ("testing/tamper.py", "is not named ...-s<step>.pt/.dcp; nothing to rename."): _TESTING,
-    ("train/checkpoint/files.py", "no checkpoint key: set checkpoint_key or {}."): _GUARD,
+    ("train/checkpoint/manifests.py", "no checkpoint key: set checkpoint_key or {}."): _GUARD,
     ("train/checkpoint/sharded.py", "checkpoint {}: DCP asked for a per-rank index."): (_INVARIANT),
     ("__init__.py", "module 'rankwise' has no attribute {}"): "Python's own AttributeError text",
     ("compat/tensorbrain/alias.py", "has no attribute {}: it is an alias"): "Python's own text",
@@ -108,27 +108,16 @@ INTERNAL.update(
         ("testing/servers.py", "did not answer within {} s; log"): _TESTING,
         ("testing/servers.py", "exited with {} before {} answered; log"): _TESTING,
         ("testing/servers.py", "attempts must be >= 1"): _TESTING,
-        ("train/checkpoint/storage_errors.py", "unreachable"): _INVARIANT,
+        ("storage/retry.py", "unreachable"): _INVARIANT,
         ("train/checkpoint/remote.py", "is a manifest's or the pointer's name"): _STORAGE_API,
-        ("train/checkpoint/remote.py", "keep_last ({}) must be an integer >= 1."): _STORAGE_API,
-        ("train/checkpoint/remote_manager.py", "is a local folder: use CheckpointManager"): (
-            _STORAGE_API
-        ),
+        ("train/checkpoint/catalogue.py", "is not a checkpoint name of prefix"): _STORAGE_API,
+        ("train/checkpoint/manager.py", "is a local folder: use CheckpointManager"): _STORAGE_API,
         ("train/checkpoint/remote_sharded.py", "could not write its part of {}: {}"): _WRAPPER,
-        ("train/checkpoint/storage.py", "part_size ({}) must be >= 5 MiB"): _STORAGE_API,
-        ("train/checkpoint/storage.py", "is remote storage; it has no local path."): _STORAGE_API,
-        ("train/checkpoint/storage.py", "is a local folder: use the local checkpoint files"): (
-            _STORAGE_API
-        ),
-        ("train/checkpoint/storage_errors.py", "attempts ({}) must be an integer >= 1."): (
-            _STORAGE_API
-        ),
-        ("train/checkpoint/storage_errors.py", "attempts ({}) must be >= 1 (1: no retry)."): (
-            _STORAGE_API
-        ),
-        ("train/checkpoint/storage_errors.py", "first_delay ({}) and max_delay ({}) must"): (
-            _STORAGE_API
-        ),
+        ("storage/store.py", "part_size ({}) must be >= 5 MiB"): _STORAGE_API,
+        ("storage/store.py", "is remote storage; it has no local path."): _STORAGE_API,
+        ("storage/retry.py", "attempts ({}) must be an integer >= 1."): (_STORAGE_API),
+        ("storage/retry.py", "attempts ({}) must be >= 1 (1: no retry)."): (_STORAGE_API),
+        ("storage/retry.py", "first_delay ({}) and max_delay ({}) must"): (_STORAGE_API),
     }
 )
 
@@ -139,12 +128,8 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
     ),
     ("train/checkpoint/remote.py", "changed while it was uploaded to"): _RACE,
     ("train/checkpoint/remote.py", "is missing; its manifest remains."): _RACE,
-    ("train/checkpoint/storage.py", "read back other bytes than were written."): _RACE,
-    ("train/checkpoint/remote.py", "checkpoint pointer {} is unreadable ({}); scanning"): (
-        "the bucket's twin of the local pointer's warning; fires only for a pointer object "
-        "edited by hand"
-    ),
-    ("train/checkpoint/storage.py", "use a local path or an fsspec URL (s3://, gs://"): (
+    ("storage/store.py", "read back other bytes than were written."): _RACE,
+    ("storage/store.py", "use a local path or an fsspec URL (s3://, gs://"): (
         "fires for a URL scheme fsspec does not know; its text is fsspec's, which varies by "
         "fsspec version"
     ),
@@ -205,7 +190,7 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
     ("distributed/membership.py", "slot {}, let into generation {}, died or stalled before"): (
         _CONTINUE
     ),
-    ("train/checkpoint/resume.py", "checkpoint_dir ({}) is relative, and this --on-failure"): (
+    ("train/checkpoint/placement.py", "checkpoint_dir ({}) is relative, and this --on-failure"): (
         "fires only inside a continue job launched on more than one node (--nnodes > 1): "
         "tests/train/checkpoint/test_train_writer_roles.py triggers it"
     ),

@@ -48,7 +48,7 @@ def _retry_warning() -> BaseException:
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        raised(store.put, b"x", "ckpt-s001.pt")
+        raised(store.put, b"x", "ckpt-e000000-s000000001.pt")
     assert len(caught) == 1, [str(w.message) for w in caught]
     message = caught[0].message
     assert isinstance(message, Warning)

@@ -16,7 +16,7 @@ from helpers.troubleshooting_table import check_row, raised
 from rankwise.testing.tamper import tamper_checkpoint
 from rankwise.train import DistributedTrainingConfig
 from rankwise.train.checkpoint import CheckpointManager, read_checkpoint
-from rankwise.train.checkpoint.files import KEY_VARIABLE
+from rankwise.train.checkpoint.manifests import KEY_VARIABLE
 from rankwise.train.state import TrainState
 
 

@@ -165,7 +165,7 @@ def tamper_checkpoint(
     elif how == "strip-mac":
         manifest.pop(_MAC, None)
     elif how == "forge-mac":
-        from rankwise.train.checkpoint.files import sign
+        from rankwise.train.checkpoint.manifests import sign
 
         manifest = sign(manifest, name, "not-the-run-s-key")
     elif how == "flip-byte" or how == "payload":

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from rankwise.train.secrets import REDACTED, redacted
+from rankwise.storage import REDACTED, redacted
 from rankwise.validation import did_you_mean
 
 # -- the rules of single fields (the rules across fields are the config's own methods) ------

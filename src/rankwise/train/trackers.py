@@ -46,9 +46,9 @@ from typing import Any, Protocol
 
 import rankwise.distributed as rd
 from rankwise.distributed.errors import RankwiseWarning
-from rankwise.train.checkpoint import Storage, manifest_path
+from rankwise.storage import Storage, redacted, scrub, secret_values
+from rankwise.train.checkpoint import manifest_path
 from rankwise.train.history import DistributedTrainingHistory
-from rankwise.train.secrets import redacted, secret_values
 from rankwise.validation import did_you_mean
 
 __all__ = [
@@ -497,8 +497,7 @@ class TrackerSet:
             if tracker in self.running:
                 self.running.remove(tracker)
             text = " ".join(str(exc).split()) or type(exc).__name__
-            for secret in self._scrub:  # before the cut, which could split a secret
-                text = text.replace(secret, "***")
+            text = scrub(text, self._scrub)  # before the cut, which could split a secret
             if len(text) > 600:  # the cause is often at the end (a connection's error)
                 text = f"{text[:300]} ... {text[-300:]}"
             fix = (

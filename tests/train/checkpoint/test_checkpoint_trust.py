@@ -36,7 +36,7 @@ from rankwise.train.checkpoint import (
     RemoteCheckpointManager,
     Storage,
 )
-from rankwise.train.checkpoint.files import KEY_VARIABLE, MAC
+from rankwise.train.checkpoint.manifests import KEY_VARIABLE, MAC
 from rankwise.train.state import TrainState
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import s3fs
 
+from rankwise.storage import is_remote_url
 from rankwise.testing import free_port
 from rankwise.testing.s3server import S3_KEY, S3_SECRET, start_server
 from rankwise.train import checkpoint as files
@@ -28,12 +29,18 @@ from rankwise.train.checkpoint import (
     StorageWarning,
 )
 from rankwise.train.checkpoint import remote as rc
-from rankwise.train.checkpoint.storage_errors import is_remote_url
+from rankwise.train.checkpoint.catalogue import Catalogue
 
 pytestmark = pytest.mark.timeout(60)
 
 MiB = 1 << 20
 FAST = RetryPolicy(attempts=1)
+
+
+def _latest(store: Storage) -> str | None:
+    """The newest checkpoint under ``store`` that verifies (what a resume takes)."""
+    found = Catalogue(store).first_valid(lambda name: rc.verify(store, name))
+    return None if found is None else found[0]
 
 
 def _fs() -> s3fs.S3FileSystem:
@@ -44,61 +51,61 @@ def _fs() -> s3fs.S3FileSystem:
 def test_a_published_checkpoint_is_the_latest_and_verifies(s3_bucket: str, tmp_path: Path):
     store = Storage.for_url(f"{s3_bucket}/run", part_size=5 * MiB)
     store.check_writable()
-    assert store.is_remote and rc.latest(store) is None
+    assert store.is_remote and _latest(store) is None
     big = tmp_path / "state.pt"
     big.write_bytes(bytes(range(256)) * (12 * MiB // 256))  # 3 parts of 5 MiB: a multipart upload
-    rc.publish(store, b"first", "ckpt-s001.pt", pointer={"step": 1})
-    manifest = rc.publish(store, big, "ckpt-s002.pt", pointer={"step": 2}, meta={"epoch": 0})
+    rc.publish(store, b"first", "ckpt-e000000-s000000001.pt", pointer={"step": 1})
+    manifest = rc.publish(
+        store, big, "ckpt-e000000-s000000002.pt", pointer={"step": 2}, meta={"epoch": 0}
+    )
 
-    assert rc.latest(store) == "ckpt-s002.pt"
-    assert rc.verify(store, "ckpt-s002.pt") == manifest
+    assert _latest(store) == "ckpt-e000000-s000000002.pt"
+    assert rc.verify(store, "ckpt-e000000-s000000002.pt") == manifest
     assert manifest["size"] == 12 * MiB and manifest["meta"] == {"epoch": 0}
-    assert json.loads(store.read("ckpt-latest.json")) == {"file": "ckpt-s002.pt", "step": 2}
-    got = rc.fetch(store, "ckpt-s002.pt", tmp_path / "got.pt")
+    assert json.loads(store.read("ckpt-latest.json")) == {
+        "file": "ckpt-e000000-s000000002.pt",
+        "step": 2,
+    }
+    got = rc.fetch(store, "ckpt-e000000-s000000002.pt", tmp_path / "got.pt")
     assert got.read_bytes() == big.read_bytes()
     # The manifest is a local one: the local verifier accepts the object and its manifest.
     local = files.save_file({"x": 1}, tmp_path / "local" / "ckpt.pt")
     local_manifest = json.loads(files.manifest_path(local).read_text())
     assert sorted(manifest) == sorted(local_manifest)
-    (tmp_path / "got.pt.sha256.json").write_bytes(store.read("ckpt-s002.pt.sha256.json"))
+    (tmp_path / "got.pt.sha256.json").write_bytes(
+        store.read("ckpt-e000000-s000000002.pt.sha256.json")
+    )
     assert files.verify_file(got)["xxh3_128"] == manifest["xxh3_128"]
-
-
-def test_a_local_path_keeps_the_local_code_path(tmp_path: Path):
-    for url in (str(tmp_path / "run"), f"file://{tmp_path}/run"):
-        store = Storage.for_url(url)
-        assert not store.is_remote and store.local_path == tmp_path / "run"
-        with pytest.raises(TypeError, match="local folder"):
-            store.names()
-        store.check_writable()
-        assert (tmp_path / "run").is_dir()
 
 
 def test_a_torn_upload_is_never_the_latest(s3_bucket: str):
     store = Storage.for_url(f"{s3_bucket}/run")
-    rc.publish(store, b"good one", "ckpt-s001.pt")
+    rc.publish(store, b"good one", "ckpt-e000000-s000000001.pt")
     fs, root = _fs(), f"{s3_bucket[5:]}/run"
-    # Killed after the data, before the manifest (the pointer still names s001).
-    fs.pipe(f"{root}/ckpt-s002.pt", b"torn")
     # A manifest whose digest does not match its data, named by the pointer.
-    rc.publish(store, b"will be corrupted", "ckpt-s003.pt")
-    fs.pipe(f"{root}/ckpt-s003.pt", b"WILL BE CORRUPTED")
-    store.put(json.dumps({"file": "ckpt-s003.pt"}).encode(), "ckpt-latest.json")
+    rc.publish(store, b"will be corrupted", "ckpt-e000000-s000000003.pt")
+    fs.pipe(f"{root}/ckpt-e000000-s000000003.pt", b"WILL BE CORRUPTED")
+    # Data with no manifest (a save killed before it; written after s003's prune, which
+    # would have removed it as incomplete).
+    fs.pipe(f"{root}/ckpt-e000000-s000000002.pt", b"torn")
+    store.put(json.dumps({"file": "ckpt-e000000-s000000003.pt"}).encode(), "ckpt-latest.json")
 
     with pytest.warns(CheckpointWarning) as caught:
-        assert rc.latest(store) == "ckpt-s001.pt"
+        assert _latest(store) == "ckpt-e000000-s000000001.pt"
     said = "\n".join(str(w.message) for w in caught)
-    assert "ckpt-s003.pt is corrupt" in said
-    assert "ckpt-s002.pt has no manifest" in said
-    assert f"{s3_bucket}/run/ckpt-s003.pt" in said  # the message names the object's URL
+    assert "ckpt-e000000-s000000003.pt is corrupt" in said
+    assert "ckpt-e000000-s000000002.pt has no manifest" in said
+    assert (
+        f"{s3_bucket}/run/ckpt-e000000-s000000003.pt" in said
+    )  # the message names the object's URL
     with pytest.raises(files.CheckpointError, match="corrupt"):
-        rc.verify(store, "ckpt-s003.pt")
-    rc.publish(store, b"will be cut", "ckpt-s004.pt")
-    fs.pipe(f"{root}/ckpt-s004.pt", b"will")
+        rc.verify(store, "ckpt-e000000-s000000003.pt")
+    rc.publish(store, b"will be cut", "ckpt-e000000-s000000004.pt")
+    fs.pipe(f"{root}/ckpt-e000000-s000000004.pt", b"will")
     with pytest.raises(
         files.CheckpointError, match=r"truncated \(torn write\): 4 bytes, expected 11"
     ):
-        rc.verify(store, "ckpt-s004.pt")
+        rc.verify(store, "ckpt-e000000-s000000004.pt")
 
 
 def test_pruning_happens_after_the_pointer_and_keeps_the_newest(s3_bucket: str):
@@ -116,45 +123,51 @@ def test_pruning_happens_after_the_pointer_and_keeps_the_newest(s3_bucket: str):
     plain = Storage.for_url(f"{s3_bucket}/run")
     store = Recording(plain.url, plain.protocol, plain.path, plain.fs)
     for step in (1, 2, 3):
-        rc.publish(store, f"state {step}".encode(), f"ckpt-s{step:03d}.pt")
-    _fs().pipe(f"{s3_bucket[5:]}/run/ckpt-s000.pt", b"torn, older")  # no manifest
+        rc.publish(store, f"state {step}".encode(), f"ckpt-e000000-s{step:09d}.pt")
+    _fs().pipe(f"{s3_bucket[5:]}/run/ckpt-e000000-s000000000.pt", b"torn, older")  # no manifest
     order.clear()
-    rc.publish(store, b"state 4", "ckpt-s004.pt", keep_last=2)
+    rc.publish(
+        store, b"state 4", "ckpt-e000000-s000000004.pt", catalogue=Catalogue(store, keep_last=2)
+    )
 
     assert order[:3] == [
-        "put ckpt-s004.pt",
-        "put ckpt-s004.pt.sha256.json",
+        "put ckpt-e000000-s000000004.pt",
+        "put ckpt-e000000-s000000004.pt.sha256.json",
         "put ckpt-latest.json",
     ]
     deleted = order[3:]
     assert deleted == [
-        "delete ckpt-s000.pt.sha256.json",
-        "delete ckpt-s000.pt",
-        "delete ckpt-s001.pt.sha256.json",
-        "delete ckpt-s001.pt",
-        "delete ckpt-s002.pt.sha256.json",
-        "delete ckpt-s002.pt",
+        "delete ckpt-e000000-s000000000.pt.sha256.json",
+        "delete ckpt-e000000-s000000000.pt",
+        "delete ckpt-e000000-s000000001.pt.sha256.json",
+        "delete ckpt-e000000-s000000001.pt",
+        "delete ckpt-e000000-s000000002.pt.sha256.json",
+        "delete ckpt-e000000-s000000002.pt",
     ]
-    assert rc.checkpoints(store) == ["ckpt-s003.pt", "ckpt-s004.pt"]
-    assert rc.latest(store) == "ckpt-s004.pt"
+    assert Catalogue(store).names() == ["ckpt-e000000-s000000003.pt", "ckpt-e000000-s000000004.pt"]
+    assert _latest(store) == "ckpt-e000000-s000000004.pt"
     with pytest.raises(ValueError, match="keep_last"):
-        rc.prune(store, 0)
+        Catalogue(store, keep_last=0)
 
 
 def test_stale_multipart_uploads_are_aborted(s3_bucket: str):
     fs, bucket = _fs(), s3_bucket[5:]
-    left = fs.call_s3("create_multipart_upload", Bucket=bucket, Key="run/ckpt-s009.pt")
-    part = {"Bucket": bucket, "Key": "run/ckpt-s009.pt", "UploadId": left["UploadId"]}
+    left = fs.call_s3(
+        "create_multipart_upload", Bucket=bucket, Key="run/ckpt-e000000-s000000009.pt"
+    )
+    part = {"Bucket": bucket, "Key": "run/ckpt-e000000-s000000009.pt", "UploadId": left["UploadId"]}
     fs.call_s3("upload_part", PartNumber=1, Body=b"x" * (5 * MiB), **part)
-    elsewhere = fs.call_s3("create_multipart_upload", Bucket=bucket, Key="other/ckpt-s001.pt")
+    elsewhere = fs.call_s3(
+        "create_multipart_upload", Bucket=bucket, Key="other/ckpt-e000000-s000000001.pt"
+    )
     store = Storage.for_url(f"{s3_bucket}/run")
-    assert rc.checkpoints(store) == []  # an unfinished upload is never an object
+    assert Catalogue(store).names() == []  # an unfinished upload is never an object
 
     assert rc.clean_partial_uploads(store, older_than=3600) == []  # too young: may be in flight
-    assert rc.clean_partial_uploads(store) == ["ckpt-s009.pt"]
+    assert rc.clean_partial_uploads(store) == ["ckpt-e000000-s000000009.pt"]
     remaining = fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])
     assert [(u["Key"], u["UploadId"]) for u in remaining] == [
-        ("other/ckpt-s001.pt", elsewhere["UploadId"])
+        ("other/ckpt-e000000-s000000001.pt", elsewhere["UploadId"])
     ]
     assert rc.clean_partial_uploads(Storage.for_url("memory://rankwise-test/run")) == []
 
@@ -270,7 +283,7 @@ def test_a_secret_never_appears_in_errors_warnings_or_logs(
             retry=RetryPolicy(attempts=2, first_delay=0.01),
         )
         with pytest.raises(StorageError) as e:
-            dead.put(b"x", "ckpt-s001.pt")
+            dead.put(b"x", "ckpt-e000000-s000000001.pt")
         messages.append(str(e.value) + repr(dead))
         monkeypatch.setitem(sys.modules, "s3fs", None)
         with pytest.raises(StorageError) as e:
@@ -293,25 +306,30 @@ def test_a_server_lost_mid_run_is_retried_with_backoff(
         _fs().mkdir("lost-and-back")
         patient = RetryPolicy(attempts=10, first_delay=0.2, max_delay=1.0)
         store = Storage.for_url("s3://lost-and-back/run", retry=patient)
-        rc.publish(store, b"before", "ckpt-s001.pt")
+        rc.publish(store, b"before", "ckpt-e000000-s000000001.pt")
 
         server.kill()
         back = threading.Timer(0.5, server.start)
         back.start()
         started = time.monotonic()
-        with pytest.warns(StorageWarning, match=r"s3://lost-and-back/run/ckpt-s002\.pt failed"):
-            rc.publish(store, b"during", "ckpt-s002.pt")
+        with pytest.warns(
+            StorageWarning, match=r"s3://lost-and-back/run/ckpt-e000000-s000000002\.pt failed"
+        ):
+            rc.publish(store, b"during", "ckpt-e000000-s000000002.pt")
         back.join()
         assert time.monotonic() - started >= 0.5  # it waited for the server, then went on
-        assert rc.latest(store) == "ckpt-s002.pt"
+        assert _latest(store) == "ckpt-e000000-s000000002.pt"
 
         server.kill()  # and gone for good: the upload gives up, naming the URL
         store.retry = RetryPolicy(attempts=3, first_delay=0.05)
         with pytest.warns(StorageWarning), pytest.raises(StorageError) as e:
-            rc.publish(store, b"never", "ckpt-s003.pt")
+            rc.publish(store, b"never", "ckpt-e000000-s000000003.pt")
         assert e.value.reason == "unreachable"
         said = str(e.value)
-        assert "upload to s3://lost-and-back/run/ckpt-s003.pt failed after 3 attempts" in said
+        assert (
+            "upload to s3://lost-and-back/run/ckpt-e000000-s000000003.pt failed after 3 attempts"
+            in said
+        )
         assert "check the endpoint (AWS_ENDPOINT_URL" in said
     finally:
         server.stop()

@@ -1,4 +1,5 @@
-"""Checkpoint files and the manager: atomic saves, verified loads, fallback, pruning, real kills."""
+"""Checkpoint files and the manager on disk: atomic saves, verified loads, real kills. (The
+manager's rules on every backend, pruning and fallback among them: test_checkpoint_catalogue.py.)"""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ from rankwise.testing import RankFailedError, kill_at_checkpoint, run_distribute
 from rankwise.train import (
     CheckpointError,
     CheckpointManager,
-    CheckpointWarning,
-    find_latest,
     load_file,
     save_file,
 )
@@ -121,72 +120,6 @@ def test_trainer_like_content_round_trips_with_weights_only(tmp_path: Path) -> N
     assert torch.equal(loaded["model"]["weight"], net.weight)
 
 
-def test_manager_saves_names_and_prunes_to_keep_last(tmp_path: Path) -> None:
-    manager = CheckpointManager(tmp_path, keep_last=2)
-    assert manager.latest() is None and manager.load_latest() is None
-    assert not tmp_path.joinpath("ckpt-latest.json").exists()
-    for step in (5, 10, 15, 20):
-        manager.save(_state(step), epoch=step // 10, step=step)
-    assert [p.name for p in manager.checkpoints()] == [
-        "ckpt-e000001-s000000015.pt",
-        "ckpt-e000002-s000000020.pt",
-    ]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [*(p.name for p in manager.checkpoints()), "ckpt-latest.json"]
-        + [p.name + ".sha256.json" for p in manager.checkpoints()]
-    )
-    found = manager.load_latest()
-    assert found is not None and found[1]["step"] == 20 and found[0] == find_latest(tmp_path)
-    keep_all = CheckpointManager(tmp_path / "all", keep_last=None)
-    for step in range(5):
-        keep_all.save(_state(step), epoch=0, step=step)
-    assert len(keep_all.checkpoints()) == 5
-
-
-def test_nothing_is_pruned_or_pointed_at_before_the_new_file_is_safe(tmp_path: Path) -> None:
-    manager = CheckpointManager(tmp_path, keep_last=1)
-    manager.save(_state(1), epoch=0, step=1)
-    seen: dict[str, tuple[list[str], str]] = {}
-
-    def hook(point: str) -> None:
-        names = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
-        seen[point] = (names, json.loads(manager.pointer_path.read_text())["file"])
-
-    previous = ck.set_fault_hook(hook)
-    try:
-        manager.save(_state(2), epoch=0, step=2)
-    finally:
-        ck.set_fault_hook(previous)
-    old, new = "ckpt-e000000-s000000001.pt", "ckpt-e000000-s000000002.pt"
-    # Before the pointer moves, the new file and its manifest are complete; the old one is kept.
-    assert seen["before-pointer"] == (
-        sorted([old, old + ".sha256.json", new, new + ".sha256.json", "ckpt-latest.json"]),
-        old,
-    )
-    assert seen["before-prune"][1] == new and old in seen["before-prune"][0]
-    assert [p.name for p in manager.checkpoints()] == [new]
-
-
-@pytest.mark.parametrize(
-    ("damage", "what"), [(_truncate, "truncated"), (lambda p: _flip_byte(p, 900), "corrupt")]
-)
-def test_latest_falls_back_to_the_previous_good_checkpoint(tmp_path: Path, damage, what) -> None:
-    manager = CheckpointManager(tmp_path, keep_last=3)
-    paths = [manager.save(_state(s), epoch=0, step=s) for s in (1, 2, 3)]
-    damage(paths[2])
-    with pytest.warns(CheckpointWarning, match=what) as record:
-        assert manager.latest() == paths[1]
-    assert [str(paths[2]) in str(w.message) for w in record] == [True]
-    damage(paths[1])
-    with pytest.warns(CheckpointWarning) as record:
-        found = manager.load_latest()
-    assert found is not None and found[0] == paths[0] and found[1]["step"] == 1
-    assert {Path(p).name for w in record for p in map(str, paths[1:]) if p in str(w.message)} == {
-        paths[1].name,
-        paths[2].name,
-    }
-
-
 def test_manager_rejects_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"keep_last \(0\) must be an integer >= 1"):
         CheckpointManager(tmp_path, keep_last=0)
@@ -281,17 +214,3 @@ def test_overwrite_killed_before_its_manifest_reads_as_unfinished(tmp_path: Path
         ck.set_fault_hook(previous)
     with pytest.raises(CheckpointError, match="no manifest"):
         load_file(path)
-
-
-def test_a_broken_or_stale_pointer_falls_back_to_scanning(tmp_path: Path) -> None:
-    manager = CheckpointManager(tmp_path, keep_last=None)
-    paths = [manager.save(_state(s), epoch=0, step=s) for s in (1, 2)]
-    manager.pointer_path.write_text("{not json")
-    with pytest.warns(CheckpointWarning, match="unreadable"):
-        assert manager.latest() == paths[1]
-    manager.pointer_path.write_text(json.dumps({"file": "ckpt-e000000-s000000009.pt"}))
-    with pytest.warns(CheckpointWarning, match="not in"):
-        assert manager.latest() == paths[1]
-    # The pointer is the commit point: a valid file newer than it is used only as a last resort.
-    manager.pointer_path.write_text(json.dumps({"file": paths[0].name}))
-    assert manager.latest() == paths[0]

@@ -16,9 +16,8 @@ manifest, never a file that passes for good.
 >>> load_file(path)
 {'step': 3}
 
-Fault injection (for tests): :func:`set_fault_hook` installs a function called with the name
-of each point of a save (:data:`FAULT_POINTS`); :func:`rankwise.testing.kill_at_checkpoint`
-installs one that SIGKILLs the process there.
+The manifest format and its checks are ``manifests.py``'s; the errors ``errors.py``'s; the
+fault points of a save ``faults.py``'s.
 """
 
 from __future__ import annotations
@@ -26,76 +25,28 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import datetime
-import hashlib
-import hmac
-import json
 import os
-import re
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import xxhash
 
-from rankwise.distributed.environment import CHECKPOINT_KEY, checkpoint_key
-from rankwise.distributed.errors import RankwiseWarning
-
-_MANIFEST_VERSION = 2
-# The manifest key of each checksum a manifest may hold, newest first, and its hasher.
-_CHECKSUMS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
-# The suffix of version 1 (SHA-256) kept for XXH3-128 manifests: one name for both versions.
-_MANIFEST_SUFFIX = ".sha256.json"
-TMP_MARK = ".tmp-"
-_CHUNK = 8 << 20
-_PARALLEL_HASH = 1 << 20  # bytes; below this a thread hand-off costs more than it saves
-
-# Points of a save where a fault hook is called, in order. "mid-write": part of the data is in
-# the temporary file; "before-rename": the temporary file is complete and fsynced;
-# "before-manifest": the data has its final name, the manifest is not written yet;
-# "before-pointer" / "before-prune": CheckpointManager.save's later steps.
-# In object storage (remote.py): "mid-upload", after the first part (or the whole object, when
-# it is one part) of the data is uploaded (remote_sharded.py: of each file a rank uploads);
-# then "before-manifest" (remote_sharded.py), "before-pointer" and "before-prune" as on disk.
-FAULT_POINTS = (
-    "mid-write",
-    "before-rename",
-    "before-manifest",
-    "before-pointer",
-    "before-prune",
-    "mid-upload",
+from rankwise.storage.local import json_bytes, write_atomic
+from rankwise.train.checkpoint import faults
+from rankwise.train.checkpoint.errors import CheckpointError
+from rankwise.train.checkpoint.manifests import (
+    MANIFEST_SUFFIX,
+    USE_ANOTHER,
+    check_bytes,
+    check_position,
+    manifest_path,
+    new_manifest,
+    parse_manifest,
+    sign,
 )
-_fault_hook: Callable[[str], None] | None = None
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint file is torn, corrupt or incomplete; the message names the file and why."""
-
-
-class CheckpointWarning(RankwiseWarning):
-    """A checkpoint was skipped because it is not valid (the message says which and why)."""
-
-
-def set_fault_hook(hook: Callable[[str], None] | None) -> Callable[[str], None] | None:
-    """Install ``hook(point)``, called at each of :data:`FAULT_POINTS` during a save (``None``
-    removes it); returns the previous hook. For fault-injection tests only."""
-    global _fault_hook
-    previous, _fault_hook = _fault_hook, hook
-    return previous
-
-
-def fault_point(name: str) -> None:
-    """Call the fault hook (if any) at point ``name`` of a save."""
-    if _fault_hook is not None:
-        _fault_hook(name)
-
-
-def manifest_path(path: str | os.PathLike[str]) -> Path:
-    """Where the manifest (size and checksum) of checkpoint ``path`` lives."""
-    path = Path(path)
-    return path.with_name(path.name + _MANIFEST_SUFFIX)
+_PARALLEL_HASH = 1 << 20  # bytes; below this a thread hand-off costs more than it saves
 
 
 class _HashingWriter:
@@ -125,59 +76,19 @@ class _HashingWriter:
             written = self._file.write(view)
             self.checksum.update(view)
         self.size += len(view)
-        if _fault_hook is not None and not self._faulted:
+        if faults.armed() and not self._faulted:
             self._faulted = True
             self._file.flush()  # so a kill here leaves a torn file on disk, not in a buffer
-            fault_point("mid-write")
+            faults.fault_point("mid-write")
         return int(written) if written is not None else len(view)
 
     def flush(self) -> None:
         self._file.flush()
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make the renames in ``directory`` durable (where the platform allows it)."""
-    # Makes the rename itself durable; not possible on every platform (Windows).
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def tmp_name(path: Path) -> Path:
-    """A hidden name beside ``path`` for its write in progress, marked with this process's id
-    (so that a later save removes it only once this process is gone)."""
-    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
-def write_atomic(
-    path: Path, write: Callable[[Any], Any], before_rename: Callable[[], None] | None = None
-) -> Any:
-    """``write(f)`` into a temporary file beside ``path``, fsync it, rename it to ``path``
-    (``before_rename()`` first, if given) and fsync the folder; return what ``write``
-    returned. A failure leaves no temporary file and ``path`` as it was."""
-    tmp = tmp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            result = write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        if before_rename is not None:
-            before_rename()
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    fsync_dir(path.parent)
-    return result
-
-
 def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
     """``obj`` as JSON at ``path``, written as :func:`write_atomic` does."""
-    data = (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
+    data = json_bytes(obj)
     write_atomic(path, lambda f: f.write(data))
 
 
@@ -202,8 +113,8 @@ def save_file(
         raise TypeError(f"save_file takes a dict, got {type(obj).__name__}.")
     check_plain(obj, "obj")
     path = Path(path)
-    if path.name.endswith(_MANIFEST_SUFFIX):
-        raise ValueError(f"{path} ends with {_MANIFEST_SUFFIX!r}, the manifest suffix; rename it.")
+    if path.name.endswith(MANIFEST_SUFFIX):
+        raise ValueError(f"{path} ends with {MANIFEST_SUFFIX!r}, the manifest suffix; rename it.")
     path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(f: Any) -> _HashingWriter:
@@ -213,14 +124,14 @@ def save_file(
         return writer
 
     def before_rename() -> None:
-        fault_point("before-rename")
+        faults.fault_point("before-rename")
         # Overwriting: the old manifest must not outlive the old bytes, or a kill before the
         # new manifest is written would report the file as corrupt rather than unfinished.
         with contextlib.suppress(FileNotFoundError):
             manifest_path(path).unlink()
 
     writer = write_atomic(path, write, before_rename=before_rename)
-    fault_point("before-manifest")
+    faults.fault_point("before-manifest")
     manifest = new_manifest(path.name, writer.size, writer.checksum.hexdigest(), meta)
     write_json_atomic(manifest_path(path), sign(manifest, path.name, key))
     return path
@@ -254,156 +165,6 @@ def check_plain(value: Any, where: str) -> None:
         )
 
 
-# The fix every verification failure names: the previous good file is what a resume needs.
-USE_ANOTHER = (
-    "load an earlier checkpoint, or resume='auto' to take the newest valid one in checkpoint_dir"
-)
-
-
-# -- trust: the key, the manifest's MAC, the name against the position inside ---------------
-
-KEY_VARIABLE = CHECKPOINT_KEY
-MAC = "hmac_sha256"  # the manifest key of its MAC
-_DOMAIN = b"rankwise checkpoint manifest\0"
-# The position a manager's name claims: {prefix}-e{epoch}-s{step} with a file's or folder's suffix.
-_POSITION = re.compile(r"-e(\d+)-s(\d+)(\.pt|\.dcp)$")
-_NO_MAC_FIX = (
-    "set the key it was written with (a checkpoint written before a key was set loads only "
-    "with the key unset, unchecked as every unkeyed checkpoint), or " + USE_ANOTHER
-)
-
-
-def resolve_key(key: str | bytes | None = None) -> bytes | None:
-    """The checkpoint key as bytes: ``key`` (the config's ``checkpoint_key``) when given, else
-    the environment variable ``RANKWISE_CHECKPOINT_KEY``, else None (manifests carry no MAC and
-    none is checked). An empty key is refused: it would sign with a secret everyone knows.
-
-    >>> resolve_key("s3cret")
-    b's3cret'
-    """
-    where = "checkpoint_key"
-    if key is None:
-        key, where = checkpoint_key(), KEY_VARIABLE
-        if key is None:
-            return None
-    if isinstance(key, str):
-        key = key.encode()
-    if not isinstance(key, bytes | bytearray) or not key:
-        raise ValueError(
-            f"{where} is empty or not a string: give a secret (e.g. the output of "
-            f"'openssl rand -hex 32'), or leave {where} unset for unkeyed checkpoints."
-        )
-    return bytes(key)
-
-
-def manifest_mac(manifest: dict[str, Any], name: str, key: str | bytes | None = None) -> str:
-    """The HMAC-SHA256 (hex) of a manifest's content (all but its MAC) and the checkpoint's
-    ``name``, under ``key`` (see :func:`resolve_key`): renaming the checkpoint or changing a
-    byte of its manifest breaks it."""
-    secret = resolve_key(key)
-    if secret is None:
-        raise ValueError(f"no checkpoint key: set checkpoint_key or {KEY_VARIABLE}.")
-    body = {k: v for k, v in manifest.items() if k != MAC}
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    message = _DOMAIN + name.encode() + b"\0" + canonical.encode()
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
-
-
-def sign(manifest: dict[str, Any], name: str, key: str | bytes | None = None) -> dict[str, Any]:
-    """``manifest`` with its MAC over its content and ``name`` when a key is set (see
-    :func:`resolve_key`), without one otherwise."""
-    body = {k: v for k, v in manifest.items() if k != MAC}
-    secret = resolve_key(key)
-    return body if secret is None else {**body, MAC: manifest_mac(body, name, secret)}
-
-
-def check_trust(
-    manifest: dict[str, Any], name: str, key: str | bytes | None, what: str, manifest_name: str
-) -> None:
-    """Raise :class:`CheckpointError` (naming ``what``) unless ``manifest`` vouches for
-    checkpoint ``name``: with a key (see :func:`resolve_key`), a MAC over its content and
-    ``name`` that matches; with or without one, the position ``name`` claims (``-e{epoch}-s
-    {step}``) the same as the manifest's ``meta``."""
-    secret = resolve_key(key)
-    if secret is not None:
-        mac = manifest.get(MAC)
-        if not isinstance(mac, str):
-            raise CheckpointError(
-                f"{what}: its manifest {manifest_name} carries no MAC, and a checkpoint key is "
-                f"set (checkpoint_key or {KEY_VARIABLE}): it was written without the key, or "
-                f"its MAC was removed, so it is not trusted. Fix: {_NO_MAC_FIX}."
-            )
-        if not hmac.compare_digest(mac, manifest_mac(manifest, name, secret)):
-            raise CheckpointError(
-                f"{what}: its manifest {manifest_name}'s MAC does not match (written under "
-                "another key, renamed, or its manifest changed after it was written), so it "
-                f"is not trusted. Fix: set the key it was written with, or {USE_ANOTHER}."
-            )
-    check_position(name, manifest.get("meta"), what, f"its manifest {manifest_name}")
-
-
-def check_position(name: str, held: Any, what: str, where: str) -> None:
-    """Raise :class:`CheckpointError` when ``name`` claims an epoch and step
-    (``...-e000001-s000000300.pt``) that ``held`` (a manifest's meta, or the state inside:
-    a dict with int ``epoch``/``step``) contradicts. Other names claim nothing."""
-    match = _POSITION.search(name)
-    if match is None or not isinstance(held, dict):
-        return
-    named = {"epoch": int(match[1]), "step": int(match[2])}
-    inside = {k: v for k in named if isinstance(v := held.get(k), int) and not isinstance(v, bool)}
-    if all(inside[k] == named[k] for k in inside):
-        return
-    epoch, step = inside.get("epoch", named["epoch"]), inside.get("step", named["step"])
-    own = f"{name[: match.start()]}-e{epoch:06d}-s{step:09d}{match[3]}"
-    raise CheckpointError(
-        f"{what} is named for epoch {named['epoch']} step {named['step']}, but {where} says "
-        f"epoch {epoch} step {step}: it was renamed (or copied under another checkpoint's "
-        "name), and a resume from it would go on from the wrong place, so it is not used. "
-        f"Fix: give it back its own name ({own}, with its manifest), or {USE_ANOTHER}."
-    )
-
-
-def new_manifest(name: str, size: int, digest: str, meta: dict[str, Any] | None) -> dict[str, Any]:
-    """The manifest of checkpoint ``name`` (``size`` bytes of XXH3-128 ``digest``): the one
-    format a local file and an object in a bucket both carry."""
-    return {
-        "version": _MANIFEST_VERSION,
-        "file": name,
-        "size": size,
-        "xxh3_128": digest,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "meta": meta or {},
-    }
-
-
-def parse_manifest(
-    raw: bytes | str, what: str, manifest_name: str, *, name: str, key: str | bytes | None
-) -> tuple[dict[str, Any], str]:
-    """``(manifest, algorithm)`` of the manifest of checkpoint ``name`` from its bytes
-    (``algorithm``: the checksum it holds); :class:`CheckpointError` naming ``what`` when it is
-    unreadable, from a newer rankwise, or not trusted (:func:`check_trust` under ``key``)."""
-    try:
-        manifest = json.loads(raw)
-        algorithm = next(name for name in _CHECKSUMS if name in manifest)
-        manifest["size"], manifest[algorithm] = int(manifest["size"]), str(manifest[algorithm])
-    except StopIteration:
-        raise CheckpointError(
-            f"{what}: its manifest {manifest_name} holds no checksum this rankwise "
-            f"knows ({sorted(_CHECKSUMS)}); it was written by a newer rankwise: load it "
-            "there."
-        ) from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{what}: its manifest {manifest_name} is unreadable ({e}).") from e
-    check_trust(manifest, name, key, what, manifest_name)
-    return dict(manifest), algorithm
-
-
-def new_checksum(algorithm: str = "xxh3_128") -> Any:
-    """A fresh hasher for ``algorithm`` (a checksum key of the manifests)."""
-    return _CHECKSUMS[algorithm]()
-
-
 def verify_file(path: str | os.PathLike[str], *, key: str | bytes | None = None) -> dict[str, Any]:
     """Check ``path`` against its manifest; return the manifest or raise
     :class:`CheckpointError` saying what is wrong (missing manifest, truncated, corrupt, a
@@ -427,49 +188,6 @@ def verify_file(path: str | os.PathLike[str], *, key: str | bytes | None = None)
     manifest, algorithm = parse_manifest(raw, what, mpath.name, name=path.name, key=key)
     check_bytes(path, manifest["size"], manifest[algorithm], algorithm, what)
     return manifest
-
-
-def checksum_of(path: Path, algorithm: str = "xxh3_128") -> str:
-    """The checksum of ``path``'s bytes under ``algorithm`` (a key of the manifests)."""
-    checksum = new_checksum(algorithm)
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            checksum.update(chunk)
-    return str(checksum.hexdigest())
-
-
-def check_bytes(path: Path, size: int, digest: str, algorithm: str, what: str) -> None:
-    """Raise :class:`CheckpointError` (naming ``what``) when ``path`` is not ``size`` bytes
-    whose ``algorithm`` checksum is ``digest``."""
-    check_content(
-        what, size, digest, algorithm, path.stat().st_size, lambda: checksum_of(path, algorithm)
-    )
-
-
-def check_content(
-    what: str,
-    size: int,
-    digest: str,
-    algorithm: str,
-    actual_size: int,
-    actual_digest: Callable[[], str],
-) -> None:
-    """The one check of bytes against a manifest, local or in a bucket: raise
-    :class:`CheckpointError` (naming ``what``) unless ``actual_size`` is ``size`` and then
-    ``actual_digest()`` (only computed when the sizes match) is ``digest``."""
-    if actual_size != size:
-        kind = "truncated (torn write)" if actual_size < size else "longer than written"
-        raise CheckpointError(
-            f"{what} is {kind}: {actual_size} bytes, expected {size}; it is not used: "
-            f"{USE_ANOTHER}."
-        )
-    found = actual_digest()
-    if found != digest:
-        raise CheckpointError(
-            f"{what} is corrupt: {algorithm} {found[:16]}... does not match the manifest's "
-            f"{digest[:16]}... (bytes changed after it was written); it is not used: "
-            f"{USE_ANOTHER}."
-        )
 
 
 def load_file(

@@ -1,5 +1,6 @@
-"""Numbered checkpoints in a folder: :class:`CheckpointManager`, :func:`read_checkpoint`,
-:func:`find_latest`.
+"""Numbered checkpoints in a folder or a bucket: :class:`CheckpointManager` (and
+:class:`RemoteCheckpointManager`, the same manager refusing a local folder),
+:func:`read_checkpoint`, :func:`find_latest`.
 
 A save writes the file (or, with ``sharded=True``, the DCP folder of ``sharded.py``) and its
 manifest, then moves a ``latest`` pointer to it, then prunes; a kill at any point leaves
@@ -10,39 +11,30 @@ A torn or corrupt newest checkpoint is reported and the previous good one is use
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import json
 import os
-import re
-import shutil
-import warnings
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rankwise.storage import Storage, is_remote_url, split_url
 from rankwise.train.checkpoint import remote, remote_sharded, sharded
-from rankwise.train.checkpoint.files import (
-    TMP_MARK,
-    CheckpointError,
-    CheckpointWarning,
-    check_plain,
-    fault_point,
-    load_file,
-    manifest_path,
-    resolve_key,
-    save_file,
-    verify_file,
-    write_json_atomic,
-)
-from rankwise.train.checkpoint.sharded import ShardedWriter
+from rankwise.train.checkpoint.backends import BucketSaves, FolderSaves
+from rankwise.train.checkpoint.catalogue import Catalogue, check_position
+from rankwise.train.checkpoint.errors import CheckpointError
+from rankwise.train.checkpoint.files import check_plain, load_file
+from rankwise.train.checkpoint.manifests import resolve_key
 from rankwise.train.checkpoint.staging import BackgroundSaves
-from rankwise.train.checkpoint.storage import Storage
-from rankwise.train.checkpoint.storage_errors import is_remote_url, split_url
 
-__all__ = ["FORMAT_VERSION", "CheckpointManager", "find_latest", "read_checkpoint"]
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointManager",
+    "RemoteCheckpointManager",
+    "find_latest",
+    "read_checkpoint",
+]
 
 FORMAT_VERSION = 1  # of the checkpoint content the trainer builds: {"format": 1, "model": ...}
-_PREFIX = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
 class CheckpointManager:
@@ -60,287 +52,195 @@ class CheckpointManager:
     variable ``RANKWISE_CHECKPOINT_KEY``); with one, every manifest is signed with a MAC over
     its content and the checkpoint's name, and a checkpoint without a valid MAC is not loaded
     (see "Checkpoint trust" in docs/train.md).
+
+    ``directory`` may also be a remote :class:`~rankwise.storage.Storage` (what
+    :class:`RemoteCheckpointManager` takes): the same manager then keeps its checkpoints in
+    object storage, paths being URLs (``str``); only the step that makes a finished file
+    visible differs (``backends.py``).
     """
 
     def __init__(
         self,
-        directory: str | os.PathLike[str],
+        directory: str | os.PathLike[str] | Storage,
         keep_last: int | None = 3,
         prefix: str = "ckpt",
         *,
         sharded: bool = False,
         key: str | None = None,
     ) -> None:
-        check_naming(keep_last, prefix)
+        if isinstance(directory, Storage):
+            storage = directory
+        else:  # a path, not parsed as a URL: a Path is a local folder
+            storage = Storage(str(Path(directory)), "file", str(Path(directory)))
+        self.storage = storage
+        self._catalogue = Catalogue(storage, prefix, keep_last)
         self._secret = resolve_key(key)  # never shown: not in repr or messages
-        self.directory = Path(directory)
         self.keep_last = keep_last
         self.prefix = prefix
         self.sharded = sharded
-        self._name = name_pattern(prefix)
-        self._dcp: ShardedWriter | None = None
-        self._warned_newer = False
-        self._background: BackgroundSaves[Path] = BackgroundSaves()
+        self._saves: FolderSaves | BucketSaves
+        if storage.is_remote:
+            self._saves = BucketSaves(self._catalogue, self._secret)
+        else:
+            self._saves = FolderSaves(self._catalogue, self._secret)
+        self._background: BackgroundSaves[Any] = BackgroundSaves()
 
     def __repr__(self) -> str:
         return (
-            f"CheckpointManager({str(self.directory)!r}, keep_last={self.keep_last}, "
+            f"{type(self).__name__}({str(self.directory)!r}, keep_last={self.keep_last}, "
             f"prefix={self.prefix!r})"
         )
 
     @property
-    def pointer_path(self) -> Path:
-        """The JSON file naming the newest committed checkpoint."""
-        return self.directory / f"{self.prefix}-latest.json"
+    def directory(self) -> Any:
+        """The folder (a ``Path``), or the URL checkpoints live under (credentials
+        scrubbed)."""
+        return self.storage.local_path if not self.storage.is_remote else self.storage.display_url
 
-    def path_for(self, epoch: int, step: int) -> Path:
-        """The file (or folder) a save at ``(epoch, step)`` writes (zero-padded: names sort by
-        age)."""
-        suffix = sharded.SUFFIX if self.sharded else ".pt"
-        return self.directory / f"{self.prefix}-e{epoch:06d}-s{step:09d}{suffix}"
+    @property
+    def pointer_path(self) -> Any:
+        """The JSON file (or object's URL) naming the newest committed checkpoint."""
+        return self._saves.location(self._catalogue.pointer_key)
 
-    def _key(self, path: Path) -> tuple[int, int]:
-        match = self._name.match(path.name)
-        assert match is not None  # only called on names checkpoints() matched
-        return int(match[1]), int(match[2])
+    def name_for(self, epoch: int, step: int) -> str:
+        return self._catalogue.name_for(epoch, step, sharded=self.sharded)
 
-    def checkpoints(self) -> list[Path]:
-        """Every checkpoint of this prefix, valid or not, oldest first (by epoch, step)."""
-        if not self.directory.is_dir():
-            return []
-        files = [p for p in self.directory.iterdir() if self._name.match(p.name)]
-        return sorted(files, key=self._key)
+    def path_for(self, epoch: int, step: int) -> Any:
+        """The file (or folder, or URL) a save at ``(epoch, step)`` writes (zero-padded: names
+        sort by age)."""
+        return self._saves.location(self.name_for(epoch, step))
+
+    def checkpoints(self) -> list[Any]:
+        """Every checkpoint of this prefix, valid or not, oldest first (by epoch, step): paths
+        in a folder, names in object storage."""
+        return [self._saves.listed(name) for name in self._catalogue.names()]
 
     def probe(self) -> str | None:
-        """Whether a save can write here: create the folder, then create, fsync and delete a
-        small file in it. None if it can, else what failed (the path and the OS error), for
-        ``fit`` to say before its first step rather than at a save one interval later."""
-        probe = self.directory / f".{self.prefix}-probe-{os.getpid()}"
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            with open(probe, "wb") as f:
-                f.write(b"rankwise")
-                f.flush()
-                os.fsync(f.fileno())
-            probe.unlink()
-        except OSError as exc:
-            return f"the checkpoint folder {self.directory} is not writable ({probe}: {exc})"
-        return None
+        """Whether a save can write here: None if it can, else what failed (the path and the
+        OS error, or the URL and the store's answer, never a secret), for ``fit`` to say
+        before its first step rather than at a save one interval later."""
+        return self._saves.probe()
 
-    def save(self, state: dict[str, Any], *, epoch: int, step: int) -> Path:
-        """Write ``state`` as the checkpoint of ``(epoch, step)``; return its path.
+    def start(self) -> list[str]:
+        """In object storage: fail now, naming the URL and the fix, when the store cannot be
+        written; then abort the unfinished multipart uploads under the URL and return their
+        keys (call it once, before the first save). In a folder: nothing to do."""
+        return self._saves.start()
+
+    def save(self, state: dict[str, Any], *, epoch: int, step: int) -> Any:
+        """Write ``state`` as the checkpoint of ``(epoch, step)``; return its path (URL).
 
         Call it on the writing rank only (see :func:`model_state_dict` for gathering sharded
         state on every rank first); sharded: on every rank. The pointer moves after the file
-        and its manifest are fsynced; pruning happens after the pointer moved.
+        and its manifest are safe (fsynced, or in the store); pruning happens after the
+        pointer moved.
         """
         check_position(epoch, step)
-        path = self.path_for(epoch, step)
         if self.sharded:
-            return self._start_sharded(state, path, background=False)()
-        self._remove_orphan_tmp_files()
-        save_file(state, path, meta={"epoch": epoch, "step": step}, key=self._secret)
-        self._commit(path)
-        return path
-
-    def _commit(self, path: Path) -> None:
-        epoch, step = self._key(path)
-        fault_point("before-pointer")
-        write_json_atomic(self.pointer_path, {"file": path.name, "epoch": epoch, "step": step})
-        fault_point("before-prune")
-        self._prune(path)
+            return self._start_sharded(state, epoch, step, background=False)()
+        name = self.name_for(epoch, step)
+        self._saves.write_file(state, name, {"epoch": epoch, "step": step})
+        self._catalogue.commit(name, {"epoch": epoch, "step": step})
+        return self._saves.location(name)
 
     def _start_sharded(
-        self, state: dict[str, Any], path: Path, *, background: bool
-    ) -> Callable[[], Path]:
-        """Start every rank's DCP write of ``state`` (the loop is held for the staging copy
-        only); return what finishes the save once it is written."""
-        if self._dcp is None:
-            self._dcp = ShardedWriter()
-        tmp, written, rest = self._dcp.start(state, path, background=background)
-
-        def finish() -> Path:
-            written.result()  # rank 0: every rank's shards are on disk (DCP's last gather)
-            if rest is not None:  # rank 0
-                self._remove_orphan_tmp_files()
-                epoch, step = self._key(path)
-                meta = {"epoch": epoch, "step": step, "world_size": state.get("world_size")}
-                sharded.publish(tmp, path, rest, meta, self._secret)
-                self._commit(path)
-            return path
-
-        return finish
+        self, state: dict[str, Any], epoch: int, step: int, *, background: bool
+    ) -> Callable[[], Any]:
+        meta = {"epoch": epoch, "step": step, "world_size": state.get("world_size")}
+        return self._saves.start_sharded(
+            state, self.name_for(epoch, step), meta, background=background
+        )
 
     def save_async(
         self, state: dict[str, Any], *, epoch: int, step: int, behind: bool = False
-    ) -> concurrent.futures.Future[Path]:
+    ) -> concurrent.futures.Future[Any]:
         """Copy ``state``'s tensors, then write them as :meth:`save` does on a background thread.
 
         Blocks only for the copy (and for a previous async save still writing: one at a time,
-        in order; its CPU copy is reused, so keep one manager for the run), so training can go on while the file is written; the pointer moves when the
-        file is safe, exactly as with :meth:`save`. Returns a future of the path. An error in
-        the background is raised by :meth:`wait` and by the next ``save_async``. ``behind``
-        (not sharded): do not wait for the write running; queue behind it, replacing a queued
-        save that has not started (its future is cancelled: the newest state wins). The
-        interpreter waits for a pending save at exit; a kill leaves the previous checkpoint.
+        in order; its CPU copy is reused, so keep one manager for the run), so training can go
+        on while the file is written; the pointer moves when the file is safe, exactly as with
+        :meth:`save`. Returns a future of the path. An error in the background is raised by
+        :meth:`wait` and by the next ``save_async``. ``behind`` (not sharded): do not wait for
+        the write running; queue behind it, replacing a queued save that has not started (its
+        future is cancelled: the newest state wins). The interpreter waits for a pending save
+        at exit; a kill leaves the previous checkpoint.
         """
         if self.sharded:  # every rank; DCP stages the tensors (cached buffers)
             self.wait()
             check_position(epoch, step)
-            finish = self._start_sharded(state, self.path_for(epoch, step), background=True)
+            finish = self._start_sharded(state, epoch, step, background=True)
             return self._background.submit(lambda _: finish(), None, copy=False)
+        check_position(epoch, step)
         check_plain(state, "state")  # here, not as an error on the background thread
         return self._background.submit(
             lambda snapshot: self.save(snapshot, epoch=epoch, step=step), state, behind=behind
         )
 
-    def pending(self) -> concurrent.futures.Future[Path] | None:
+    def pending(self) -> concurrent.futures.Future[Any] | None:
         """The :meth:`save_async` not yet waited for (running or done), or None."""
         return self._background.pending()
 
-    def wait(self, timeout: float | None = None, *, first: bool = False) -> Path | None:
+    def unanswered_for(self) -> float:
+        """Seconds the store has not answered the write running now: since its start or the
+        store's last answer, whichever came later."""
+        since = max(self._background.started_at, self.storage.answered_at)
+        return time.monotonic() - since
+
+    def wait(self, timeout: float | None = None, *, first: bool = False) -> Any:
         """Block until the pending :meth:`save_async` (if any; ``first``: the oldest) is on
-        disk; return its path. Re-raises its error; ``TimeoutError`` after ``timeout`` s."""
+        disk (in the store); return its path. Re-raises its error; ``TimeoutError`` after
+        ``timeout`` s."""
         return self._background.wait(timeout, first=first)
 
-    def latest(self) -> Path | None:
-        """The newest valid checkpoint, or ``None``.
+    def latest(self) -> Any:
+        """The newest valid checkpoint (a path, or a URL), or ``None``.
 
         The pointer's file is used if it verifies; otherwise older ones are tried newest
         first, with a :class:`CheckpointWarning` naming each invalid file and its fault. Files
         newer than the pointer (a save killed before its pointer moved) come last.
         """
-        for path in self._candidates():
-            try:
-                if sharded.is_sharded_path(path):
-                    sharded.verify_folder(path, key=self._secret)
-                else:
-                    verify_file(path, key=self._secret)
-            except CheckpointError as e:
-                self._skip(e)
-                continue
-            return path
-        return None
+        found = self._catalogue.first_valid(self._saves.verify)
+        return None if found is None else self._saves.location(found[0])
 
-    def load_latest(self) -> tuple[Path, dict[str, Any]] | None:
+    def load_latest(self) -> tuple[Any, dict[str, Any]] | None:
         """``(path, state)`` of the newest valid checkpoint (verified once), or ``None``."""
-        for path in self._candidates():
-            try:
-                return path, read_checkpoint(path, key=self._secret)
-            except CheckpointError as e:
-                self._skip(e)
-        return None
+        found = self._catalogue.first_valid(self._saves.load)
+        return None if found is None else (self._saves.location(found[0]), found[1])
 
-    def _skip(self, error: CheckpointError) -> None:
-        warnings.warn(
-            f"{error} Skipping it and trying the previous checkpoint.",
-            CheckpointWarning,
-            stacklevel=3,
-        )
+    def read(self, location: str | os.PathLike[str]) -> dict[str, Any]:
+        """The state of the checkpoint at ``location`` (one of this manager's), verified."""
+        return self._saves.load(os.fspath(location).rstrip("/").rpartition("/")[2])
 
-    def _candidates(self) -> list[Path]:
-        files = self.checkpoints()
-        target = self._pointer_target(files)
-        if target is None:
-            return files[::-1]
-        older = [p for p in files if self._key(p) < self._key(target)]
-        newer = [p for p in files if self._key(p) > self._key(target)]
-        return [target, *older[::-1], *newer[::-1]]
 
-    def _pointer_target(self, files: list[Path]) -> Path | None:
-        if not self.pointer_path.exists():
-            return None
-        try:
-            name = json.loads(self.pointer_path.read_text())["file"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            warnings.warn(
-                f"checkpoint pointer {self.pointer_path} is unreadable ({e}); scanning the "
-                "folder for the newest valid checkpoint instead.",
-                CheckpointWarning,
-                stacklevel=4,
+class RemoteCheckpointManager(CheckpointManager):
+    """:class:`CheckpointManager` over a remote ``storage`` (object storage): the same
+    manager, its paths URLs (``str``), refusing a local folder (use ``CheckpointManager``
+    there). Call :meth:`start` once, before the first save. One writer per URL and prefix.
+
+    >>> manager = RemoteCheckpointManager(Storage.for_url("memory://rankwise-doc/remote"), keep_last=2)
+    >>> for step in (10, 20, 30):
+    ...     _ = manager.save({"step": step}, epoch=0, step=step)
+    >>> manager.checkpoints()
+    ['ckpt-e000000-s000000020.pt', 'ckpt-e000000-s000000030.pt']
+    >>> manager.load_latest()
+    ('memory://rankwise-doc/remote/ckpt-e000000-s000000030.pt', {'step': 30})
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        keep_last: int | None = 3,
+        prefix: str = "ckpt",
+        *,
+        sharded: bool = False,
+        key: str | None = None,
+    ) -> None:
+        if not storage.is_remote:
+            raise ValueError(
+                f"{storage.display_url} is a local folder: use CheckpointManager there "
+                "(it fsyncs and renames atomically)."
             )
-            return None
-        target = self.directory / str(name)
-        if target not in files:
-            warnings.warn(
-                f"checkpoint pointer {self.pointer_path} names {name!r}, which is not in "
-                f"{self.directory}; scanning for the newest valid checkpoint instead.",
-                CheckpointWarning,
-                stacklevel=4,
-            )
-            return None
-        return target
-
-    def _prune(self, saved: Path) -> None:
-        files = self.checkpoints()
-        newer = [p for p in files if self._key(p) > self._key(saved)]
-        if newer and not self._warned_newer:
-            self._warned_newer = True
-            warnings.warn(
-                f"{self.directory} holds checkpoints newer than the one just saved "
-                f"({saved.name}): {[p.name for p in newer]}. They are kept, but the pointer "
-                "names the new one; remove them, or use another folder per run.",
-                CheckpointWarning,
-                stacklevel=3,
-            )
-        older = [p for p in files if self._key(p) < self._key(saved)]
-        # A file with no manifest is a save killed before it finished: never valid, not kept.
-        doomed = [p for p in older if not _manifest_of(p).exists()]
-        if self.keep_last is not None:
-            complete = [p for p in older if p not in doomed]
-            doomed += complete[: max(0, len(complete) - (self.keep_last - 1))]
-        for path in doomed:
-            if sharded.is_sharded_path(path):
-                sharded.remove_folder(path)
-                continue
-            # Manifest first: a kill between the two leaves an unverifiable file, never a
-            # manifest vouching for a missing one.
-            with contextlib.suppress(FileNotFoundError):
-                manifest_path(path).unlink()
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-
-    def _remove_orphan_tmp_files(self) -> None:
-        # Left by saves killed mid-write; a live writer's files (its pid runs) are left alone.
-        if not self.directory.is_dir() or os.name == "nt":  # os.kill(pid, 0) kills on Windows
-            return
-        for path in self.directory.glob(f".{self.prefix}-*{TMP_MARK}*"):
-            pid = path.name.rsplit(TMP_MARK, 1)[1].split("-", 1)[0]
-            if pid.isdigit() and not _pid_running(int(pid)):
-                if path.is_dir():  # a sharded save's folder
-                    shutil.rmtree(path, ignore_errors=True)
-                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-                    path.unlink()
-
-
-def check_naming(keep_last: int | None, prefix: str) -> None:
-    """Refuse a ``keep_last`` or ``prefix`` a checkpoint manager (folder or bucket) cannot use."""
-    if keep_last is not None and (
-        isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
-    ):
-        raise ValueError(
-            f"keep_last ({keep_last!r}) must be an integer >= 1, or None to keep every checkpoint."
-        )
-    if not isinstance(prefix, str) or not _PREFIX.match(prefix):
-        raise ValueError(
-            f"prefix ({prefix!r}) must be a plain file-name part (letters, digits, '_', "
-            "'.', '-'; not starting with '.' or '-'), e.g. 'ckpt' or 'rank1'."
-        )
-
-
-def name_pattern(prefix: str) -> re.Pattern[str]:
-    """``{prefix}-e{epoch}-s{step}`` with a file's or a folder's suffix."""
-    return re.compile(rf"^{re.escape(prefix)}-e(\d+)-s(\d+)(\.pt|\{sharded.SUFFIX})$")
-
-
-def check_position(epoch: int, step: int) -> None:
-    for name, value in (("epoch", epoch), ("step", step)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} ({value!r}) must be an integer >= 0.")
-
-
-def _manifest_of(path: Path) -> Path:
-    return path / sharded.MANIFEST if sharded.is_sharded_path(path) else manifest_path(path)
+        super().__init__(storage, keep_last, prefix, sharded=sharded, key=key)
 
 
 def read_checkpoint(
@@ -378,19 +278,18 @@ def read_checkpoint(
     return load_file(path, key=key)
 
 
-def _pid_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def find_latest(
-    directory: str | os.PathLike[str], prefix: str = "ckpt", *, key: str | None = None
-) -> Path | None:
+    directory: str | os.PathLike[str],
+    prefix: str = "ckpt",
+    *,
+    key: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Path | str | None:
     """The newest valid checkpoint in ``directory`` (see :meth:`CheckpointManager.latest`;
-    ``key``: the checkpoint key, default ``RANKWISE_CHECKPOINT_KEY``)."""
+    ``key``: the checkpoint key, default ``RANKWISE_CHECKPOINT_KEY``). ``directory`` may be
+    an object store's URL, as :func:`read_checkpoint`'s path may (reached with
+    ``storage_options``): the newest valid checkpoint's URL is returned."""
+    if is_remote_url(directory):
+        storage = Storage.for_url(directory, storage_options)
+        return RemoteCheckpointManager(storage, prefix=prefix, key=key).latest()
     return CheckpointManager(directory, prefix=prefix, key=key).latest()

@@ -20,7 +20,7 @@ The design, and why it is this one:
   secret). Not torch's ``FsspecWriter`` streaming into the bucket: uploading finished local
   files gives the checksums before the first byte goes up, retries a failed upload from the
   file, keeps every call to the store in the one layer that retries and names the URL, and
-  leaves no upload that rankwise's start does not abort (``RemoteCheckpointManager.start``).
+  leaves no upload that rankwise's start does not abort (``CheckpointManager.start``).
 - The ranks' ``(name, size, xxh3)`` lists are gathered over the background group as plain
   data (``all_gather_plain``: never a peer's pickle), each with the rank's error if its
   upload failed: no file is vouched for unless every rank's files are up.
@@ -53,13 +53,15 @@ import torch
 import torch.distributed as dist
 
 import rankwise.distributed as rd
-from rankwise.train.checkpoint import remote, sharded
-from rankwise.train.checkpoint.files import checksum_of, fault_point, sign
-from rankwise.train.checkpoint.sharded import MANIFEST, REST, SUFFIX, ShardedWriter
-from rankwise.train.checkpoint.storage import Storage
-from rankwise.train.checkpoint.storage_errors import StorageError
+from rankwise.storage import Storage, StorageError
+from rankwise.storage.local import json_bytes
+from rankwise.train.checkpoint import sharded
+from rankwise.train.checkpoint.catalogue import Catalogue
+from rankwise.train.checkpoint.faults import fault_point
+from rankwise.train.checkpoint.manifests import checksum_of, sign
+from rankwise.train.checkpoint.sharded import MANIFEST, REST, ShardedWriter
 
-__all__ = ["RemoteShardedWriter", "fetch", "folders", "prune", "remove", "verify"]
+__all__ = ["RemoteShardedWriter", "fetch", "verify"]
 
 # What a rank's failure travels as between ranks: (kind, storage reason, message), plain data.
 Failure = tuple[str, str, str]
@@ -69,15 +71,10 @@ class RemoteShardedWriter:
     """Every rank's side of sharded saves to one URL (see the module): it keeps DCP's staging
     buffers and the background group from save to save."""
 
-    def __init__(
-        self,
-        storage: Storage,
-        prefix: str,
-        keep_last: int | None,
-        key: str | bytes | None = None,
-    ) -> None:
-        self.storage, self.prefix, self.keep_last = storage, prefix, keep_last
-        self.key = key  # the checkpoint key manifests are signed with (files.resolve_key)
+    def __init__(self, catalogue: Catalogue, key: str | bytes | None = None) -> None:
+        self.catalogue = catalogue  # the checkpoints of the URL: pointer and pruning
+        self.storage = catalogue.storage
+        self.key = key  # the checkpoint key manifests are signed with (manifests.resolve_key)
         self._dcp = ShardedWriter()
 
     def start(
@@ -146,13 +143,8 @@ class RemoteShardedWriter:
         files = {**files, REST: {"size": path.stat().st_size, "xxh3_128": checksum_of(path)}}
         folder.put(path, REST)
         fault_point("before-manifest")
-        folder.put(_json(sign(sharded.new_manifest(files, meta), name, self.key)), MANIFEST)
-        fault_point("before-pointer")
-        pointer = {"file": name, "epoch": meta["epoch"], "step": meta["step"]}
-        self.storage.put(_json(pointer), remote.pointer_key(self.prefix))
-        fault_point("before-prune")
-        if self.keep_last is not None:
-            prune(self.storage, self.keep_last, prefix=self.prefix, saved=name)
+        folder.put(json_bytes(sign(sharded.new_manifest(files, meta), name, self.key)), MANIFEST)
+        self.catalogue.commit(name, {"epoch": meta["epoch"], "step": meta["step"]})
 
     @staticmethod
     def _raise_first(
@@ -205,18 +197,6 @@ def _upload(folder: Storage, local: Path) -> dict[str, Any]:
     return files
 
 
-def _json(obj: dict[str, Any]) -> bytes:
-    return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
-
-
-def folders(storage: Storage, prefix: str = "ckpt") -> list[str]:
-    """The sharded checkpoint folders under ``storage`` (``{prefix}-*.dcp``), valid or not,
-    oldest first (names sort by age)."""
-    return [
-        n for n in storage.names(folders=True) if n.startswith(f"{prefix}-") and n.endswith(SUFFIX)
-    ]
-
-
 def fetch(storage: Storage, name: str, key: str | bytes | None = None) -> dict[str, Any]:
     """Folder ``name`` downloaded to a local temporary folder and verified there against its
     manifest: its plain state (``sharded.read_state``), whose ``"dcp"`` entry names the local
@@ -259,26 +239,3 @@ def verify(storage: Storage, name: str, key: str | bytes | None = None) -> dict[
     state = fetch(storage, name, key)
     shutil.rmtree(state["dcp"]["folder"], ignore_errors=True)
     return state
-
-
-def remove(storage: Storage, name: str) -> None:
-    """Delete folder ``name``: its manifest first, so a kill in between leaves objects no
-    reader trusts, never a manifest vouching for missing ones; then the folder's own entry,
-    on a store that keeps empty folders (SeaweedFS; on S3 there is none to delete)."""
-    folder = storage.child(name)
-    folder.delete(MANIFEST)
-    folder.delete(*folder.names())
-    storage.delete(name)
-
-
-def prune(storage: Storage, keep_last: int, *, prefix: str, saved: str) -> list[str]:
-    """Delete all but the ``keep_last`` newest complete folders up to ``saved``, and the
-    incomplete ones (no manifest) older than it; return their names. Newer ones are left
-    alone. Call it only after the pointer names ``saved``."""
-    older = [n for n in folders(storage, prefix) if n < saved]
-    complete = [n for n in older if storage.child(n).exists(MANIFEST)]
-    doomed = [n for n in older if n not in complete]
-    doomed += complete[: max(0, len(complete) - (keep_last - 1))]
-    for name in doomed:
-        remove(storage, name)
-    return sorted(doomed)

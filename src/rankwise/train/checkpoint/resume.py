@@ -1,8 +1,7 @@
 """Picking a run up again from its checkpoints (possibly on R' ranks).
 
 What a checkpoint holds is the training state's ``state_dict()``
-(:class:`~rankwise.train.TrainState`). :func:`manager_for` is the folder ``fit`` saves to and
-resumes from; :func:`load_resume` finds the checkpoint to resume from (rank 0's choice,
+(:class:`~rankwise.train.TrainState`). :func:`load_resume` finds the checkpoint to resume from (rank 0's choice,
 verified, agreed by every rank). Moving the data to where the run stopped is the training
 state's own step (``TrainState.resume_data``).
 """
@@ -13,59 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import rankwise.distributed as rd
-from rankwise.train.checkpoint.files import CheckpointError
-from rankwise.train.checkpoint.manager import CheckpointManager, read_checkpoint
-from rankwise.train.checkpoint.remote_manager import RemoteCheckpointManager
-from rankwise.train.checkpoint.storage import Storage
-from rankwise.train.checkpoint.storage_errors import is_remote_url
-from rankwise.train.config import DistributedTrainingConfig
+from rankwise.storage import is_remote_url
+from rankwise.train.checkpoint.errors import CheckpointError
+from rankwise.train.checkpoint.manager import (
+    CheckpointManager,
+    RemoteCheckpointManager,
+    read_checkpoint,
+)
 
 # Where a checkpoint is: a local path, or an object's URL (a str: Path("s3://b") is "s3:/b").
 Location = Path | str
 Manager = CheckpointManager | RemoteCheckpointManager
-
-
-def manager_for(cfg: DistributedTrainingConfig) -> Manager | None:
-    """The checkpoint folder's manager (one folder per rank unless rank 0 alone saves);
-    under ``strategy="fsdp"`` it writes sharded DCP folders, every rank its shards (to a
-    local folder or a bucket). Per-rank
-    folders are a process's own: by slot under ``--on-failure continue`` (a restarted slot 2
-    writes ``rank-2/`` again, not ``rank-0/`` of its world of one). A relative folder is
-    refused for a continue job on more than one node (rank 0 moves between nodes: the folder
-    must be shared).
-
-    An object-storage URL gives a :class:`RemoteCheckpointManager`, checked here on every rank
-    (reachable, writable: a :class:`~rankwise.train.checkpoint.StorageError` naming the URL
-    and the fix before the first step), and its writer's stale multipart uploads aborted."""
-    if cfg.checkpoint_dir is None:
-        return None
-    member = rd.membership()
-    who = member.cfg.slot if member is not None else rd.get_rank()
-    per_rank = "" if cfg.save_on_master_only else f"rank-{who}"
-    keep = cfg.keep_last_checkpoints
-    sharded = cfg.strategy == "fsdp"
-    if is_remote_url(cfg.checkpoint_dir):
-        url = cfg.checkpoint_dir.rstrip("/") + (f"/{per_rank}" if per_rank else "")
-        storage = Storage.for_url(url, cfg.checkpoint_storage_options)
-        manager = RemoteCheckpointManager(
-            storage, keep_last=keep, sharded=sharded, key=cfg.checkpoint_key
-        )
-        if per_rank or rd.is_master():  # the writer cleans its own URL
-            manager.start()
-        else:
-            storage.check_writable()
-        return manager
-    base = Path(cfg.checkpoint_dir)
-    if member is not None and member.cfg.nnodes > 1 and not base.is_absolute():
-        raise ValueError(
-            f"checkpoint_dir ({cfg.checkpoint_dir!r}) is relative, and this --on-failure "
-            f"continue job runs on {member.cfg.nnodes} nodes: whoever is rank 0 writes each "
-            "save, on whatever node it runs, so the saves would scatter over the nodes' own "
-            "folders. Give an absolute path on storage every node shares (e.g. "
-            "'/shared/run1/ckpt')."
-        )
-    folder = base / per_rank if per_rank else base
-    return CheckpointManager(folder, keep_last=keep, sharded=sharded, key=cfg.checkpoint_key)
 
 
 def load_resume(

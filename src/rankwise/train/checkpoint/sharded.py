@@ -27,7 +27,7 @@ folder is trusted only when its manifest lists every file in it (an unlisted one
 DCP would read a planted ``__0.metadata``), lists ``.metadata``, and every file matches; the
 ``.metadata`` DCP unpickles is the very bytes checked, on every rank (:func:`load_shards`
 hands DCP a reader of them). A checksum anyone can recompute; with a checkpoint key the
-manifest carries a MAC too (``files.check_trust``), without one the folder must be trusted as
+manifest carries a MAC too (``manifests.check_trust``), without one the folder must be trusted as
 code. Loading
 (:func:`load_shards`) reads the shards into the live model's and optimizer's layout with
 ``torch.distributed.checkpoint.load``, which reshards onto any world size, or into a plain
@@ -53,21 +53,18 @@ import xxhash
 from torch import nn
 
 import rankwise.distributed as rd
-from rankwise.train.checkpoint.files import (
+from rankwise.storage.local import fsync_dir, remove_tree, tmp_name, write_atomic
+from rankwise.train.checkpoint.errors import CheckpointError
+from rankwise.train.checkpoint.faults import fault_point
+from rankwise.train.checkpoint.files import check_plain, write_json_atomic
+from rankwise.train.checkpoint.manifests import (
     USE_ANOTHER,
-    CheckpointError,
     check_bytes,
     check_content,
-    check_plain,
     check_position,
     check_trust,
     checksum_of,
-    fault_point,
-    fsync_dir,
     sign,
-    tmp_name,
-    write_atomic,
-    write_json_atomic,
 )
 from rankwise.train.checkpoint.portable import (
     dcp_view,
@@ -88,7 +85,6 @@ __all__ = [
     "load_shards",
     "new_manifest",
     "read_state",
-    "remove_folder",
     "sharded_state_dicts",
     "verify_folder",
 ]
@@ -238,7 +234,7 @@ def publish(
     key: str | bytes | None = None,
 ) -> None:
     """Rank 0, once every rank's shards are in ``tmp``: the rest, the manifest (last; signed
-    under ``key``, see ``files.resolve_key``), then ``tmp`` renamed to ``final`` and the
+    under ``key``, see ``manifests.resolve_key``), then ``tmp`` renamed to ``final`` and the
     parent folder fsynced."""
     write_atomic(tmp / REST, lambda f: torch.save(rest, f))
     fault_point("before-manifest")
@@ -246,7 +242,7 @@ def publish(
     write_json_atomic(tmp / MANIFEST, manifest)
     fault_point("before-rename")
     if final.exists():  # the same step saved again: the old folder goes first (a kill in
-        remove_folder(final)  # between leaves neither, and the previous checkpoint is used)
+        remove_tree(final)  # between leaves neither, and the previous checkpoint is used)
     os.replace(tmp, final)
     fsync_dir(final.parent)
 
@@ -271,17 +267,6 @@ def new_manifest(files: dict[str, dict[str, Any]], meta: dict[str, Any]) -> dict
         "torch": torch.__version__,
         "meta": meta,
     }
-
-
-def remove_folder(folder: Path) -> None:
-    """Delete a checkpoint folder: renamed away first (atomic), so a kill mid-delete never
-    leaves a half-deleted folder under a checkpoint's name."""
-    doomed = tmp_name(folder)
-    try:
-        os.replace(folder, doomed)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def verify_folder(

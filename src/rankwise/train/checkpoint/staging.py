@@ -18,6 +18,10 @@ each other instead of each waiting for the last.
 >>> again = snapshot(state, into=first)  # the same buffers, refilled
 >>> again["w"] is first["w"], again["w"].tolist()
 (True, [2.0, 2.0])
+
+Module state: the two-thread refill pool, made on first use and shared by every snapshot of
+the process (one training loop takes one snapshot at a time; a pool per call would start
+threads at every save).
 """
 
 from __future__ import annotations

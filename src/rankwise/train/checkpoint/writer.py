@@ -55,10 +55,10 @@ import torch
 import torch.distributed as dist
 
 import rankwise.distributed as rd
-from rankwise.train.checkpoint.files import CheckpointError, CheckpointWarning
-from rankwise.train.checkpoint.remote_manager import RemoteCheckpointManager
+from rankwise.storage import StorageError
+from rankwise.train.checkpoint.errors import CheckpointError, CheckpointWarning
+from rankwise.train.checkpoint.manager import RemoteCheckpointManager
 from rankwise.train.checkpoint.resume import Location, Manager, broadcast_path
-from rankwise.train.checkpoint.storage import StorageError
 from rankwise.train.sigterm import Duty
 
 __all__ = [

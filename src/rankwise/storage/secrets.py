@@ -1,4 +1,5 @@
-"""Which storage options are credentials: kept out of messages, logs and config dumps.
+"""Which storage options are credentials, and :func:`scrub`, which keeps them (and a URL's
+``user:password@``) out of messages, logs and config dumps.
 
 ``checkpoint_storage_options`` (the fsspec keyword arguments of an object store) may hold a
 key, a secret or a token. They are used to reach the store and nowhere else: the config's
@@ -12,9 +13,10 @@ scrubbed of them.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["REDACTED", "redacted", "secret_values"]
+__all__ = ["REDACTED", "redacted", "scrub", "secret_values"]
 
 REDACTED = "***"
 # An option whose name says it holds a credential (s3fs: key, secret, token; adlfs:
@@ -48,3 +50,15 @@ def redacted(options: dict[str, Any]) -> dict[str, Any]:
         else value
         for name, value in options.items()
     }
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with ``user:password@`` in URLs and each of ``secrets`` replaced by ``***``.
+
+    >>> scrub("s3://me:pw@host/b failed for abcd1234", ["abcd1234"])
+    's3://***@host/b failed for ***'
+    """
+    text = re.sub(r"(://)[^/@\s]*:[^/@\s]*@", r"\1***@", text)
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text

@@ -1,15 +1,21 @@
-"""Checkpoint storage behind a URL: a local folder, or an object store through fsspec.
+"""One store interface behind a URL: a local folder, or an object store through fsspec.
 
 :meth:`Storage.for_url` takes what ``checkpoint_dir`` may hold. A local path or a ``file://``
-URL gives a local storage (``is_remote`` is false, ``local_path`` is the folder): those keep
-the local code path, with its fsync and atomic rename. Any other fsspec URL (``s3://``,
-``gs://``, ``az://``, ``memory://``) gives a remote storage whose keys are names under the URL:
+URL gives a local storage (``is_remote`` is false, ``local_path`` is the folder) whose every
+write goes to a temporary name, is fsynced and renamed into place (``local.LocalFiles``). Any
+other fsspec URL (``s3://``, ``gs://``, ``az://``, ``memory://``) gives a remote storage. Keys
+are names under the URL, and both answer the same calls:
 
 >>> store = Storage.for_url("memory://rankwise-doc/run")
 >>> store.is_remote, store.put(b"abc", "x.bin"), store.read("x.bin"), store.names()
 (True, 3, b'abc', ['x.bin'])
->>> Storage.for_url("/tmp/run").is_remote
-False
+>>> import tempfile
+>>> folder = Storage.for_url(tempfile.mkdtemp())
+>>> folder.is_remote, folder.put(b"abc", "x.bin"), folder.read("x.bin"), folder.names()
+(False, 3, b'abc', ['x.bin'])
+
+A remote storage is safe in a forked process (a DataLoader worker): the first call there
+builds the process's own client, never sharing the parent's connections or event loop.
 
 Endpoint and credentials come from where the users' other tools read them (for S3: the
 ``AWS_*`` variables, ``~/.aws`` files, instance roles, as botocore reads them), plus
@@ -35,17 +41,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rankwise.distributed.environment import aws_region
-from rankwise.train.checkpoint.storage_errors import (
-    RetryPolicy,
-    StorageError,
-    StorageWarning,
-    retrying,
-    scrub,
-    split_url,
-)
-from rankwise.train.secrets import secret_values
+from rankwise.storage.errors import StorageError, StorageWarning
+from rankwise.storage.local import LocalFiles, remove_tree
+from rankwise.storage.retry import RetryPolicy, retrying
+from rankwise.storage.secrets import scrub, secret_values
+from rankwise.storage.urls import split_url
 
-__all__ = ["RetryPolicy", "Storage", "StorageError", "StorageWarning", "split_url"]
+__all__ = ["Storage"]
 
 T = TypeVar("T")
 
@@ -74,6 +76,9 @@ _S3_CONFIG = {
 # within noise of each other).
 PART_SIZE = 32 << 20
 PARALLEL_PARTS = 8
+# The clients a forked process inherited and replaced with its own (see Storage._fs): held for
+# the process's life so that no finalizer of theirs runs in it.
+_INHERITED: list[Any] = []
 
 
 class Storage:
@@ -91,6 +96,7 @@ class Storage:
         path: str,
         fs: Any = None,
         *,
+        make_fs: Callable[[], Any] | None = None,
         retry: RetryPolicy | None = None,
         secrets: Iterable[str] = (),
         part_size: int = PART_SIZE,
@@ -106,7 +112,9 @@ class Storage:
         self.url = url
         self.protocol = protocol
         self.path = path
-        self.fs = fs
+        self.fs = fs if fs is not None else LocalFiles()
+        self._make_fs = make_fs  # builds a forked process's own client (remote only)
+        self._pid = os.getpid()  # the process self.fs was made in
         self.retry = retry or RetryPolicy()
         self._secrets = list(secrets)
         self._in_outage = False  # a retry was announced and no call has succeeded since
@@ -129,7 +137,7 @@ class Storage:
         url = os.fspath(url)
         protocol, path = split_url(url)
         if protocol == "file":
-            return cls(url, "file", path, retry=retry)
+            return cls(url, "file", path or ".", retry=retry)
         sizes = {"part_size": part_size, "parallel_parts": parallel_parts}
         options = dict(storage_options or {})
         secrets = secret_values(options)
@@ -164,17 +172,23 @@ class Storage:
                 "config_kwargs": config,
                 "client_kwargs": client,
             }
-        fs = fs_class(**options)
-        if module == "s3fs":
-            # One layer of retries, rankwise's (backoff, a warning naming the URL): s3fs's own
-            # would retry each try 5 more times, silently.
-            fs.retries = 1
-        return cls(url, protocol, path, fs, retry=retry, secrets=secrets, **sizes)
+
+        def make_fs() -> Any:
+            fs = fs_class(**options)
+            if module == "s3fs":
+                # One layer of retries, rankwise's (backoff, a warning naming the URL): s3fs's
+                # own would retry each try 5 more times, silently.
+                fs.retries = 1
+            return fs
+
+        return cls(
+            url, protocol, path, make_fs(), make_fs=make_fs, retry=retry, secrets=secrets, **sizes
+        )
 
     @property
     def is_remote(self) -> bool:
-        """False for a local folder (use the local checkpoint code on :attr:`local_path`)."""
-        return self.fs is not None
+        """False for a local folder (whose path is :attr:`local_path`)."""
+        return self.protocol != "file"
 
     @property
     def local_path(self) -> Path:
@@ -188,11 +202,15 @@ class Storage:
 
     @property
     def display_url(self) -> str:
-        """The URL as messages show it (credentials scrubbed)."""
+        """The URL as messages show it (credentials scrubbed; a local folder's path)."""
+        if not self.is_remote:
+            return str(self.local_path)
         return self._scrub(self.url)
 
     def url_of(self, key: str) -> str:
-        """The URL of ``key`` (credentials scrubbed)."""
+        """The URL of ``key`` (credentials scrubbed; a local file's path)."""
+        if not self.is_remote:
+            return str(self.local_path / key)
         return f"{self.display_url.rstrip('/')}/{key}"
 
     def _full(self, key: str) -> str:
@@ -201,20 +219,29 @@ class Storage:
     def _scrub(self, text: str) -> str:
         return scrub(text, self._secrets)
 
-    def _remote(self) -> Any:
-        if self.fs is None:
-            raise TypeError(
-                f"{self.url} is a local folder: use the local checkpoint files "
-                "(rankwise.train.files) there, which fsync and rename atomically."
-            )
+    def _fs(self) -> Any:
+        """The filesystem, this process's own: a forked child (a DataLoader worker) builds
+        its client anew rather than use the parent's connections and event loop."""
+        if self._make_fs is not None and os.getpid() != self._pid:
+            # The parent's client is kept, never closed here: closing it would unregister its
+            # sockets from the event loop's epoll, which parent and child share after a fork,
+            # and the parent's next read would wait for an answer it is never told of.
+            _INHERITED.append(self.fs)
+            self.fs, self._pid = self._make_fs(), os.getpid()
         return self.fs
 
     def call(
         self, what: str, key: str, op: Callable[[], T], *, retry: RetryPolicy | None = None
     ) -> T:
         """Run ``op`` (an operation on ``key``), retrying transient failures with backoff
-        (:func:`~rankwise.train.checkpoint.storage_errors.retrying`)."""
-        self._remote()
+        (:func:`~rankwise.storage.retry.retrying`). A local folder's calls are not retried
+        (there is nothing transient to wait out); a missing key is ``FileNotFoundError``."""
+        self._fs()
+        if not self.is_remote:
+            try:
+                return op()
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{self.url_of(key)} does not exist.") from None
         result = retrying(
             op,
             what=f"{what} {self.url_of(key)}",
@@ -252,14 +279,14 @@ class Storage:
         Objects of two parts or more go up as a multipart upload of ``part_size`` parts,
         ``parallel_parts`` at a time (S3); a failed try is retried whole. ``uploaded(n)`` is
         called as a file's bytes go up (``n`` of them: a part, or the whole object)."""
-        fs = self._remote()
+        fs = self._fs()
         extra: dict[str, Any] = {
             "chunksize": self.part_size,
             "max_concurrency": self.parallel_parts,
         }
         if not self.protocol.startswith("s3"):
             extra = {}
-        if not isinstance(source, (bytes, bytearray, memoryview)):
+        if self.is_remote and not isinstance(source, (bytes, bytearray, memoryview)):
             extra["callback"] = _progress(self, uploaded)
         if isinstance(source, (bytes, bytearray, memoryview)):
             data = bytes(source)
@@ -271,37 +298,40 @@ class Storage:
         self.call(
             "upload to", key, lambda: fs.put_file(local, self._full(key), **extra), retry=retry
         )
-        return os.path.getsize(local)
+        size = os.path.getsize(local)
+        if not self.is_remote and uploaded is not None:  # a local copy reports once, whole
+            uploaded(size)
+        return size
 
     def read(self, key: str) -> bytes:
         """The bytes of ``key``."""
-        fs = self._remote()
+        fs = self._fs()
         return bytes(self.call("read", key, lambda: fs.cat_file(self._full(key))))
 
     def open_read(self, key: str) -> Any:
         """A binary file object reading ``key`` (for streaming large objects)."""
-        fs = self._remote()
+        fs = self._fs()
         return self.call("open", key, lambda: fs.open(self._full(key), "rb"))
 
     def download(self, key: str, dest: str | os.PathLike[str]) -> Path:
         """Copy ``key`` to the local file ``dest``; return its path."""
-        fs = self._remote()
+        fs = self._fs()
         self.call("download", key, lambda: fs.get_file(self._full(key), os.fspath(dest)))
         return Path(dest)
 
     def size(self, key: str) -> int:
         """The size of ``key`` in bytes."""
-        fs = self._remote()
+        fs = self._fs()
         return int(self.call("stat", key, lambda: fs.size(self._full(key))))
 
     def exists(self, key: str) -> bool:
-        fs = self._remote()
+        fs = self._fs()
         return bool(self.call("stat", key, lambda: fs.exists(self._full(key))))
 
     def names(self, *, folders: bool = False) -> list[str]:
         """The names of the objects directly under the URL, sorted (no sub-folders); with
         ``folders``, the names of the sub-folders instead (prefixes holding objects)."""
-        fs = self._remote()
+        fs = self._fs()
         try:
             # refresh: another writer may have added objects since a cached listing
             found = self.call("list", "", lambda: fs.ls(self.path, detail=True, refresh=True))
@@ -319,7 +349,6 @@ class Storage:
         >>> Storage.for_url("memory://rankwise-doc/run").child("ckpt.dcp").url
         'memory://rankwise-doc/run/ckpt.dcp'
         """
-        self._remote()
         child = copy.copy(self)
         child.url = f"{self.url.rstrip('/')}/{name}"
         child.path = self._full(name)
@@ -328,16 +357,31 @@ class Storage:
 
     def delete(self, *keys: str) -> None:
         """Delete ``keys`` (missing ones are fine)."""
-        fs = self._remote()
+        fs = self._fs()
         for key in keys:
             with contextlib.suppress(FileNotFoundError):
                 self.call("delete", key, functools.partial(fs.rm_file, self._full(key)))
+
+    def delete_folder(self, name: str, *, first: Iterable[str] = ()) -> None:
+        """Delete the sub-folder ``name`` and everything in it (a missing one is fine). A local
+        folder is renamed away first (atomic), then removed; in object storage, where there is
+        no rename, the keys ``first`` go first (a manifest: a kill in between leaves objects no
+        reader trusts), then the rest, then the folder's own entry (SeaweedFS keeps one)."""
+        if not self.is_remote:
+            remove_tree(self.local_path / name)
+            return
+        folder = self.child(name)
+        folder.delete(*first)
+        fs = self._fs()
+        with contextlib.suppress(FileNotFoundError):  # the rest, and memory://'s folder entry
+            self.call("delete", name, lambda: fs.rm(self._full(name), recursive=True))
+        self.delete(name)
 
     def abort_uploads(self, *, older_than: float | None = None) -> list[str]:
         """Abort the unfinished multipart uploads under the URL (uploads a killed writer left:
         invisible, but stored and billed); return their keys. ``older_than`` (seconds) spares
         younger ones (an upload in flight elsewhere). Only S3 has them: elsewhere, ``[]``."""
-        fs = self._remote()
+        fs = self._fs()
         if not self.protocol.startswith("s3"):
             return []
         bucket, _, prefix = self.path.partition("/")
@@ -368,7 +412,7 @@ class Storage:
         once = RetryPolicy(attempts=1)
         self.put(b"rankwise", key, retry=once)
         try:
-            fs = self._remote()
+            fs = self._fs()
             data = self.call("read", key, lambda: fs.cat_file(self._full(key)), retry=once)
             if data != b"rankwise":
                 raise StorageError(
@@ -377,7 +421,7 @@ class Storage:
                     reason="failed",
                 )
         finally:
-            self.call("delete", key, lambda: self._remote().rm_file(self._full(key)), retry=once)
+            self.call("delete", key, lambda: self._fs().rm_file(self._full(key)), retry=once)
 
 
 def _progress(storage: Storage, uploaded: Callable[[int], None] | None) -> Any:

@@ -1,0 +1,106 @@
+"""The one store interface (``rankwise.storage.Storage``) on each backend: a local folder,
+``memory://`` and a real S3 server (SeaweedFS). The same calls give the same answers; a local
+write is atomic; a forked DataLoader worker reads through a client of its own."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch.utils.data
+
+from rankwise.storage import Storage, StorageError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_every_backend_answers_the_same_calls(store_root: str, tmp_path: Path):
+    store = Storage.for_url(f"{store_root}/run")
+    assert store.names() == [] and store.names(folders=True) == []
+    assert store.put(b"abc", "a.bin") == 3
+    source = tmp_path / "source.bin"
+    source.write_bytes(b"x" * 1000)
+    reported: list[int] = []
+    assert store.put(source, "b.bin", uploaded=reported.append) == 1000
+    assert sum(reported) == 1000
+    store.child("part.dcp").put(b"shard", "__0_0.distcp")
+
+    assert store.names() == ["a.bin", "b.bin"]
+    assert store.names(folders=True) == ["part.dcp"]
+    assert store.read("a.bin") == b"abc" and store.size("b.bin") == 1000
+    assert store.exists("a.bin") and not store.exists("nothing.bin")
+    with store.open_read("b.bin") as f:
+        assert f.read(4) == b"xxxx"
+    assert store.download("a.bin", tmp_path / "got.bin").read_bytes() == b"abc"
+    with pytest.raises(FileNotFoundError, match=r"/run/nothing\.bin does not exist"):
+        store.read("nothing.bin")
+
+    store.delete("a.bin", "nothing.bin")  # a missing key is fine
+    store.child("part.dcp").delete("__0_0.distcp")
+    store.delete("part.dcp")  # the folder's own entry, where a store keeps one
+    assert store.names() == ["b.bin"]
+    assert store.abort_uploads() == []
+    store.check_writable()
+
+
+def test_a_local_write_is_atomic_and_leaves_no_temporary_file(tmp_path: Path):
+    store = Storage.for_url(tmp_path / "run")
+    store.put(b"old", "x.bin")
+    with pytest.raises(FileNotFoundError):
+        store.put(tmp_path / "missing.pt", "x.bin")  # the source vanished mid-save
+    assert store.read("x.bin") == b"old"
+    store.put(b"new", "x.bin")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["x.bin"]
+    assert store.read("x.bin") == b"new"
+
+
+def test_a_local_storage_has_a_local_path_and_a_remote_one_none(tmp_path: Path):
+    for url in (str(tmp_path / "run"), f"file://{tmp_path}/run"):
+        store = Storage.for_url(url)
+        assert not store.is_remote and store.local_path == tmp_path / "run"
+        store.check_writable()
+        assert (tmp_path / "run").is_dir()
+    with pytest.raises(TypeError, match="is remote storage; it has no local path"):
+        _ = Storage.for_url("memory://rankwise-doc/x").local_path
+
+
+class _Objects(torch.utils.data.Dataset[bytes]):
+    def __init__(self, store: Storage, keys: list[str]) -> None:
+        self.store, self.keys = store, keys
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> tuple[int, bytes]:
+        return os.getpid(), self.store.read(self.keys[i])
+
+
+def test_forked_dataloader_workers_read_through_their_own_client(store_root: str):
+    store = Storage.for_url(f"{store_root}/data")
+    keys = [f"{i}.bin" for i in range(6)]
+    for i, key in enumerate(keys):
+        store.put(bytes([i]) * 10, key)
+    assert store.read(keys[0]) == bytes(10)  # the parent's client is made and used first
+    loader = torch.utils.data.DataLoader(
+        _Objects(store, keys),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="fork",
+    )
+    got = list(loader)
+    assert [data for _, data in got] == [bytes([i]) * 10 for i in range(6)]
+    assert os.getpid() not in {pid for pid, _ in got}
+    assert store.read(keys[5]) == bytes([5]) * 10  # and the parent's still works
+
+
+def test_a_storage_error_names_the_url_and_never_the_secret():
+    secret = "s3cr3t-never-shown"
+    store = Storage.for_url(
+        "s3://rankwise-nowhere/run",
+        {"endpoint_url": "http://127.0.0.1:9", "key": "AKIAEXAMPLE", "secret": secret},
+    )
+    with pytest.raises(StorageError) as caught:
+        store.check_writable()
+    assert "s3://rankwise-nowhere/run" in str(caught.value)
+    assert secret not in str(caught.value) and caught.value.reason == "unreachable"
