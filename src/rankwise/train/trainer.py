@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 import rankwise.distributed as rd
+from rankwise.distributed.interrupt import owned_by
 from rankwise.parallel import Precision, unwrap_model
 from rankwise.train import checks, sigterm
 from rankwise.train.checkpoint import (
@@ -36,6 +37,7 @@ from rankwise.train.checkpoint import (
     CheckpointManager,
     RemoteCheckpointManager,
     SaveStats,
+    StorageError,
     load_resume,
     manager_for,
     read_checkpoint,
@@ -209,7 +211,7 @@ class DistributedTrainer:
         self.train_source = train_source(train_set, cfg, hooked, self.device)
         state = self.state
         state.sampler = getattr(self.train_source, "sampler", None)
-        manager = manager_for(cfg)
+        manager = _checked_manager(cfg)
         resumed = self._start(cfg, manager)
         world = rd.get_world_size()
         state.history.effective_batch_size = cfg.effective_batch_size(world)
@@ -536,3 +538,16 @@ class DistributedTrainer:
         if self.prepared is None:
             raise ValueError("the trainer is not set up yet: call fit() first.")
         return self.prepared
+
+
+def _checked_manager(cfg: DistributedTrainingConfig) -> Any:
+    """``manager_for(cfg)``; a shared checkpoint URL that fails its check on a rank other than
+    its writer, rank 0 (which fails it too, naming the fix), ends that rank with one line under
+    ``rankwise launch``, not the same traceback again (issue 33)."""
+    try:
+        return manager_for(cfg)
+    except StorageError as exc:
+        if cfg.save_on_master_only:  # else each rank checks its own folder: its own error
+            what = "the checkpoint store failed its check here, as on its writer"
+            owned_by(exc, 0, rd.get_rank(), what)
+        raise
