@@ -1,6 +1,7 @@
 """What ``rankwise launch`` and its ranks say (issue 33): a Ctrl-C ends the job with the
 launcher's one line and exit 130, not one traceback per rank; the launch header says the
-threads each process runs with, instead of torch's banner. Real launches, both ways a job
+threads each process runs with, instead of torch's banner; a checkpoint store that fails its
+check prints its error once, from the writer, not once per rank. Real launches, both ways a job
 runs (torchrun's agent, and the continue-mode supervisor)."""
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from helpers.background import await_file
-from helpers.paths import SCRIPTS
+from helpers.paths import EXAMPLES, SCRIPTS
 from rankwise.distributed.environment import threads_per_process
-from rankwise.distributed.interrupt import quiet_interrupts
+from rankwise.distributed.interrupt import owned_by, quiet_interrupts
 from rankwise.testing import child_env
 
 pytestmark = pytest.mark.timeout(300)
@@ -88,12 +89,46 @@ def test_an_uncaught_interrupt_prints_nothing_other_errors_print_as_ever(
     monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
     quiet_interrupts()
     quiet_interrupts()
-    for error, printed in ((KeyboardInterrupt(), False), (ValueError("mine"), True)):
+    follower = owned_by(ValueError("mine"), 0, 1, "rank 0's checkpoint write failed")
+    own = owned_by(ValueError("mine"), 1, 1, "rank 1's checkpoint write failed")
+    for error, printed in (
+        (KeyboardInterrupt(), False), (ValueError("mine"), True), (follower, False), (own, True)
+    ):  # fmt: skip
         try:
             raise error
         except BaseException as exc:
             sys.excepthook(type(exc), exc, exc.__traceback__)
         err = capsys.readouterr().err
         assert ("Traceback" in err and "mine" in err) is printed, (error, err)
+        if error is follower:  # one line, naming the rank that prints it in full
+            assert err == (
+                "rankwise: rank 1 stops: rank 0's checkpoint write failed (ValueError); rank 0 "
+                "prints the error in full, with its traceback and the fix.\n"
+            )
     assert sys.excepthook.__closure__ is not None
     assert sys.__excepthook__ in [c.cell_contents for c in sys.excepthook.__closure__]
+
+
+@pytest.mark.slow
+def test_a_failing_checkpoint_store_is_reported_once_by_its_writer(s3_bucket: str) -> None:
+    # A bucket that does not exist (the server creates none on its own): every rank checks the
+    # store before the first step and fails; rank 0, the writer, prints the StorageError with
+    # its traceback and fix, rank 1 one line pointing there, the launcher its summary.
+    url = f"{s3_bucket}-missing"
+    cmd = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", "2"]
+    cmd += [str(EXAMPLES / "quickstart_trainer.py"), "--out", url, "--epochs", "1"]
+    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=240)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 1, said[-3000:]
+    assert said.count("Traceback (most recent call last)") == 1, said[-6000:]
+    error = "[rank0]: rankwise.train.checkpoint.storage_errors.StorageError: upload to "
+    assert said.count("StorageError: ") == 1 and said.count(error) == 1, said[-6000:]
+    assert f"{url}/checkpoints/" in said and "Fix: the bucket does not exist" in said
+    rank1 = [line for line in said.splitlines() if line.startswith("[rank1]:")]
+    assert rank1 == [
+        "[rank1]: rankwise: rank 1 stops: the checkpoint store failed its check here, as on "
+        "its writer (StorageError, missing-bucket); rank 0 prints the error in full, with its "
+        "traceback and the fix."
+    ], said[-6000:]
+    summary = "rankwise launch: 2 rank(s) failed; exit code 1. Their errors are above"
+    assert said.count(summary) == 1, said[-3000:]

@@ -28,6 +28,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 WORKER = SCRIPTS / "continue_worker.py"
 NUM_SAMPLES, EPOCHS = 192, 2
 BOUNDED = {"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "120000"}
+# What a rank that only learned of the writer's failed checkpoint write ends with (issue 33).
+FOLLOWER = "rankwise: rank 1 stops: rank 0's checkpoint write failed (CheckpointWriteError); "
 
 
 def launch(out: Path, *args: str, restarts: int = 1, nproc: int = 3):
@@ -101,7 +103,9 @@ def test_a_write_that_fails_later_stops_every_rank_once(tmp_path):
     assert result.returncode != 0
     failed = re.findall(r"CheckpointWriteError: writing the checkpoint \S+ckpt-e\d+-s0+(\d+)\.pt "
                         r"failed: \[Errno 28\] No space left on device", result.stderr)  # fmt: skip
-    assert len(failed) == 2 and len(set(failed)) == 1, result.stderr[-4000:]  # once, each rank
+    # once, from the writer (rank 0); rank 1 stops on it too, in one line (issue 33)
+    assert len(failed) == 1, result.stderr[-4000:]
+    assert result.stderr.count(FOLLOWER) == 1, result.stderr[-4000:]
     assert "continuing on" not in result.stdout
     assert result.stderr.count("will not join: the running ranks stopped the job") == 2
 
@@ -118,7 +122,8 @@ def test_a_real_full_disk_stops_every_rank_once(tmp_path):
     assert result.returncode != 0
     failed = re.findall(r"CheckpointWriteError: writing the checkpoint (\S+) failed: \[Errno 28\] "
                         r"No space left on device", result.stderr)  # fmt: skip
-    assert len(failed) == 2 and len(set(failed)) == 1, result.stderr[-4000:]  # once, each rank
+    assert len(failed) == 1, result.stderr[-4000:]  # once, from the writer (issue 33)
+    assert result.stderr.count(FOLLOWER) == 1, result.stderr[-4000:]  # rank 1 stops on it too
     assert failed[0].startswith(f"{ckpt}/ckpt-e"), failed
     assert "continuing on" not in result.stdout  # never taken for a lost peer
     # bounded: both ranks stop at the next save after the failed write, together

@@ -166,7 +166,7 @@ def run_torchrun(args: argparse.Namespace) -> int:
         first = next((c for c in codes if c and c > 0), 1)
         print(
             f"rankwise launch: {len(codes)} rank(s) failed; exit code {first}. "
-            "The traceback of the first failure is above.",
+            "Their errors are above, each in full from the rank it happened on.",
             file=sys.stderr,
         )
         return first

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 import rankwise.distributed as rd
+from rankwise.distributed.interrupt import owned_by
 from rankwise.parallel import Precision, unwrap_model
 from rankwise.train import checks, sigterm
 from rankwise.train.checkpoint import (
@@ -36,6 +37,7 @@ from rankwise.train.checkpoint import (
     CheckpointManager,
     RemoteCheckpointManager,
     SaveStats,
+    StorageError,
     load_resume,
     manager_for,
     read_checkpoint,
@@ -209,7 +211,7 @@ class DistributedTrainer:
         self.train_source = train_source(train_set, cfg, hooked, self.device)
         state = self.state
         state.sampler = getattr(self.train_source, "sampler", None)
-        manager = manager_for(cfg)
+        manager = _checked_manager(cfg)
         resumed = self._start(cfg, manager)
         world = rd.get_world_size()
         state.history.effective_batch_size = cfg.effective_batch_size(world)
@@ -536,3 +538,35 @@ class DistributedTrainer:
         if self.prepared is None:
             raise ValueError("the trainer is not set up yet: call fit() first.")
         return self.prepared
+
+
+def _checked_manager(cfg: DistributedTrainingConfig) -> Any:
+    """``manager_for(cfg)``, with the ranks agreeing on whose check of a shared checkpoint URL
+    failed (issue 33): the first rank whose check failed prints its error in full; every other
+    rank ends with one line naming that rank under ``rankwise launch``, not the same traceback
+    again, and never a claim that another rank failed where it did not."""
+    manager, error = None, None
+    try:
+        manager = manager_for(cfg)
+    except Exception as exc:  # every rank reaches the agreement below, whatever it raised
+        error = exc
+    if not cfg.save_on_master_only or rd.get_world_size() == 1:
+        if error is not None:  # each rank checks its own folder: its own error
+            raise error
+        return manager
+    failed = rd.all_gather_plain(error is not None)
+    owner = next((rank for rank, f in enumerate(failed) if f), None)
+    if owner is None:
+        return manager
+    me = rd.get_rank()
+    if error is None:
+        what = f"rank {owner}'s check of the checkpoint store failed"
+        url = str(cfg.checkpoint_dir)
+        lost = StorageError(f"the checkpoint store {url} failed its check on rank {owner}",
+                            url=url, reason="failed-on-another-rank")  # fmt: skip
+        raise owned_by(lost, owner, me, what)
+    if isinstance(error, StorageError):
+        owned_by(
+            error, owner, me, f"the checkpoint store failed its check here, as on rank {owner}"
+        )
+    raise error

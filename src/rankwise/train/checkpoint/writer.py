@@ -55,6 +55,7 @@ import torch
 import torch.distributed as dist
 
 import rankwise.distributed as rd
+from rankwise.distributed.interrupt import owned_by
 from rankwise.storage import StorageError
 from rankwise.train.checkpoint.errors import CheckpointError, CheckpointWarning
 from rankwise.train.checkpoint.manager import RemoteCheckpointManager
@@ -473,7 +474,7 @@ class CheckpointWriter:
         """Every rank learns whether a write failed (a collective in a world of more than
         one): all raise the same :class:`CheckpointWriteError`, so under continue mode no
         survivor takes it for a lost peer and makes the next writer fail the same way."""
-        failed = error is not None
+        failed, src = error is not None, rd.get_rank()
         if rd.get_world_size() > 1 and rd.has_group():
             flag = torch.tensor([rd.get_rank() + 1 if failed else 0], device=rd.collective_device())
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -485,7 +486,9 @@ class CheckpointWriter:
         member = rd.membership()
         if member is not None and not member.pending:  # a rank asking to join gives up at once
             member.stop(str(error))
-        raise CheckpointWriteError(str(error))
+        # the writer's traceback says it once; the others end with one line (issue 33)
+        mine = CheckpointWriteError(str(error))
+        raise owned_by(mine, src, rd.get_rank(), f"rank {src}'s checkpoint write failed")
 
     def _record_written(self, path: Location) -> None:
         """``written(path)`` on this rank, which wrote ``path`` and saw it land; once per
