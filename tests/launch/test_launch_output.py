@@ -110,25 +110,48 @@ def test_an_uncaught_interrupt_prints_nothing_other_errors_print_as_ever(
 
 
 @pytest.mark.slow
-def test_a_failing_checkpoint_store_is_reported_once_by_its_writer(s3_bucket: str) -> None:
-    # A bucket that does not exist (the server creates none on its own): every rank checks the
-    # store before the first step and fails; rank 0, the writer, prints the StorageError with
-    # its traceback and fix, rank 1 one line pointing there, the launcher its summary.
-    url = f"{s3_bucket}-missing"
+@pytest.mark.parametrize("failing", ["every rank", "rank 1 alone"])
+def test_a_failing_checkpoint_store_is_reported_once_by_the_rank_it_failed_on(
+    s3_bucket: str, tmp_path: Path, failing: str
+) -> None:
+    # "every rank": a bucket that does not exist (the server creates none on its own): every
+    # rank checks the store before the first step and fails; rank 0, the writer, prints the
+    # StorageError with its traceback and fix, rank 1 one line pointing there. "rank 1 alone":
+    # rank 1 has the wrong secret (a node set up apart): rank 1 prints its own error in full,
+    # and rank 0 ends with one line pointing there, never the other way round.
+    url, script = f"{s3_bucket}-missing", EXAMPLES / "quickstart_trainer.py"
+    if failing == "rank 1 alone":
+        url, script = f"{s3_bucket}/run", tmp_path / "wrong_secret_on_rank1.py"
+        script.write_text(
+            "import os, runpy, sys\n"
+            "if os.environ['LOCAL_RANK'] == '1':\n"
+            "    os.environ['AWS_SECRET_ACCESS_KEY'] = 'not-the-secret'\n"
+            f"sys.argv[0] = {str(EXAMPLES / 'quickstart_trainer.py')!r}\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        )
+    owner, other = ("0", "1") if failing == "every rank" else ("1", "0")
     cmd = [sys.executable, "-m", "rankwise.cli", "launch", "--nproc-per-node", "2"]
-    cmd += [str(EXAMPLES / "quickstart_trainer.py"), "--out", url, "--epochs", "1"]
+    cmd += [str(script), "--out", url, "--epochs", "1"]
     proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=240)
     said = proc.stdout + proc.stderr
     assert proc.returncode == 1, said[-3000:]
     assert said.count("Traceback (most recent call last)") == 1, said[-6000:]
-    error = "[rank0]: rankwise.train.checkpoint.storage_errors.StorageError: upload to "
+    error = f"[rank{owner}]: rankwise.storage.errors.StorageError: "
     assert said.count("StorageError: ") == 1 and said.count(error) == 1, said[-6000:]
-    assert f"{url}/checkpoints/" in said and "Fix: the bucket does not exist" in said
-    rank1 = [line for line in said.splitlines() if line.startswith("[rank1]:")]
-    assert rank1 == [
-        "[rank1]: rankwise: rank 1 stops: the checkpoint store failed its check here, as on "
-        "its writer (StorageError, missing-bucket); rank 0 prints the error in full, with its "
-        "traceback and the fix."
-    ], said[-6000:]
+    assert f"{url}/checkpoints/" in said and "Fix: " in said
+    followers = [line for line in said.splitlines() if line.startswith(f"[rank{other}]:")]
+    if failing == "every rank":
+        assert "Fix: the bucket does not exist" in said
+        assert followers == [
+            "[rank1]: rankwise: rank 1 stops: the checkpoint store failed its check here, as on "
+            "rank 0 (StorageError, missing-bucket); rank 0 prints the error in full, with its "
+            "traceback and the fix."
+        ], said[-6000:]
+    else:
+        assert followers == [
+            "[rank0]: rankwise: rank 0 stops: rank 1's check of the checkpoint store failed "
+            "(StorageError, failed-on-another-rank); rank 1 prints the error in full, with its "
+            "traceback and the fix."
+        ], said[-6000:]
     summary = "rankwise launch: 2 rank(s) failed; exit code 1. Their errors are above"
     assert said.count(summary) == 1, said[-3000:]
