@@ -42,6 +42,10 @@ INTERNAL: dict[tuple[str, str], str] = {
     ("train/state.py", "broadcast_state in a world of one needs the state"): _INVARIANT,
     ("parallel/hooks.py", "powersgd_hook needs HookState.powersgd"): _INVARIANT,
     ("train/config.py", "{} (config file {})"): _WRAPPER,
+    ("train/trainer.py", "set-up of the checkpoints in {} failed"): (
+        "a follower's stand-in for the error another rank prints in full; under rankwise "
+        "launch it prints as one line pointing there"
+    ),
     ("train/trainer.py", "failed its check on rank {}"): (
         "a follower's stand-in for the StorageError another rank prints in full (its row: "
         "storage-missing-bucket and the other storage rows); under rankwise launch it prints "

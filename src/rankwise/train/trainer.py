@@ -550,21 +550,25 @@ def _checked_manager(cfg: DistributedTrainingConfig) -> Any:
         manager = manager_for(cfg)
     except Exception as exc:  # every rank reaches the agreement below, whatever it raised
         error = exc
-    if not cfg.save_on_master_only or rd.get_world_size() == 1:
-        if error is not None:  # each rank checks its own folder: its own error
+    if not cfg.save_on_master_only or cfg.checkpoint_dir is None or rd.get_world_size() == 1:
+        if error is not None:  # no shared store (or one rank): each rank's error is its own
             raise error
         return manager
-    failed = rd.all_gather_plain(error is not None)
-    owner = next((rank for rank, f in enumerate(failed) if f), None)
+    kinds = rd.all_gather_plain(None if error is None else type(error).__name__)
+    owner = next((rank for rank, kind in enumerate(kinds) if kind is not None), None)
     if owner is None:
         return manager
-    me = rd.get_rank()
-    if error is None:
-        what = f"rank {owner}'s check of the checkpoint store failed"
+    me, kind = rd.get_rank(), kinds[owner]
+    if error is None:  # this rank's check passed: it stops for the owner's failure
         url = str(cfg.checkpoint_dir)
-        lost = StorageError(f"the checkpoint store {url} failed its check on rank {owner}",
-                            url=url, reason="failed-on-another-rank")  # fmt: skip
-        raise owned_by(lost, owner, me, what)
+        if kind == StorageError.__name__:
+            what = f"rank {owner}'s check of the checkpoint store failed"
+            lost = StorageError(f"the checkpoint store {url} failed its check on rank {owner}",
+                                url=url, reason="failed-on-another-rank")  # fmt: skip
+            raise owned_by(lost, owner, me, what)
+        what = f"rank {owner}'s set-up of the checkpoints failed ({kind})"
+        follows = RuntimeError(f"rank {owner}'s set-up of the checkpoints in {url} failed")
+        raise owned_by(follows, owner, me, what)
     if isinstance(error, StorageError):
         owned_by(
             error, owner, me, f"the checkpoint store failed its check here, as on rank {owner}"
