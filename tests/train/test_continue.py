@@ -105,7 +105,9 @@ def test_a_frozen_rank_is_removed_after_the_collective_timeout(reference, tmp_pa
     params = finished(result, tmp_path)
     assert "slot 1 was left out of generation 1" in result.stderr  # the launcher ended it
     assert "continuing on 2 rank(s) (was 3)" in result.stdout
-    assert "a peer was lost: slot 1 (rank 1) stopped answering (no exit seen" in result.stdout
+    # Whether the launcher's SIGKILL was recorded before the survivors read it or not, the line
+    # says the rank stopped answering, not that a signal ended it.
+    assert "a peer was lost: slot 1 (rank 1) stopped answering (" in result.stdout
     assert len(pids(tmp_path, 0)) == len(pids(tmp_path, 2)) == 1
     assert_exactly_once(tmp_path / "audit", 2, NUM_SAMPLES, EPOCHS)
     assert max_diff(params, reference) < 1e-4

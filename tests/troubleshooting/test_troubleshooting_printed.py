@@ -72,7 +72,7 @@ def test_the_launchers_slot_lines(ledger: Ledger, slot: int, code: int, kwargs: 
 def test_rank_0s_peer_was_lost_line() -> None:
     store = SignedStore(dist.HashStore(), "ab" * 16, job="j1")
     store.set("member/2", "0")
-    store.set("exit/2/0", "signal SIGKILL")
+    store.set("exit/2/0", "ended with signal SIGKILL")
     assert lost_slots(store, [0, 1, 2], [0, 1]) == "slot 2 (rank 2) ended with signal SIGKILL"
     source = (REPO / "src" / "rankwise" / "train" / "continuing.py").read_text()
     assert 'f"rankwise: {what}; continuing on {world} rank(s) (was {old_world}) "' in source

@@ -123,6 +123,11 @@ def check_min_nproc(members: list[int], min_nproc: int) -> None:
         )
 
 
+#: What the launcher records as the exit of a start it ended itself because a generation left
+#: it out (``exit/<slot>/<incarnation>``); the survivors' "a peer was lost" line says it.
+LEFT_OUT = "stopped answering (frozen or stalled: left out of a generation, its launcher ended it)"
+
+
 def mark_dead(store: SignedStore, slot: int, incarnation: int) -> None:
     """The launcher saw ``incarnation`` of ``slot`` exit: a regroup's leader counts it gone at
     once instead of waiting ``stale_s`` for its heartbeat to stand still (``store``: the job's

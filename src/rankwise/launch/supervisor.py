@@ -47,7 +47,7 @@ from typing import Any
 
 from rankwise.distributed.environment import LAUNCHED_VAR
 from rankwise.distributed.finish import is_finished
-from rankwise.distributed.membership import mark_dead, parse_members
+from rankwise.distributed.membership import LEFT_OUT, mark_dead, parse_members
 from rankwise.launch.jobstore import CONNECT_S, DuplicateNodeError, JobStore, parse_endpoint
 from rankwise.launch.ledger import Ledger
 from rankwise.launch.ledger import describe_exit as _describe
@@ -273,8 +273,10 @@ def _supervise(
                 continue
             slot.exit_codes.append(code)
             # How it ended, for the survivors' "a peer was lost" line (before the mark they
-            # regroup on, so it is there when they read it).
-            jobs.set(f"exit/{slot.index}/{slot.incarnation}", _describe(code))
+            # regroup on, so it is there when they read it). One this launcher ended itself
+            # had stopped answering: its SIGKILL is the launcher's, not its cause.
+            how = LEFT_OUT if slot.ended else f"ended with {_describe(code)}"
+            jobs.set(f"exit/{slot.index}/{slot.incarnation}", how)
             # The survivors regroup now (a lost store: nothing to tell, said once).
             jobs.call(mark_dead, jobs.signed, slot.index, slot.incarnation)
             # A rank that completed fit recorded it in the store before it could exit.

@@ -147,13 +147,14 @@ class RecoveryCap:
 def lost_slots(store: SignedStore, old: list[int], members: list[int]) -> str:
     """Which slots a regroup left out (``old``: the members before it, in rank order), each
     with its rank before and how it ended, as the launcher recorded it in the job's signed
-    store (``exit/<slot>/<incarnation>``); one with no exit recorded stopped answering.
+    store (``exit/<slot>/<incarnation>``: ``ended with <its exit>``, or :data:`LEFT_OUT` where the
+    launcher ended it); one with no exit recorded stopped answering.
 
     >>> store = SignedStore(dist.HashStore(), "ab" * 16, job="j1")
-    >>> store.set("member/2", "0"); store.set("exit/2/0", "signal SIGKILL")
+    >>> store.set("member/2", "0"); store.set("exit/2/0", "ended with signal SIGKILL")
     >>> lost_slots(store, [0, 1, 2], [0]), lost_slots(store, [0, 1], [0, 1])
     ('slot 1 (rank 1) stopped answering (no exit seen: frozen, stalled or on a lost node), slot 2 (rank 2) ended with signal SIGKILL', 'none left (every member regrouped)')
-    >>> store.set("exit/2/1", "signal SIGTERM"); store.set("dead/2", "1")  # its restart, lost
+    >>> store.set("exit/2/1", "ended with signal SIGTERM"); store.set("dead/2", "1")  # its restart, lost
     >>> lost_slots(store, [0, 2], [0])
     'slot 2 (rank 1) ended with signal SIGTERM'
 
@@ -169,11 +170,7 @@ def lost_slots(store: SignedStore, old: list[int], members: list[int]) -> str:
             inc = store.get_int(f"member/{slot}") or 0
             dead = store.get_int(f"dead/{slot}")
             ended = store.get(f"exit/{slot}/{max(inc, dead if dead is not None else inc)}")
-        how = (
-            f"ended with {ended}"
-            if ended
-            else "stopped answering (no exit seen: frozen, stalled or on a lost node)"
-        )
+        how = ended or "stopped answering (no exit seen: frozen, stalled or on a lost node)"
         said.append(f"slot {slot} (rank {rank}) {how}")
     return ", ".join(said) or "none left (every member regrouped)"
 
