@@ -343,6 +343,26 @@ def test_continue_modes_names_are_spelt_only_in_its_contract() -> None:
     assert spelt == {}, "use rankwise.distributed.contract's names (its Keys, its variables)"
 
 
+def _membership_reads(source: str) -> list[int]:
+    """The lines of ``source`` that call ``membership()`` (``rd.membership()`` or the bare name)."""
+    return sorted(
+        node.lineno for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func).split(".")[-1] == "membership" and not node.args
+    )  # fmt: skip
+
+
+def test_the_training_layer_asks_the_fits_roles_never_the_membership() -> None:
+    # fit builds one rankwise.distributed.Roles and hands it on (docs/architecture.md)
+    assert _membership_reads("import rankwise.distributed as rd\nm = rd.membership()\n") == [2]
+    found = {
+        path.relative_to(ROOT).as_posix(): lines
+        for path in sorted((ROOT / "train").rglob("*.py"))
+        if (lines := _membership_reads(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}, "take a rankwise.distributed.Roles (fit's) instead of rd.membership()"
+
+
 def _module_state(source: str) -> list[str]:
     """The names of the mutable process state a module keeps: names a ``global`` statement
     rebinds, module-level mutable containers (lowercase names: an uppercase one is a constant),
