@@ -24,8 +24,9 @@ LAYERS = [
     "models", "testing", "compat", "demo", "cli",
 ]  # fmt: skip
 LONG_FILE = 600  # lines: past this a file is pointed out, never failed
-# docs/architecture.md: only distributed/environment.py and config.py read the environment.
-ENV_READERS = {"distributed/environment.py", "distributed/config.py"}
+# docs/architecture.md: only distributed/environment.py and the distributed/config/ package
+# read the environment (a folder ends in "/": every module in it).
+ENV_READERS = {"distributed/environment.py", "distributed/config/"}
 # Reads allowed elsewhere, each with its reason. Keep it empty: a setting is a field of a config
 # object in distributed/ (e.g. MemberConfig.join_check_every), which other layers are given.
 ENV_READS_ALLOWED: dict[str, str] = {}
@@ -277,12 +278,89 @@ def test_only_distributed_config_and_environment_read_the_environment() -> None:
         lines = [n for n, kind in _env_uses(path.read_text(encoding="utf-8")) if kind == "read"]
         if lines:
             reads[name] = lines
-    assert set(ENV_READERS) <= set(reads)  # the scan sees the reads where they belong
-    elsewhere = {name: lines for name, lines in reads.items() if name not in ENV_READERS}
+
+    def allowed(name: str) -> bool:
+        return any(name == r or (r.endswith("/") and name.startswith(r)) for r in ENV_READERS)
+
+    # the scan sees the reads where they belong: in each reader, file or folder
+    assert all(any(name == r or name.startswith(r) for name in reads) for r in ENV_READERS)
+    elsewhere = {name: lines for name, lines in reads.items() if not allowed(name)}
     assert elsewhere.keys() == ENV_READS_ALLOWED.keys(), (
         f"environment variables read outside {sorted(ENV_READERS)}: {elsewhere}; make the "
-        "setting a field of a config object in rankwise/distributed/config.py and pass it on"
+        "setting a field of a config object in rankwise/distributed/config/ and pass it on"
     )
+
+
+# Continue mode's contract: its variables and store keys are spelt in one module, which the
+# launcher and the members both import (STYLE.md 11); the config package reads them by name.
+CONTRACT = "distributed/contract.py"
+_KEY_PREFIXES = ("gen/", "join/", "challenge/", "proof/", "refused/", "admit/", "exit/",
+                 "joinbeat/", "hb/", "member/", "dead/", "launch/", "auth/", "fit/")  # fmt: skip
+_KEY_WORDS = {"current", "waiting", "stopped"}
+
+
+def _contract_literals(source: str) -> list[str]:
+    """The string literals of ``source`` that spell a name of continue mode's contract: a
+    ``RANKWISE_*`` variable, or a store key (an f-string or string that starts like one, or
+    one of the bare keys) used as a value; docstrings and messages are sentences, not names."""
+    from rankwise.distributed import contract
+
+    variables = {v for k, v in vars(contract).items() if k.isupper() and isinstance(v, str)}
+    variables = {v for v in variables if v.startswith("RANKWISE_")}
+    tree = ast.parse(source)
+    parts = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in parts:
+            continue  # a piece of an f-string: the f-string is judged whole
+        if isinstance(node, ast.JoinedStr) and node.values:
+            first = node.values[0]
+            head = first.value if isinstance(first, ast.Constant) else ""
+            if isinstance(head, str) and head.startswith(_KEY_PREFIXES):
+                found.append(ast.unparse(node))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+            key = text.startswith(_KEY_PREFIXES) and " " not in text
+            if text in variables or key or text in _KEY_WORDS:
+                found.append(repr(text))
+    return sorted(found)
+
+
+def test_the_contract_scan_finds_a_spelt_name() -> None:
+    source = 'a = {"RANKWISE_SLOT": "1"}; b = f"dead/{s}"; c = "waiting"; d = "gen/0/members"\n'
+    source += 'e = "the slot waiting (RANKWISE_SLOT)"; f = f"a member/{s} sentence"\n'
+    assert _contract_literals(source) == ["'RANKWISE_SLOT'", "'gen/0/members'", "'waiting'",
+                                          "f'dead/{s}'"]  # fmt: skip
+
+
+def test_continue_modes_names_are_spelt_only_in_its_contract() -> None:
+    spelt = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        if name != CONTRACT and (found := _contract_literals(path.read_text(encoding="utf-8"))):
+            spelt[name] = found
+    assert _contract_literals((ROOT / CONTRACT).read_text(encoding="utf-8"))  # sees them there
+    assert spelt == {}, "use rankwise.distributed.contract's names (its Keys, its variables)"
+
+
+def _membership_reads(source: str) -> list[int]:
+    """The lines of ``source`` that call ``membership()`` (``rd.membership()`` or the bare name)."""
+    return sorted(
+        node.lineno for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func).split(".")[-1] == "membership" and not node.args
+    )  # fmt: skip
+
+
+def test_the_training_layer_asks_the_fits_roles_never_the_membership() -> None:
+    # fit builds one rankwise.distributed.Roles and hands it on (docs/architecture.md)
+    assert _membership_reads("import rankwise.distributed as rd\nm = rd.membership()\n") == [2]
+    found = {
+        path.relative_to(ROOT).as_posix(): lines
+        for path in sorted((ROOT / "train").rglob("*.py"))
+        if (lines := _membership_reads(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}, "take a rankwise.distributed.Roles (fit's) instead of rd.membership()"
 
 
 def _module_state(source: str) -> list[str]:

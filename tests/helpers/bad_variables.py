@@ -24,6 +24,6 @@ BAD = {
 
 
 def read_variables() -> set[str]:
-    """Every RANKWISE_* variable the code reads (distributed/config.py's own tables) and the
-    DISTRIBUTED_* settings a user gives the ranks."""
+    """Every RANKWISE_* variable the code reads (the table of rankwise.distributed.contract)
+    and the DISTRIBUTED_* settings a user gives the ranks."""
     return set(rankwise_variables()) | {v for v in ENV_VARS.values() if v.startswith("DIST")}

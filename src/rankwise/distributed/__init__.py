@@ -48,6 +48,7 @@ from rankwise.distributed.group import (
 )
 from rankwise.distributed.interrupt import quiet_interrupts
 from rankwise.distributed.progress import Progress
+from rankwise.distributed.roles import Roles
 
 __all__ = [
     "BackendType",
@@ -58,6 +59,7 @@ __all__ = [
     "DistributedTimeoutError",
     "Progress",
     "RankwiseWarning",
+    "Roles",
     "all_gather",
     "all_gather_plain",
     "all_reduce",

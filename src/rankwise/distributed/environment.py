@@ -35,6 +35,7 @@ import warnings
 import zlib
 from collections.abc import Collection, Mapping
 
+from rankwise.distributed.contract import LAUNCHED
 from rankwise.distributed.errors import DistributedConfigError, RankwiseWarning
 
 # A master port derived from the SLURM job id lands in [_SLURM_PORT_BASE, + _SLURM_PORT_SPAN):
@@ -420,7 +421,7 @@ def aws_region(env: Mapping[str, str] | None = None) -> str | None:
 
 
 # Set by ``rankwise launch`` (both ways it runs a job) in every process it starts.
-LAUNCHED_VAR = "RANKWISE_LAUNCHED"
+LAUNCHED_VAR = LAUNCHED
 
 
 def under_rankwise_launch(env: Mapping[str, str] | None = None) -> bool:

@@ -14,11 +14,12 @@ continue mode calls ``rd.mark_training_finished()`` once its training is done.
 
 from __future__ import annotations
 
+from rankwise.distributed.contract import Keys
 from rankwise.distributed.signing import SignedStore
 
 __all__ = ["FINISHED_KEY", "is_finished", "mark_finished"]
 
-FINISHED_KEY = "fit/finished"
+FINISHED_KEY = Keys.FINISHED  # the contract's name (rankwise.distributed.contract)
 
 
 def mark_finished(store: SignedStore) -> None:

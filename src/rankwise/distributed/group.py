@@ -16,7 +16,7 @@ continue-mode :class:`~rankwise.distributed.membership.Membership`. They are mod
 because they describe the process, as torch's own default group does: one per process, read by
 the free functions ``get_local_rank()``, ``device()``, ``membership()``. Other modules keep
 process state of their own, each saying why in its docstring (tests/test_architecture.py
-finds them): :mod:`.config` (gloo's interface
+finds them): :mod:`.config.gloo` (gloo's interface
 rankwise chose), :mod:`.rendezvous` (the count of rendezvous), ``augment/seeds.py`` (caches of
 pure functions), and in ``train/checkpoint/`` the test fault hook and the snapshot's refill
 pool (not yet described there: that package is being moved to ``rankwise/storage/``).

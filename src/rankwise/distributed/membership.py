@@ -8,26 +8,10 @@ Under ``rankwise launch --on-failure continue`` the launcher hosts one ``TCPStor
 whole job (so any rank may die and the store lives on) and gives every process a *slot* (its
 first rank). Membership moves in *generations*: generation 0 is the launched world; each
 regroup writes generation ``g+1`` under its own keys and builds a fresh gloo group on
-``PrefixStore("gen/<g+1>/pg", store)``, so nothing of the broken group is ever read again::
-
-    current            -> g, the newest generation with a member list
-    gen/<g>/members    -> "0,2;2;1"    (slots, in new-rank order: slot 2 is rank 1 now; then
-                                        the slots generation g let in, who need the state;
-                                        then the incarnation of each let in)
-    gen/<g>/leader     -> "0"          (the first survivor to arrive; it writes members)
-    gen/<g>/arrive/<s> -> "1"          (slot s is alive and wants into generation g)
-    waiting            -> "2"          (restarted slots asking to come back; unsigned)
-    join/<s>           -> "<incarnation>" (the incarnation of slot s that waits; unsigned)
-    challenge/<s>/<i>  -> "<g>:<nonce>" (a fresh random challenge a member set for that request)
-    proof/<s>/<i>      -> "<g>:<nonce>:<hmac>" (the joiner's answer; unsigned: see below)
-    refused/<s>/<i>    -> "<why>"      (a join request that did not prove the secret)
-    joinbeat/<s>       -> a counter a waiting joiner's heartbeat thread writes every 0.2 s
-    gen/<g>/ready/<s>  -> "1"          (joiner s is entering generation g's group now)
-    stopped            -> "<why>"      (the members stopped the job: a joiner gives up at once)
-    admit/<s>/<i>      -> "<g>"        (the leader let that incarnation into generation g)
-    hb/<s>             -> a counter each process's heartbeat thread writes every 0.2 s
-    member/<s>         -> "<incarnation>" (the newest incarnation of slot s to enter a generation)
-    dead/<s>           -> "<incarnation>" (the launcher saw that incarnation of slot s exit)
+``PrefixStore("gen/<g+1>/pg", store)``, so nothing of the broken group is ever read again.
+The store's keys (``current``, ``gen/<g>/members``, ``dead/<s>``, ...) and what each holds
+are listed once, in :mod:`rankwise.distributed.contract` (:class:`~rankwise.distributed.contract.Keys`
+spells them for both the members and the launcher).
 
 Every value but the join request's (``waiting``, ``join/<s>``, ``proof/<s>/<i>``) is signed
 with the job's secret (:mod:`rankwise.distributed.signing`) and checked where it is read: a
@@ -84,6 +68,7 @@ from typing import Any
 import torch.distributed as dist
 
 from rankwise.distributed.config import MemberConfig
+from rankwise.distributed.contract import Keys
 from rankwise.distributed.errors import DistributedConnectionError, PeerLostError
 from rankwise.distributed.finish import mark_finished
 from rankwise.distributed.retire import retire_groups
@@ -123,16 +108,11 @@ def check_min_nproc(members: list[int], min_nproc: int) -> None:
         )
 
 
-#: What the launcher records as the exit of a start it ended itself because a generation left
-#: it out (``exit/<slot>/<incarnation>``); the survivors' "a peer was lost" line says it.
-LEFT_OUT = "stopped answering (frozen or stalled: left out of a generation, its launcher ended it)"
-
-
 def mark_dead(store: SignedStore, slot: int, incarnation: int) -> None:
     """The launcher saw ``incarnation`` of ``slot`` exit: a regroup's leader counts it gone at
     once instead of waiting ``stale_s`` for its heartbeat to stand still (``store``: the job's
     store, signed with the job's secret)."""
-    store.set(f"dead/{slot}", str(incarnation))
+    store.set(Keys.dead(slot), str(incarnation))
 
 
 def join_proof(secret: str, job: str, slot: int, incarnation: int, gen: int, nonce: str) -> str:
@@ -234,17 +214,17 @@ class Membership:
         return ready
 
     def _listed(self) -> list[int]:
-        waiting = self._read(self.signed.plain, "waiting", parse_slots, "not a list of slots")
+        waiting = self._read(self.signed.plain, Keys.WAITING, parse_slots, "not a list of slots")
         return sorted(set(waiting or []))
 
     def _request(self, slot: int) -> int | None:
         """The incarnation of ``slot`` that asks to join (None: no readable request)."""
-        return self._read(self.signed.plain, f"join/{slot}", parse_count, "not a restart count")
+        return self._read(self.signed.plain, Keys.join(slot), parse_count, "not a restart count")
 
     def _joiner_dead(self, slot: int, inc: int | None = None) -> bool:
         """Whether the launcher saw the incarnation of ``slot`` that asked to join exit
         (``inc``: the one let in; else the one the unsigned request names)."""
-        dead = self._int(f"dead/{slot}")
+        dead = self._int(Keys.dead(slot))
         inc = self._request(slot) if inc is None else inc
         # An unreadable request (a store client's garbage) says nothing: not dead.
         return dead is not None and inc is not None and dead >= inc
@@ -254,14 +234,14 @@ class Membership:
         inc = self._request(slot)
         if inc is None:
             return "asked"
-        entered = self._int(f"member/{slot}")
+        entered = self._int(Keys.member(slot))
         if entered is not None and inc <= entered:
             self._refuse(slot, inc, f"restart {inc} of slot {slot} is not newer than the one "
                          f"that came in before (restart {entered}): a replayed request")  # fmt: skip
             return "refused"
         if self._joiner_dead(slot):
             return "dead"
-        key = f"challenge/{slot}/{inc}"
+        key = Keys.challenge(slot, inc)
         challenge = self._read(self.signed.get, key)
         parsed = None if challenge is None else _parse_challenge(challenge)
         if parsed is None or parsed[0] != self.generation:
@@ -273,7 +253,7 @@ class Membership:
             return "asked"
         gen, nonce = parsed
         answer = self._read(
-            self.signed.plain, f"proof/{slot}/{inc}", _parse_proof, "not an answer to a challenge"
+            self.signed.plain, Keys.proof(slot, inc), _parse_proof, "not an answer to a challenge"
         )  # garbage there is ignored (warned): the joiner's own answer replaces it
         if answer is None:
             return "asked"
@@ -286,7 +266,7 @@ class Membership:
         return "ready"
 
     def _refuse(self, slot: int, inc: int, why: str) -> None:
-        self._call(self.signed.set, f"refused/{slot}/{inc}", why)
+        self._call(self.signed.set, Keys.refused(slot, inc), why)
         if (slot, inc) in self._refused:
             return  # said once: a store client asking again and again floods no log
         self._refused.add((slot, inc))
@@ -303,7 +283,7 @@ class Membership:
         """The members stop the job (an error every rank raises): a joiner waiting now, or
         started later, gives up at once naming ``why`` instead of waiting to be let in."""
         with contextlib.suppress(Exception):  # the store host is gone: nobody joins anyway
-            self.signed.set("stopped", why)
+            self.signed.set(Keys.STOPPED, why)
 
     def _take_off_waiting(self, slots: list[int]) -> None:
         self._edit_waiting(lambda listed: [s for s in listed if s not in slots])
@@ -312,12 +292,12 @@ class Membership:
         """Rewrite the waiting list with ``edit`` (compare_set in a loop: one may have been
         added since); garbage there counts as an empty list and is replaced."""
         for _ in range(100):
-            raw = self._read(self.signed.raw, "waiting")
+            raw = self._read(self.signed.raw, Keys.WAITING)
             text = "" if raw is None else raw.decode(errors="replace")
             listed = parse_slots(text) if raw is not None else []
             new = ",".join(map(str, edit(listed or [])))
             expected: Any = "" if raw is None else raw  # torch takes bytes too
-            if self._call(self.store.compare_set, "waiting", expected, new) == new.encode():
+            if self._call(self.store.compare_set, Keys.WAITING, expected, new) == new.encode():
                 return
 
     # -- generations ----------------------------------------------------------------------------
@@ -326,7 +306,7 @@ class Membership:
         """Generation 0 for a first start (from whoever arrives: see the module doc); a
         restarted slot, or one that came after generation 0 formed, runs alone until
         :meth:`join`."""
-        if self.cfg.incarnation == 0 and self._int("current") is None:
+        if self.cfg.incarnation == 0 and self._int(Keys.CURRENT) is None:
             self.arrive()
             if self._leads(0):
                 self._lead_first()
@@ -367,7 +347,7 @@ class Membership:
     def arrive(self) -> None:
         """Alive and on the way into the next generation: said before slow work (a full
         ``gc.collect()`` starves the heartbeat thread), so the leader never counts it gone."""
-        key = f"gen/{self.generation + 1}/arrive/{self.cfg.slot}"
+        key = Keys.arrive(self.generation + 1, self.cfg.slot)
         self._call(self.signed.set, key, "1")
 
     def record_finished(self) -> None:
@@ -385,7 +365,7 @@ class Membership:
 
     def _leads(self, gen: int) -> bool:
         """Whether this process leads generation ``gen`` (the first to claim it)."""
-        key = f"gen/{gen}/leader"
+        key = Keys.leader(gen)
         return self._call(self.signed.claim, key, str(self.cfg.slot)) == str(self.cfg.slot)
 
     def _lead_first(self) -> None:
@@ -395,8 +375,8 @@ class Membership:
         slots = range(self.cfg.world_size)
         deadline = time.monotonic() + self.timeout_s
         while True:
-            arrived = [s for s in slots if s == self.cfg.slot or self._flag(f"gen/0/arrive/{s}")]
-            dead = [s for s in slots if s not in arrived and self._int(f"dead/{s}") is not None]
+            arrived = [s for s in slots if s == self.cfg.slot or self._flag(Keys.arrive(0, s))]
+            dead = [s for s in slots if s not in arrived and self._int(Keys.dead(s)) is not None]
             if len(arrived) + len(dead) == self.cfg.world_size or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
@@ -409,8 +389,8 @@ class Membership:
         one have claimed the lead after a deleted claim) and the current generation; the
         slots let in where this list is the one that stays (else none)."""
         value = ";".join(",".join(map(str, part)) for part in (members, joined, incs))
-        kept = self._call(self.signed.claim, f"gen/{gen}/members", value)
-        self._call(self.signed.set, "current", str(gen))
+        kept = self._call(self.signed.claim, Keys.members(gen), value)
+        self._call(self.signed.set, Keys.CURRENT, str(gen))
         if kept is not None:  # and again by the heartbeat, should a client delete it
             self._published = (gen, kept)
         return joined if kept == value else []
@@ -422,17 +402,17 @@ class Membership:
         waiting = self.joiners() if expect_all else []
         requests = {s: self._request(s) for s in waiting}
         for s in waiting:  # a joiner arrives by its request
-            self._call(self.signed.set, f"gen/{nxt}/arrive/{s}", "1")
+            self._call(self.signed.set, Keys.arrive(nxt, s), "1")
         seen: dict[int, tuple[int | None, float]] = {}
         deadline = time.monotonic() + self.timeout_s
         while True:
             arrived = [  # the leader itself is here, whatever a store client did to its mark
-                s for s in old if s == self.cfg.slot or self._flag(f"gen/{nxt}/arrive/{s}")
+                s for s in old if s == self.cfg.slot or self._flag(Keys.arrive(nxt, s))
             ]
             missing = [s for s in old if s not in arrived]
             now = time.monotonic()
             for s in missing:
-                beat = self._int(f"hb/{s}")
+                beat = self._int(Keys.heartbeat(s))
                 if s not in seen or (beat is not None and seen[s][0] != beat):
                     seen[s] = (beat, now)
             gone = [
@@ -443,13 +423,17 @@ class Membership:
             time.sleep(0.05)
         members = sorted(set(arrived) | set(waiting))
         # Used: the challenges and their answers go (a replay of them proves nothing later).
+        # (A request a store client deleted since it was judged names no incarnation: it has
+        # no keys of its own to delete or set, and its joiner finds its way in by the list.)
         for s, inc in requests.items():
-            self.signed.delete(f"proof/{s}/{inc}")
-            self.signed.delete(f"challenge/{s}/{inc}")
+            if inc is not None:
+                self.signed.delete(Keys.proof(s, inc))
+                self.signed.delete(Keys.challenge(s, inc))
         incs = [requests[s] or 0 for s in waiting]  # every one let in was read: "ready"
         admitted = self._publish(nxt, members, waiting, incs)
         for s in admitted:
-            self._call(self.signed.set, f"admit/{s}/{requests[s]}", str(nxt))
+            if (inc := requests[s]) is not None:
+                self._call(self.signed.set, Keys.admit(s, inc), str(nxt))
         if expect_all:  # take them (and the dead) off the list
             leaving = set(waiting) | {s for s in self._listed() if self._joiner_dead(s)}
             if leaving:
@@ -458,14 +442,14 @@ class Membership:
     def _marked_dead(self, slot: int) -> bool:
         """Whether the launcher saw the newest incarnation of ``slot`` that entered a
         generation exit (``dead/<slot>`` at or past ``member/<slot>``)."""
-        dead = self._int(f"dead/{slot}")
-        return dead is not None and dead >= (self._int(f"member/{slot}") or 0)
+        dead = self._int(Keys.dead(slot))
+        return dead is not None and dead >= (self._int(Keys.member(slot)) or 0)
 
     def _read_members(self, gen: int) -> list[int]:
         """Generation ``gen``'s members once its leader wrote them (up to the timeout); also
         sets :attr:`joined`. Meanwhile this process says again that it arrived, should its
         mark have been deleted."""
-        key = f"gen/{gen}/members"
+        key = Keys.members(gen)
         deadline = time.monotonic() + self.timeout_s
         while True:
             value = self._read(self.signed.get, key)
@@ -478,7 +462,7 @@ class Membership:
             if time.monotonic() > deadline:
                 waited = f"none within {self.timeout_s:.0f} s"
                 raise self._lost(waited, f"waiting for the member list of generation {gen}")
-            if gen == self.generation + 1 and not self._flag(f"gen/{gen}/arrive/{self.cfg.slot}"):
+            if gen == self.generation + 1 and not self._flag(Keys.arrive(gen, self.cfg.slot)):
                 self.arrive()
             time.sleep(0.05)
 
@@ -499,8 +483,8 @@ class Membership:
     def ask(self) -> None:
         """Put this incarnation's request on the waiting list (the members then challenge it)."""
         slot, inc = self.cfg.slot, self.cfg.incarnation
-        self.signed.delete(f"proof/{slot}/{inc}")  # whatever a stranger left there before
-        self._call(self.store.set, f"join/{slot}", str(inc))  # before the list: read first
+        self.signed.delete(Keys.proof(slot, inc))  # whatever a stranger left there before
+        self._call(self.store.set, Keys.join(slot), str(inc))  # before the list: read first
         self._edit_waiting(lambda listed: sorted({*listed, slot}))
 
     def _await_admission(self) -> int:
@@ -523,33 +507,33 @@ class Membership:
         """One look of a waiting joiner: answer a new challenge; the generation it was let
         into (None: not yet). Raises :class:`RegroupError` where it never will be."""
         slot, inc = self.cfg.slot, self.cfg.incarnation
-        if (why := self._read(self.signed.get, "stopped")) is not None:
+        if (why := self._read(self.signed.get, Keys.STOPPED)) is not None:
             raise RegroupError(
                 f"slot {slot} (restart {inc}) will not join: the running ranks stopped the "
                 f"job ({why})"
             )
-        if self._read(self.signed.get, f"refused/{slot}/{inc}") is not None:
+        if self._read(self.signed.get, Keys.refused(slot, inc)) is not None:
             raise RegroupError(
                 f"slot {slot} (restart {inc}) was refused by the running job: its proof of "
                 "the job's secret did not match. Every node's launcher needs the same "
                 "--job-token-file."
             )
-        admitted = self._int(f"admit/{slot}/{inc}")
+        admitted = self._int(Keys.admit(slot, inc))
         if admitted is not None:
             return admitted
         if self._answered:  # let in by the generation after its challenge's, admit mark or not
             after = int(self._answered.partition(":")[0]) + 1
-            listed = self._read(self.signed.get, f"gen/{after}/members")
+            listed = self._read(self.signed.get, Keys.members(after))
             entry = None if listed is None else parse_members(listed)
             if entry is not None and slot in entry[1]:
                 return after
         # The challenge is answered unchecked (a joiner given the wrong secret could not check
         # it, and should hear it was refused): an answer to a challenge a stranger set is good
         # for that challenge only, which no member ever set or accepts.
-        raw = self._read(self.signed.raw, f"challenge/{slot}/{inc}")
+        raw = self._read(self.signed.raw, Keys.challenge(slot, inc))
         text = "" if raw is None else raw.decode(errors="replace").rpartition("|")[0]
         parsed = _parse_challenge(text)
-        proof = f"proof/{slot}/{inc}"
+        proof = Keys.proof(slot, inc)
         if parsed is not None and (
             text != self._answered or not self._read(self.signed.raw, proof)
         ):
@@ -571,17 +555,17 @@ class Membership:
         it off the list only when they let it in, or refuse it: then this one knows)."""
         slot, inc = self.cfg.slot, self.cfg.incarnation
         if self._request(slot) != inc:
-            self._call(self.store.set, f"join/{slot}", str(inc))
+            self._call(self.store.set, Keys.join(slot), str(inc))
         if slot not in self._listed():
             self._edit_waiting(lambda listed: sorted({*listed, slot}))
 
     def _nobody_running(self) -> int | None:
         """The newest generation, where the launcher saw every one of its members exit (none
         left to let a joiner in); None while one of them runs, or before generation 0."""
-        gen = self._int("current")
+        gen = self._int(Keys.CURRENT)
         if gen is None:
             return None
-        value = self._read(self.signed.get, f"gen/{gen}/members")
+        value = self._read(self.signed.get, Keys.members(gen))
         parsed = None if value is None else parse_members(value)
         members = parsed[0] if parsed else []
         return gen if members and all(self._marked_dead(s) for s in members) else None
@@ -590,12 +574,12 @@ class Membership:
         """Leave the old default group behind (never destroyed) and build generation ``gen``'s."""
         self.generation, self.members = gen, members
         self.history[gen] = members
-        self._call(self.signed.set, f"member/{self.cfg.slot}", str(self.cfg.incarnation))
+        self._call(self.signed.set, Keys.member(self.cfg.slot), str(self.cfg.incarnation))
         if self.cfg.slot in self.joined:
-            self._ready = f"gen/{gen}/ready/{self.cfg.slot}"  # and again by the heartbeat
+            self._ready = Keys.ready(gen, self.cfg.slot)  # and again by the heartbeat
             self._call(self.signed.set, self._ready, "1")
         self._await_joiners(gen)
-        prefix = dist.PrefixStore(f"gen/{gen}/pg", self.store)
+        prefix = dist.PrefixStore(Keys.group(gen), self.store)
         dist.init_process_group(
             "gloo",
             store=prefix,
@@ -612,9 +596,9 @@ class Membership:
         seen: dict[int, tuple[int | None, float]] = {}
         deadline = time.monotonic() + self.timeout_s
         for s in self.joined:
-            while not self._flag(f"gen/{gen}/ready/{s}"):
+            while not self._flag(Keys.ready(gen, s)):
                 now = time.monotonic()
-                beat = self._int(f"joinbeat/{s}")
+                beat = self._int(Keys.joinbeat(s))
                 if s not in seen or (beat is not None and seen[s][0] != beat):
                     seen[s] = (beat, now)
                 dead = self._joiner_dead(s, self._joined_incs.get(s))
@@ -631,15 +615,15 @@ class Membership:
         while not self._stop.wait(0.2):
             count += 1
             # hb/<slot> is the lost predecessor's while this one waits: a joiner beats apart
-            key = f"joinbeat/{self.cfg.slot}" if self.pending else f"hb/{self.cfg.slot}"
+            key = Keys.joinbeat(self.cfg.slot) if self.pending else Keys.heartbeat(self.cfg.slot)
             try:
                 self._beats.set(key, str(count))
                 if not self.pending and self.generation >= 0:  # in case a client deleted it
-                    self._beats.set(f"member/{self.cfg.slot}", str(self.cfg.incarnation))
+                    self._beats.set(Keys.member(self.cfg.slot), str(self.cfg.incarnation))
                 if ready := self._ready:  # a joiner on its way into a group: the same
                     self._beats.set(ready, "1")
                 if published := self._published:  # the newest list this one led: the same
-                    self._beats.set(f"gen/{published[0]}/members", published[1])
+                    self._beats.set(Keys.members(published[0]), published[1])
                 if self._finished:  # training finished: the launcher's mark, kept until exit
                     mark_finished(self._beats)
             except Exception:  # the store host is gone: the main thread finds out and says so

@@ -1,16 +1,12 @@
 """The job's membership store as the launchers of ``--on-failure continue`` share it.
 
 One ``TCPStore`` per job holds the generations (:mod:`rankwise.distributed.membership`) and,
-under ``launch/``, what the launchers tell each other::
+under ``launch/``, what the launchers tell each other: that training finished, each node's
+exit code, each launcher's heartbeat and its claim of a ``--node-rank``; and ``auth/job``,
+the job's id. The keys and their values are the contract's
+(:mod:`rankwise.distributed.contract`, whose table lists every key of the store).
 
-    launch/finished      -> "1"       (a rank recorded that fit completed: training finished)
-    launch/done/<node>   -> "<code>"  (node's launcher has ended its processes; its exit code)
-    launch/hb/<node>     -> a counter node's launcher writes every HEARTBEAT_S seconds
-    launch/node/<node>   -> "<id>"    (the launcher that claimed --node-rank <node>)
-    auth/job             -> hex       (the job's id: the store's host sets it, the first one
-                                       stays; every signed value and join proof names it)
-
-``finished``, ``done`` and ``hb`` are signed with the job's secret
+``launch/finished``, ``launch/done/<n>`` and ``launch/hb/<n>`` are signed with the job's secret
 (:mod:`rankwise.distributed.signing`) and checked where a launcher reads them: garbage or a
 stranger's value is ignored with one warning naming the key. ``rankwise store`` never holds the
 secret: it reads their form only, so a store client can make it exit early (the job then stops,
@@ -50,6 +46,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from rankwise.distributed.contract import Keys
 from rankwise.distributed.signing import SignedStore
 
 __all__ = [
@@ -117,7 +114,9 @@ class LauncherWatch:
         """Those of ``nodes`` whose launcher counts as gone now."""
         now = time.monotonic()
         for node in range(self.nnodes):
-            beat = self.store.get_int(f"launch/hb/{node}") or 0  # garbage: no beat (warned)
+            beat = (
+                self.store.get_int(Keys.launcher_heartbeat(node)) or 0
+            )  # garbage: no beat (warned)
             if beat and (node not in self._seen or self._seen[node][0] != beat):
                 self._seen[node] = (beat, now)
                 self.since = now if self.since is None else self.since
@@ -175,7 +174,7 @@ class JobStore:
         # Every value a launcher acts on, signed with the job's secret (``secret``).
         self.signed = SignedStore(self.store, secret, self.job_id, who="rankwise launch")
         claim = uuid.uuid4().hex
-        if self.store.compare_set(f"launch/node/{node}", "", claim).decode() != claim:
+        if self.store.compare_set(Keys.launcher_claim(node), "", claim).decode() != claim:
             raise DuplicateNodeError(
                 f"another launcher of this job already runs --node-rank {node} (the store at "
                 f"{host}:{self.port} holds its claim): give each node's launcher its own "
@@ -188,7 +187,7 @@ class JobStore:
         beats = SignedStore(_client(host, self.port, connect_s), secret, self.job_id)
         # The thread holds no reference to this handle: dropping it drops a hosted store.
         self._beating = threading.Thread(
-            target=_beat, args=(beats, f"launch/hb/{node}", self._stop),
+            target=_beat, args=(beats, Keys.launcher_heartbeat(node), self._stop),
             name="rankwise-launcher-beat", daemon=True,
         )  # fmt: skip
         self._beating.start()
@@ -239,11 +238,11 @@ class JobStore:
 
     def finished(self) -> bool:
         """Whether a process of the job (on any node) finished training."""
-        return self.get("launch/finished") is not None
+        return self.get(Keys.LAUNCH_FINISHED) is not None
 
     def done_nodes(self) -> dict[int, int]:
         """The nodes whose launchers are done, with their exit codes."""
-        found = {n: self.get_int(f"launch/done/{n}") for n in range(self.nnodes)}
+        found = {n: self.get_int(Keys.launcher_done(n)) for n in range(self.nnodes)}
         return {n: code for n, code in found.items() if code is not None}
 
     def await_outcome(self) -> None:
@@ -298,7 +297,7 @@ def job_id(store: dist.Store) -> str:
     fresh = secrets.token_hex(16)
     expected: Any = ""  # bytes where garbage is there: torch takes either
     for _ in range(50):
-        got = store.compare_set("auth/job", expected, fresh)
+        got = store.compare_set(Keys.JOB_ID, expected, fresh)
         if re.fullmatch(rb"[0-9a-f]{32}", got):
             return got.decode()
         expected = got
@@ -402,7 +401,9 @@ def serve(args: argparse.Namespace) -> int:
     watch = LauncherWatch(signed, args.nnodes, args.launcher_stale_s, CONNECT_S, None)
     try:
         while True:
-            done = [n for n in range(args.nnodes) if signed.get_int(f"launch/done/{n}") is not None]
+            done = [
+                n for n in range(args.nnodes) if signed.get_int(Keys.launcher_done(n)) is not None
+            ]
             waiting = [n for n in range(args.nnodes) if n not in done]
             if not waiting:
                 break

@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rankwise.distributed.environment import LAUNCHED_VAR
+from rankwise.distributed.contract import LEFT_OUT, Keys, member_environment
 from rankwise.distributed.finish import is_finished
-from rankwise.distributed.membership import LEFT_OUT, mark_dead, parse_members
+from rankwise.distributed.membership import mark_dead, parse_members
 from rankwise.launch.jobstore import CONNECT_S, DuplicateNodeError, JobStore, parse_endpoint
 from rankwise.launch.ledger import Ledger
 from rankwise.launch.ledger import describe_exit as _describe
@@ -198,33 +198,14 @@ def run_continue(args: argparse.Namespace) -> int:
     if not isinstance(jobs, JobStore):
         return jobs
     cmd = _command(args)
-    base = {
-        **os.environ,
-        "WORLD_SIZE": str(nnodes * nproc),
-        "LOCAL_WORLD_SIZE": str(nproc),
-        "GROUP_RANK": str(node),
-        "MASTER_ADDR": jobs.host,
-        "MASTER_PORT": str(jobs.port),
-        "RANKWISE_ON_FAILURE": "continue",
-        "RANKWISE_MIN_NPROC": str(_min_nproc(args)),
-        "RANKWISE_JOB_TOKEN": token,  # the processes' own environment only, never the store
-        "RANKWISE_JOB_ID": jobs.job_id,
-        LAUNCHED_VAR: "1",  # Ctrl-C ends them quietly (rankwise.distributed.interrupt)
-    }
-    # Nobody can come back without restarts: the members then never check for joiners. A value
-    # the user gave passes through, unread, in the copied environment (rankwise.distributed's
-    # MemberConfig reads and checks it in each process).
-    if not base.get("RANKWISE_JOIN_CHECK_EVERY"):
-        base["RANKWISE_JOIN_CHECK_EVERY"] = "1" if restarts else "0"
+    inherited = dict(os.environ)  # the launcher's own, handed on (the contract's set over it)
 
     def spawn(index: int, incarnation: int) -> subprocess.Popen[bytes]:
-        env = {
-            **base,
-            "RANK": str(index),
-            "LOCAL_RANK": str(index - node * nproc),
-            "RANKWISE_SLOT": str(index),
-            "RANKWISE_INCARNATION": str(incarnation),
-        }
+        env = member_environment(
+            inherited, slot=index, incarnation=incarnation, node=node, nproc=nproc,
+            nnodes=nnodes, host=jobs.host, port=jobs.port, min_nproc=_min_nproc(args),
+            restarts=restarts, job_token=token, job_id=jobs.job_id,
+        )  # fmt: skip
         return subprocess.Popen(cmd, env=env)
 
     stop = _Stop()
@@ -234,13 +215,13 @@ def run_continue(args: argparse.Namespace) -> int:
         try:
             _supervise(jobs, slots, spawn, ledger, stop)
             code = _outcome(jobs, ledger)
-            jobs.set(f"launch/done/{node}", str(code))
+            jobs.set(Keys.launcher_done(node), str(code))
             if jobs.hosting and nnodes > 1:
                 with stop.raising():
                     jobs.await_others()  # the others still need the store (bounded: heartbeats)
         except _Stopped as stopped:
             code = _stop_all(jobs, slots, stopped.signum, stop)
-            jobs.set(f"launch/done/{node}", str(code))
+            jobs.set(Keys.launcher_done(node), str(code))
         finally:
             jobs.close()  # the heartbeat thread out of the store before the process ends
     return code
@@ -262,7 +243,7 @@ def _supervise(
             ledger.finish()  # another node's rank finished training
         if not ledger.finished and jobs.call(is_finished, jobs.signed):
             ledger.finish()  # a rank here finished training (seen while it runs: the mark's
-            jobs.set("launch/finished", "1")  # rank keeps it, a client may delete it later)
+            jobs.set(Keys.LAUNCH_FINISHED, "1")  # rank keeps it, a client may delete it later)
         running = 0
         for slot in slots:
             code = slot.proc.poll()
@@ -276,7 +257,7 @@ def _supervise(
             # regroup on, so it is there when they read it). One this launcher ended itself
             # had stopped answering: its SIGKILL is the launcher's, not its cause.
             how = LEFT_OUT if slot.ended else f"ended with {_describe(code)}"
-            jobs.set(f"exit/{slot.index}/{slot.incarnation}", how)
+            jobs.set(Keys.exit(slot.index, slot.incarnation), how)
             # The survivors regroup now (a lost store: nothing to tell, said once).
             jobs.call(mark_dead, jobs.signed, slot.index, slot.incarnation)
             # A rank that completed fit recorded it in the store before it could exit.
@@ -285,7 +266,7 @@ def _supervise(
                 slot.index, code, finished=finished, store_lost=jobs.lost, ended=slot.ended
             )
             if finished:
-                jobs.set("launch/finished", "1")
+                jobs.set(Keys.LAUNCH_FINISHED, "1")
             if verdict.message:
                 _say(verdict.message + _others(slots, slot))
             if verdict.action == "restart":
@@ -497,11 +478,11 @@ def _watch_members(jobs: JobStore, slots: list[_Slot], seen: int) -> int:
     without the lost one, would then have had killed). Only lists the job's own leader
     signed count: a stranger's or a replayed value is ignored (warned once per key), never a
     cause to kill. The newest generation, the one seen last."""
-    gen = jobs.get_int("current")
+    gen = jobs.get_int(Keys.CURRENT)
     if gen is None or gen <= seen:
         return seen
     for g in range(seen + 1, gen + 1):
-        value = jobs.get(f"gen/{g}/members")
+        value = jobs.get(Keys.members(g))
         listed = None if value is None else parse_members(value)
         if listed is None:  # not written yet, or not a list: never from the job's own leader
             if g == gen:

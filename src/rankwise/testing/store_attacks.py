@@ -30,6 +30,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from rankwise.distributed.contract import Keys, every_key
+
 __all__ = ["StoreChaos", "StoreRecorder", "connect", "protocol_keys", "replay"]
 
 
@@ -52,22 +54,9 @@ def connect(host: str, port: int, timeout_s: float = 60.0) -> dist.TCPStore:
 def protocol_keys(
     world: int, generations: int = 6, incarnations: int = 3, nnodes: int = 1
 ) -> list[str]:
-    """Every key the membership protocol and the launchers use, for a job of ``world`` slots
-    (generations ``0..generations-1``, incarnations ``0..incarnations-1``). Gloo's own
-    rendezvous keys under ``gen/<g>/pg/`` are left out (see docs/continue.md, threat model)."""
-    keys = ["current", "waiting", "stopped", "auth/job", "launch/finished", "fit/finished"]
-    for g in range(generations):
-        keys += [f"gen/{g}/members", f"gen/{g}/leader"]
-        keys += [f"gen/{g}/{what}/{s}" for s in range(world) for what in ("arrive", "ready")]
-    for s in range(world):
-        keys += [f"join/{s}", f"joinbeat/{s}", f"hb/{s}", f"member/{s}", f"dead/{s}"]
-        for i in range(incarnations):
-            keys += [
-                f"{what}/{s}/{i}" for what in ("challenge", "proof", "refused", "admit", "exit")
-            ]
-    for n in range(nnodes):
-        keys += [f"launch/done/{n}", f"launch/hb/{n}", f"launch/node/{n}"]
-    return keys
+    """Every key the membership protocol and the launchers use (the contract's
+    :func:`~rankwise.distributed.contract.every_key`), for a job of ``world`` slots."""
+    return every_key(world, generations, incarnations, nnodes)
 
 
 _GARBAGE = [
@@ -87,7 +76,7 @@ class StoreChaos:
         self.host, self.port, self.keys = host, port, list(keys)
         self.slot, self.incarnation, self.interval_s = slot, incarnation, interval_s
         self.random = random.Random(seed)
-        self.admit_key = f"admit/{slot}/{incarnation}"
+        self.admit_key = Keys.admit(slot, incarnation)
         self.keys = [k for k in self.keys if k != self.admit_key]  # its own admission: read
         self.admitted = False  # a member let it in (it never writes that key itself)
         self.ops = 0
@@ -125,13 +114,13 @@ class StoreChaos:
         r = self.random
         self.ops += 1
         if self.ops % 5 == 0:  # ask to join, and answer whatever challenge is there
-            store.set(f"join/{self.slot}", str(self.incarnation))
-            old = store.get("waiting") if store.check(["waiting"]) else b""
-            store.compare_set("waiting", old, f"{self.slot}")
-            key = f"challenge/{self.slot}/{self.incarnation}"
+            store.set(Keys.join(self.slot), str(self.incarnation))
+            old = store.get(Keys.WAITING) if store.check([Keys.WAITING]) else b""
+            store.compare_set(Keys.WAITING, old, f"{self.slot}")
+            key = Keys.challenge(self.slot, self.incarnation)
             if store.check([key]):
                 text = store.get(key).split(b"|")[0]
-                store.set(f"proof/{self.slot}/{self.incarnation}", text + b":" + b"c" * 64)
+                store.set(Keys.proof(self.slot, self.incarnation), text + b":" + b"c" * 64)
             return
         key = r.choice(self.keys)
         op = r.random()
@@ -199,16 +188,16 @@ def replay(
     it never entered nor died; ``roll_back=False`` leaves them), a join request naming
     ``incarnation``, its recorded challenge and proof back, its ``admit`` and ``refused``
     marks deleted, and the slot on the waiting list again."""
-    for key in (f"admit/{slot}/{incarnation}", f"refused/{slot}/{incarnation}"):
+    for key in (Keys.admit(slot, incarnation), Keys.refused(slot, incarnation)):
         store.delete_key(key)
-    for key in (f"dead/{slot}", f"member/{slot}") if roll_back else ():
+    for key in (Keys.dead(slot), Keys.member(slot)) if roll_back else ():
         if recorded.get(key):
             store.set(key, recorded[key][0])
         else:
             store.delete_key(key)
-    store.set(f"join/{slot}", str(incarnation))
-    for key in (f"challenge/{slot}/{incarnation}", f"proof/{slot}/{incarnation}"):
+    store.set(Keys.join(slot), str(incarnation))
+    for key in (Keys.challenge(slot, incarnation), Keys.proof(slot, incarnation)):
         if recorded.get(key):
             store.set(key, recorded[key][-1])
-    asked = [v for v in recorded.get("waiting", []) if str(slot).encode() in v.split(b",")]
-    store.set("waiting", asked[-1] if asked else str(slot).encode())
+    asked = [v for v in recorded.get(Keys.WAITING, []) if str(slot).encode() in v.split(b",")]
+    store.set(Keys.WAITING, asked[-1] if asked else str(slot).encode())

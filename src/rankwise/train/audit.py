@@ -92,15 +92,14 @@ class AuditLog:
                 "the sampler: pass arrays or a Dataset to fit(), not a DataLoader."
             )
         self.close()
-        member = rd.membership()
-        if member is not None and member.pending:
+        # the fit's roles (trainer.roles); a trainer of another kind: this process's
+        roles = getattr(trainer, "roles", None) or rd.Roles.for_this_process()
+        if roles.joining:
             return  # a restarted process: its attempt starts when it joins (on_regroup)
         # Rank 0 names the attempt (nanoseconds since the epoch: later attempts sort later);
         # every rank writes its file under that name.
         attempt = str(rd.broadcast_plain(f"{time.time_ns():020d}"))
-        who = None
-        if member is not None:  # who this is across regroups and restarts (the timeline's rows)
-            who = (member.cfg.slot, member.cfg.incarnation, member.generation)
+        who = roles.member()  # who this is across regroups and restarts (the timeline's rows)
         size, held_out = space
         self.open_attempt(
             attempt,

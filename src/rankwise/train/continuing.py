@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 import rankwise.distributed as rd
+from rankwise.distributed.contract import Keys
 from rankwise.distributed.membership import Membership, RegroupError
 from rankwise.distributed.signing import SignedStore
 from rankwise.parallel import unwrap_model
@@ -147,8 +148,9 @@ class RecoveryCap:
 def lost_slots(store: SignedStore, old: list[int], members: list[int]) -> str:
     """Which slots a regroup left out (``old``: the members before it, in rank order), each
     with its rank before and how it ended, as the launcher recorded it in the job's signed
-    store (``exit/<slot>/<incarnation>``: ``ended with <its exit>``, or :data:`LEFT_OUT` where the
-    launcher ended it); one with no exit recorded stopped answering.
+    store (``exit/<slot>/<incarnation>``: ``ended with <its exit>``, or
+    :data:`~rankwise.distributed.contract.LEFT_OUT` where the launcher ended it); one with no
+    exit recorded stopped answering.
 
     >>> store = SignedStore(dist.HashStore(), "ab" * 16, job="j1")
     >>> store.set("member/2", "0"); store.set("exit/2/0", "ended with signal SIGKILL")
@@ -167,9 +169,9 @@ def lost_slots(store: SignedStore, old: list[int], members: list[int]) -> str:
         with contextlib.suppress(Exception):  # a lost store: what is known is said
             # The newest start the launcher saw end, where it is the member's or a later one
             # (a restart let in and lost on its way, before it wrote member/<slot>).
-            inc = store.get_int(f"member/{slot}") or 0
-            dead = store.get_int(f"dead/{slot}")
-            ended = store.get(f"exit/{slot}/{max(inc, dead if dead is not None else inc)}")
+            inc = store.get_int(Keys.member(slot)) or 0
+            dead = store.get_int(Keys.dead(slot))
+            ended = store.get(Keys.exit(slot, max(inc, dead if dead is not None else inc)))
         how = ended or "stopped answering (no exit seen: frozen, stalled or on a lost node)"
         said.append(f"slot {slot} (rank {rank}) {how}")
     return ", ".join(said) or "none left (every member regrouped)"
@@ -260,16 +262,17 @@ class Continuing:
     @classmethod
     def for_this_job(
         cls,
+        roles: rd.Roles,
         state: TrainState,
         cfg: DistributedTrainingConfig,
         device: torch.device | None,
     ) -> Continuing | None:
-        """A ``Continuing`` when the job runs under ``--on-failure continue``, else None."""
-        membership = rd.membership()
-        if membership is None:
+        """A ``Continuing`` when the job runs under ``--on-failure continue`` (``roles``: the
+        fit's, :class:`rankwise.distributed.Roles`), else None."""
+        if roles.membership is None:
             return None
         cfg.check_combinations(continue_mode=True)
-        return cls(membership, state, cfg, device)
+        return cls(roles.membership, state, cfg, device)
 
     def join_if_waiting(self) -> bool:
         """A restarted process: wait to be let in at the members' next step boundary and take

@@ -137,6 +137,7 @@ class DistributedTrainer:
         self.device_choice = None if device is None else resolve_device(device)
         self.device = self.device_choice or rd.device()
         self._checkpointer: Checkpointer | None = None  # the last fit's: when it saves
+        self.roles = rd.Roles.for_this_process()  # this process's in the job (each fit's anew)
         self.last_evaluation: dict[str, int] = {}  # samples and correct ones of evaluate()
         self.fit_count = 0  # names each fit's Progress (checks.begin_fit)
         self._loaded_from: Any = None  # the checkpoint load_checkpoint() read, until a fit
@@ -198,6 +199,9 @@ class DistributedTrainer:
         """
         cfg, train, val_data = parse_fit_args(args, config, val)
         self.config = cfg.validate()
+        # Who this process is in the job, built once and handed to the code that acts by role
+        # (the checkpoint folder, resume, the writer, continue mode's recovery, the audit log)
+        self.roles = rd.Roles.for_this_process()
         # A listed logger's package missing: fail before anything runs. Only what the user
         # listed: the default (loggers=None) writes TensorBoard files only where it is installed.
         require(cfg.loggers or ())
@@ -211,15 +215,15 @@ class DistributedTrainer:
         self.train_source = train_source(train_set, cfg, hooked, self.device)
         state = self.state
         state.sampler = getattr(self.train_source, "sampler", None)
-        manager = _checked_manager(cfg)
+        manager = _checked_manager(cfg, self.roles)
         resumed = self._start(cfg, manager)
         world = rd.get_world_size()
         state.history.effective_batch_size = cfg.effective_batch_size(world)
         state.history.world_size = world
-        member = rd.membership()  # a restarted process waiting to rejoin logs nothing yet
-        if not rd.is_joining():  # a joiner's callbacks start once it is in (_regrouped)
+        joining = self.roles.joining  # a restarted process waiting to rejoin logs nothing yet
+        if not joining:  # a joiner's callbacks start once it is in (_regrouped)
             self._call("on_fit_start", self)
-        logs = rd.is_master() and (member is None or not member.pending)
+        logs = rd.is_master() and not joining
         self.logger = TrainingLogger(
             cfg.log_dir,
             cfg.verbose,
@@ -244,6 +248,7 @@ class DistributedTrainer:
             on_written=functools.partial(self._call, "on_checkpoint_written", self),
             progress=self.progress,
             saved_at=state.step if resumed is not None else None,  # the end does not save it again
+            roles=self.roles,
         )
         # SIGTERM (a launcher's stop, a preemption) lets the write in flight land, then closes
         # the trackers' runs as failed, before the process ends (sigterm.py)
@@ -256,7 +261,6 @@ class DistributedTrainer:
                 guard.update()  # runs to close now
                 # every rank holds the ids (a new rank 0 goes on with them); a process
                 # waiting to rejoin gets them with the state it is sent
-                joining = member is not None and member.pending
                 state.trackers = {} if joining else share_run_ids(run_ids)
             started = time.perf_counter()
             finished = False
@@ -314,7 +318,7 @@ class DistributedTrainer:
         state = self.state
         hooks, early = ([functools.partial(h, self) for h in self.batch_hooks(e)] for e in (0, 1))
         step = StepEnv(cfg, self.loss_fn, self.device, self.progress, hooks, early)
-        continuing = Continuing.for_this_job(state, cfg, self.device_choice)
+        continuing = Continuing.for_this_job(self.roles, state, cfg, self.device_choice)
         run = FitRun(step, self.logger, checkpointer, continuing, self._regrouped)
         if continuing is not None and continuing.join_if_waiting():  # a restarted process
             self._regrouped(joined=True)
@@ -385,6 +389,7 @@ class DistributedTrainer:
                 not cfg.save_on_master_only,
                 cfg.checkpoint_storage_options,
                 cfg.checkpoint_key,
+                roles=self.roles,
             )
         source, self._loaded_from = self._loaded_from, None
         if loaded is not None:
@@ -540,14 +545,14 @@ class DistributedTrainer:
         return self.prepared
 
 
-def _checked_manager(cfg: DistributedTrainingConfig) -> Any:
-    """``manager_for(cfg)``, with the ranks agreeing on whose check of a shared checkpoint URL
-    failed (issue 33): the first rank whose check failed prints its error in full; every other
-    rank ends with one line naming that rank under ``rankwise launch``, not the same traceback
-    again, and never a claim that another rank failed where it did not."""
+def _checked_manager(cfg: DistributedTrainingConfig, roles: rd.Roles) -> Any:
+    """``manager_for(cfg, roles)``, with the ranks agreeing on whose check of a shared
+    checkpoint URL failed (issue 33): the first rank whose check failed prints its error in
+    full; every other rank ends with one line naming that rank under ``rankwise launch``, not
+    the same traceback again, and never a claim that another rank failed where it did not."""
     manager, error = None, None
     try:
-        manager = manager_for(cfg)
+        manager = manager_for(cfg, roles)
     except Exception as exc:  # every rank reaches the agreement below, whatever it raised
         error = exc
     if not cfg.save_on_master_only or cfg.checkpoint_dir is None or rd.get_world_size() == 1:

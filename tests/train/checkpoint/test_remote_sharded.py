@@ -359,13 +359,11 @@ def _raise_at(point: str) -> Any:
     return hook
 
 
-def test_per_rank_bucket_folders_follow_the_slot_under_continue(
-    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_per_rank_bucket_folders_follow_the_slot_under_continue(s3_bucket: str) -> None:
     cfg = MemberConfig(slot=2, world_size=3, host="h", port=1, local_world_size=0)
     # A restarted slot 2 runs its set-up as rank 0 of a world of one: its folder is rank-2/.
-    monkeypatch.setattr(rd, "membership", lambda: types.SimpleNamespace(cfg=cfg, pending=True))
+    roles = rd.Roles(types.SimpleNamespace(cfg=cfg, pending=True))  # type: ignore[arg-type]
     config = DistributedTrainingConfig(checkpoint_dir=f"{s3_bucket}/run", save_on_master_only=False)
-    manager = manager_for(config)
+    manager = manager_for(config, roles)
     assert isinstance(manager, RemoteCheckpointManager)
     assert manager.directory == f"{s3_bucket}/run/rank-2"

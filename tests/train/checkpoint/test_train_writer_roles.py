@@ -150,26 +150,26 @@ def test_the_sigterm_handler_follows_the_write_in_flight() -> None:
         drain.remove()
 
 
-def _member(slot: int, world: int, per_node: int = 0, pending: bool = False) -> Any:
+def _roles(slot: int, world: int, per_node: int = 0, pending: bool = False) -> rd.Roles:
     cfg = MemberConfig(slot=slot, world_size=world, host="h", port=1, local_world_size=per_node)
-    return types.SimpleNamespace(cfg=cfg, pending=pending)
+    return rd.Roles(types.SimpleNamespace(cfg=cfg, pending=pending))  # type: ignore[arg-type]
 
 
-def test_per_rank_folders_follow_the_slot_under_continue(monkeypatch, tmp_path) -> None:
+def test_per_rank_folders_follow_the_slot_under_continue(tmp_path) -> None:
     # A restarted slot 2 runs its set-up as rank 0 of a world of one: its folder is rank-2/.
-    monkeypatch.setattr(rd, "membership", lambda: _member(2, 3, pending=True))
     cfg = DistributedTrainingConfig(checkpoint_dir=str(tmp_path), save_on_master_only=False)
-    manager = manager_for(cfg)
+    manager = manager_for(cfg, _roles(2, 3, pending=True))
     assert manager is not None and manager.directory == tmp_path / "rank-2"
+    assert manager_for(cfg).directory == tmp_path / "rank-0"  # outside continue: the rank's
 
 
-def test_a_relative_folder_is_refused_for_a_continue_job_across_nodes(monkeypatch) -> None:
-    monkeypatch.setattr(rd, "membership", lambda: _member(0, 4, per_node=2))
+def test_a_relative_folder_is_refused_for_a_continue_job_across_nodes() -> None:
+    across = _roles(0, 4, per_node=2)
     with pytest.raises(ValueError, match="relative, and this --on-failure continue job runs on 2"):
-        manager_for(DistributedTrainingConfig(checkpoint_dir="ckpt"))
-    assert manager_for(DistributedTrainingConfig(checkpoint_dir="/shared/ckpt")) is not None
-    monkeypatch.setattr(rd, "membership", lambda: _member(0, 4, per_node=4))  # one node
-    assert manager_for(DistributedTrainingConfig(checkpoint_dir="ckpt")) is not None
+        manager_for(DistributedTrainingConfig(checkpoint_dir="ckpt"), across)
+    assert manager_for(DistributedTrainingConfig(checkpoint_dir="/shared/ckpt"), across) is not None
+    one_node = _roles(0, 4, per_node=4)
+    assert manager_for(DistributedTrainingConfig(checkpoint_dir="ckpt"), one_node) is not None
 
 
 def test_an_unwritable_folder_stops_fit_before_the_first_step(tmp_path) -> None:

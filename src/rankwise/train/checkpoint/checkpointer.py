@@ -41,7 +41,9 @@ class Checkpointer:
     ``on_saved(path)`` runs on every rank once a checkpoint is durable; ``on_written(path)``
     only on a rank that wrote it, once its write landed (a drain's too). ``progress`` names the
     save a late rank is stuck in. ``saved_at``: the step the run's newest checkpoint holds
-    already (a resume's), which the end of ``fit`` then does not save again.
+    already (a resume's), which the end of ``fit`` then does not save again. ``roles``: who
+    writes under ``--on-failure continue`` (:class:`rankwise.distributed.Roles`; default: this
+    process's).
 
     Every save is a collective: the loop calls these methods on every rank at the same
     points.
@@ -56,8 +58,9 @@ class Checkpointer:
         on_written: Callable[[Location], None] = lambda path: None,
         progress: rd.Progress | None = None,
         saved_at: int | None = None,
+        roles: rd.Roles | None = None,
     ) -> None:
-        self.writer = writer_for(manager, cfg, on_saved, on_written)
+        self.writer = writer_for(manager, cfg, on_saved, on_written, roles)
         self.every_n_steps: int = cfg.checkpoint_every_n_steps
         self.every_n_epochs: int = cfg.checkpoint_every_n_epochs
         self.progress = progress

@@ -16,7 +16,7 @@ from rankwise.train.config import DistributedTrainingConfig
 __all__ = ["manager_for"]
 
 
-def manager_for(cfg: DistributedTrainingConfig) -> Manager | None:
+def manager_for(cfg: DistributedTrainingConfig, roles: rd.Roles | None = None) -> Manager | None:
     """The checkpoint folder's manager (one folder per rank unless rank 0 alone saves);
     under ``strategy="fsdp"`` it writes sharded DCP folders, every rank its shards (to a
     local folder or a bucket). Per-rank
@@ -27,12 +27,12 @@ def manager_for(cfg: DistributedTrainingConfig) -> Manager | None:
 
     An object-storage URL gives a :class:`RemoteCheckpointManager`, checked here on every rank
     (reachable, writable: a :class:`~rankwise.train.checkpoint.StorageError` naming the URL
-    and the fix before the first step), and its writer's stale multipart uploads aborted."""
+    and the fix before the first step), and its writer's stale multipart uploads aborted.
+    ``roles``: this process's (:class:`rankwise.distributed.Roles`; default: built here)."""
     if cfg.checkpoint_dir is None:
         return None
-    member = rd.membership()
-    who = member.cfg.slot if member is not None else rd.get_rank()
-    per_rank = "" if cfg.save_on_master_only else f"rank-{who}"
+    roles = rd.Roles.for_this_process() if roles is None else roles
+    per_rank = "" if cfg.save_on_master_only else f"rank-{roles.slot}"
     keep = cfg.keep_last_checkpoints
     sharded = cfg.strategy == "fsdp"
     if is_remote_url(cfg.checkpoint_dir):
@@ -47,10 +47,10 @@ def manager_for(cfg: DistributedTrainingConfig) -> Manager | None:
             storage.check_writable()
         return manager
     base = Path(cfg.checkpoint_dir)
-    if member is not None and member.cfg.nnodes > 1 and not base.is_absolute():
+    if roles.continuing and roles.nnodes > 1 and not base.is_absolute():
         raise ValueError(
             f"checkpoint_dir ({cfg.checkpoint_dir!r}) is relative, and this --on-failure "
-            f"continue job runs on {member.cfg.nnodes} nodes: whoever is rank 0 writes each "
+            f"continue job runs on {roles.nnodes} nodes: whoever is rank 0 writes each "
             "save, on whatever node it runs, so the saves would scatter over the nodes' own "
             "folders. Give an absolute path on storage every node shares (e.g. "
             "'/shared/run1/ckpt')."

@@ -31,6 +31,7 @@ def load_resume(
     per_rank: bool,
     storage_options: dict[str, Any] | None = None,
     key: str | None = None,
+    roles: rd.Roles | None = None,
 ) -> tuple[Location, dict[str, Any]] | None:
     """``(path, state)`` to resume from, or None for a fresh start; collective.
 
@@ -41,10 +42,12 @@ def load_resume(
     own folder. Otherwise rank 0 picks the newest valid checkpoint (verified once) and the
     others read the file it names. Every rank's failure becomes an error on every rank, and
     ranks that found different ``(epoch, step)`` are refused: no rank goes on into the
-    collectives of a resume the others cannot do.
+    collectives of a resume the others cannot do. ``roles``: this process's
+    (:class:`rankwise.distributed.Roles`; default: built here): a restarted process under
+    ``--on-failure continue`` resumes nothing (a live peer sends it the state).
     """
-    member = rd.membership()
-    if resume is None or (member is not None and member.pending):
+    roles = rd.Roles.for_this_process() if roles is None else roles
+    if resume is None or roles.joining:
         return None  # a restarted process under --on-failure continue: a peer's state
     found: tuple[Location, dict[str, Any]] | None = None
     error: str | None = None

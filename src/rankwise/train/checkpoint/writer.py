@@ -151,6 +151,8 @@ class CheckpointWriter:
     all ranks (``save_on_master_only``), whose path the others learn. ``saved(path)`` is called
     on every rank once a checkpoint is durable; ``written(path)`` only on a rank that wrote it,
     once its write landed (a drain's too; maybe on the SIGTERM guard's helper thread).
+    ``roles``: who writes and who is still in under ``--on-failure continue`` (default: this
+    process's, :meth:`rankwise.distributed.Roles.for_this_process`).
     """
 
     def __init__(
@@ -163,8 +165,10 @@ class CheckpointWriter:
         saved: Callable[[Location], None],
         final_wait_s: float = 600.0,
         written: Callable[[Location], None] = lambda path: None,
+        roles: rd.Roles | None = None,
     ) -> None:
         self.manager, self.background, self.shared = manager, background, shared
+        self.roles = rd.Roles.for_this_process() if roles is None else roles
         self._writes = writes
         self.stats = SaveStats()
         self._saved = saved
@@ -213,7 +217,7 @@ class CheckpointWriter:
         """Before the first step (a collective): every rank that may write probes the folder
         (under ``--on-failure continue`` any rank may become rank 0); one that cannot write
         stops every rank with :class:`CheckpointWriteError`, naming the path and the error."""
-        may_write = self.writes or rd.membership() is not None
+        may_write = self.writes or self.roles.continuing
         failed = self.manager.probe() if may_write else None
         self._agree(None if failed is None else f"{failed}.{_STOP_FIX}")
 
@@ -237,7 +241,7 @@ class CheckpointWriter:
                 if queued:
                     self._flights.append((path, future))
                 self._time_write(started, future)
-            self._in_flight, self._written_in = path, _writer_now()
+            self._in_flight, self._written_in = path, self.roles.writer_now()
         else:
             error = None
             if self.writes:
@@ -483,9 +487,7 @@ class CheckpointWriter:
                 error = rd.broadcast_plain(error, src=src)
         if not failed:
             return
-        member = rd.membership()
-        if member is not None and not member.pending:  # a rank asking to join gives up at once
-            member.stop(str(error))
+        self.roles.stop_joiners(str(error))  # a rank asking to join gives up at once
         # the writer's traceback says it once; the others end with one line (issue 33)
         mine = CheckpointWriteError(str(error))
         raise owned_by(mine, src, rd.get_rank(), f"rank {src}'s checkpoint write failed")
@@ -535,18 +537,7 @@ class CheckpointWriter:
     def _writer_lost(self) -> bool:
         """Whether a generation after the in-flight save's left its writer out (it was lost:
         its write may never have landed)."""
-        member = rd.membership()
-        if member is None or self._written_in is None:
-            return False
-        gen, slot = self._written_in
-        later = range(gen + 1, member.generation + 1)
-        return any(slot not in member.history.get(g, [slot]) for g in later)
-
-
-def _writer_now() -> tuple[int, int] | None:
-    """``(generation, slot of rank 0)`` under ``--on-failure continue``, else None."""
-    member = rd.membership()
-    return None if member is None else (member.generation, member.members[0])
+        return self.roles.writer_left_out(self._written_in)
 
 
 def _failed(where: Location, exc: BaseException) -> str:
@@ -560,20 +551,24 @@ def writer_for(
     cfg: Any,
     saved: Callable[[Location], None],
     written: Callable[[Location], None] = lambda path: None,
+    roles: rd.Roles | None = None,
 ) -> CheckpointWriter | None:
-    """The writer ``fit`` saves through under ``cfg`` (None without a checkpoint folder)."""
+    """The writer ``fit`` saves through under ``cfg`` (None without a checkpoint folder);
+    ``roles``: this process's (:class:`rankwise.distributed.Roles`; default: built here)."""
     if manager is None:
         return None
+    roles = rd.Roles.for_this_process() if roles is None else roles
     return CheckpointWriter(
         manager,
         # sharded (FSDP2): every rank writes its shards into one folder
         # rank 0 writes, as it is at each save: --on-failure continue may make another rank 0
         writes=True
         if manager.sharded or not cfg.save_on_master_only
-        else (rd.is_master if rd.membership() is not None else rd.is_master()),
+        else (roles.writes_shared if roles.continuing else rd.is_master()),
         background=cfg.async_checkpoints,
         shared=manager.sharded or cfg.save_on_master_only,
         saved=saved,
         final_wait_s=cfg.checkpoint_final_wait_s,
         written=written,
+        roles=roles,
     )
