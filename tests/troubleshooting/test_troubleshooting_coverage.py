@@ -131,7 +131,7 @@ INTERNAL.update(
 )
 
 NOT_YET_ROWS: dict[tuple[str, str], str] = {
-    ("train/timeline.py", "rankwise audit --plot needs matplotlib"): (
+    ("train/audit/timeline.py", "rankwise audit --plot needs matplotlib"): (
         "names its fix (the demo extra); a row needs a run without matplotlib, which the test "
         "environment installs"
     ),
