@@ -41,7 +41,7 @@ INTERNAL: dict[tuple[str, str], str] = {
     ("data/fetch_plan.py", "batches consumed, but the workers hold only"): _INVARIANT,
     ("train/state.py", "broadcast_state in a world of one needs the state"): _INVARIANT,
     ("parallel/hooks.py", "powersgd_hook needs HookState.powersgd"): _INVARIANT,
-    ("train/config.py", "{} (config file {})"): _WRAPPER,
+    ("train/config/training.py", "{} (config file {})"): _WRAPPER,
     ("train/trainer.py", "set-up of the checkpoints in {} failed"): (
         "a follower's stand-in for the error another rank prints in full; under rankwise "
         "launch it prints as one line pointing there"

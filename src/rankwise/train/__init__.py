@@ -34,7 +34,7 @@ from rankwise.train.checkpoint import (
     verify_file,
 )
 from rankwise.train.config import DistributedTrainingConfig, parse_overrides
-from rankwise.train.config_tree import ConfigKeyError, ConfigTree
+from rankwise.train.config.tree import ConfigKeyError, ConfigTree
 from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.loggers import TrainingLogger
 from rankwise.train.ray_report import RayReport, rankwise_checkpoint
