@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rankwise.train.loggers import CSV_COLUMNS, TrainingLogger
+from rankwise.train.tracking import CSV_COLUMNS, TrainingLogger
 
 
 def run_epochs(logger: TrainingLogger, epochs: int = 2, steps: int = 12) -> None:
