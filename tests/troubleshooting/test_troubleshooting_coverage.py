@@ -110,7 +110,7 @@ _RACE = (
 INTERNAL.update(
     {
         ("testing/s3server.py", "no pair of free ports (p, p + 10000)"): _TESTING,
-        ("train/trackers.py", "rank 0 sent tracker run ids that are not names and ids"): (
+        ("train/tracking/tracker_set.py", "rank 0 sent tracker run ids that are not names and ids"): (
             _INVARIANT
         ),
         ("testing/s3server.py", "binary was not found; the object-storage tests"): _TESTING,
