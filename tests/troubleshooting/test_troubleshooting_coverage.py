@@ -110,9 +110,10 @@ _RACE = (
 INTERNAL.update(
     {
         ("testing/s3server.py", "no pair of free ports (p, p + 10000)"): _TESTING,
-        ("train/tracking/tracker_set.py", "rank 0 sent tracker run ids that are not names and ids"): (
-            _INVARIANT
-        ),
+        (
+            "train/tracking/tracker_set.py",
+            "rank 0 sent tracker run ids that are not names and ids",
+        ): (_INVARIANT),
         ("testing/s3server.py", "binary was not found; the object-storage tests"): _TESTING,
         ("testing/servers.py", "did not answer within {} s; log"): _TESTING,
         ("testing/servers.py", "exited with {} before {} answered; log"): _TESTING,
