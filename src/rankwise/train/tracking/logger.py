@@ -129,7 +129,7 @@ class TrainingLogger:
     def start_run(self, config: Mapping[str, Any], run_ids: Mapping[str, str]) -> dict[str, str]:
         """Start the trackers' runs with ``config`` (the hyper-parameters), or go on with the
         runs in ``run_ids`` (from a checkpoint); return ``{tracker: run id}`` ({} but on the
-        logging rank; :func:`~rankwise.train.trackers.share_run_ids` tells the others)."""
+        logging rank; :func:`~rankwise.train.tracking.tracker_set.share_run_ids` tells the others)."""
         self._run_config = dict(config)
         if not self.enabled or not self.trackers:
             return {}
@@ -294,7 +294,7 @@ class TrainingLogger:
             self._bar.close()
             self._bar = None
 
-    def _sinks(self) -> list[Any]:
+    def _sinks(self) -> list[Sink | TrackerSet]:
         """Where rows go, in order: the files, then the trackers (guarded)."""
         return [*self.files, self.trackers]
 
