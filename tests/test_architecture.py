@@ -23,6 +23,16 @@ LAYERS = [
     "validation", "distributed", "storage", "data", "augment", "parallel", "train", "launch",
     "models", "testing", "compat", "demo", "cli",
 ]  # fmt: skip
+# train/'s packages by concept (docs/architecture.md), each with the train modules it may not
+# import: the config is read and checked without the engine (nothing of train but itself); the
+# sinks and the audit are handed rows and records, never the loop that makes them.
+_THE_LOOP = ("rankwise.train.trainer", "rankwise.train.loop", "rankwise.train.step")
+TRAIN_PACKAGES: dict[str, tuple[str, ...]] = {
+    "rankwise.train.config": ("rankwise.train.",),
+    "rankwise.train.tracking": _THE_LOOP,
+    "rankwise.train.audit": _THE_LOOP,
+    "rankwise.train.checkpoint": _THE_LOOP,
+}
 LONG_FILE = 600  # lines: past this a file is pointed out, never failed
 # docs/architecture.md: only distributed/environment.py and the distributed/config/ package
 # read the environment (a folder ends in "/": every module in it).
@@ -138,6 +148,20 @@ def test_layers_import_only_from_the_layers_above() -> None:
             dep_layer = dep.split(".")[1] if dep.count(".") else None
             if dep_layer in LAYERS and dep_layer not in allowed:
                 wrong.append(f"{name} imports {dep}")
+    assert wrong == []
+
+
+def test_train_packages_import_only_what_their_concept_needs() -> None:
+    graph = _graph()
+    wrong = []
+    for package, refused in TRAIN_PACKAGES.items():
+        members = [name for name in graph if name == package or name.startswith(package + ".")]
+        assert len(members) > 1, f"{package} is a package of several modules"
+        for name in members:
+            for dep in graph[name]:
+                inside = dep == package or dep.startswith(package + ".")
+                if not inside and any(dep.startswith(prefix) for prefix in refused):
+                    wrong.append(f"{name} imports {dep}")
     assert wrong == []
 
 
@@ -466,7 +490,7 @@ def test_the_citation_scan_finds_names_and_paths() -> None:
 
 _BARE = re.compile(r"^[A-Za-z_]\w*(\.\w+)*$")
 # Words of the page that are neither rankwise's nor torch's names: a command, dunder, a test's.
-_NOT_CODE = {"torchrun", "rankwise", "__init__", "_private", "LAYERS"}
+_NOT_CODE = {"torchrun", "rankwise", "__init__", "_private", "LAYERS", "TRAIN_PACKAGES"}
 
 
 def _defined_names() -> set[str]:

@@ -6,7 +6,7 @@ would give a launch; ``rankwise store`` hosts the membership store of an ``--on-
 continue`` job apart from its nodes; ``rankwise audit`` summarises, checks and draws a run's
 :class:`~rankwise.train.AuditLog` folder; ``rankwise demo`` trains a small model on 2 CPU processes
 to show that everything works. The commands' logic lives in :mod:`rankwise.launch` (launch,
-store), :mod:`rankwise.train.timeline` (audit) and :mod:`rankwise.demo`.
+store), :mod:`rankwise.train.audit.timeline` (audit) and :mod:`rankwise.demo`.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def add_audit_parser(sub: Any) -> None:
 
 def run_audit(args: argparse.Namespace) -> int:
     from rankwise.train.audit import read_audit
-    from rankwise.train.timeline import plot, read_timeline, summary
+    from rankwise.train.audit.timeline import plot, read_timeline, summary
 
     line = read_timeline(args.directory)
     if not line.lanes:

@@ -36,7 +36,7 @@ from rankwise.testing import free_port, process_alive, run_script
 from rankwise.testing.mlflowserver import MlflowServer
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import CheckpointManager
-from rankwise.train.trackers import PROBE_SECONDS, TrackerWarning
+from rankwise.train.tracking import PROBE_SECONDS, TrackerWarning
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -292,7 +292,7 @@ def test_a_tracker_server_that_does_not_answer_holds_training_for_seconds_not_mi
 
 KILLED_PART = """
 import os, signal, sys, time
-from rankwise.train.trackers import WANDB_FLUSH_SECONDS, WandbTracker
+from rankwise.train.tracking import WANDB_FLUSH_SECONDS, WandbTracker
 tracker = WandbTracker()
 tracker.start({"lr": 0.1}, None)
 for step in range(1, 21):  # rows well under W&B's 32 KiB buffer, which a full one writes

@@ -19,7 +19,7 @@ from rankwise.cli import main
 from rankwise.testing import child_env, run_distributed, run_isolated
 from rankwise.train import AuditLog, DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.audit import read_audit
-from rankwise.train.timeline import plot, read_timeline, summary
+from rankwise.train.audit.timeline import plot, read_timeline, summary
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -210,7 +210,7 @@ def test_no_two_labels_of_the_picture_overlap(tmp_path: Path, faults: int) -> No
     from matplotlib.text import Text
 
     from helpers.audit_runs import random_plan, simulate
-    from rankwise.train.timeline import figure
+    from rankwise.train.audit.timeline import figure
 
     simulate(random_plan(faults)).write(tmp_path)
     line = read_timeline(tmp_path)

@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 from helpers.audit_runs import audited_fit, check_model, plans, simulate
 from rankwise.testing import child_env
 from rankwise.train import AuditLog, DistributedTrainer, DistributedTrainingConfig, read_audit
+from rankwise.train.audit.timeline import read_timeline, summary
 from rankwise.train.checkpoint import set_fault_hook
-from rankwise.train.timeline import read_timeline, summary
 
 
 def write_attempt(folder: Path, name: str, start: int, steps: range, ids_per_step: int = 2) -> None:

@@ -120,7 +120,7 @@ def test_rank_local_fields_may_differ(start_cases):
 
 def test_the_sync_check_is_refused_under_fsdp():
     # Before the fix it compared nothing under FSDP2 plain sharding and passed silently.
-    # Refused where the config is made, before any fit (the rules across fields: config.py).
+    # Refused where the config is made, before any fit (the rules across fields: config/training.py).
     with pytest.raises(ValueError, match=r"check_sync_every_n_steps \(2\) compares the ranks"):
         _config(strategy="fsdp", check_sync_every_n_steps=2)
 

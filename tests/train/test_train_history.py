@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rankwise.train.history import DistributedTrainingHistory
+from rankwise.train.tracking.history import DistributedTrainingHistory
 
 
 def fake_history(epochs: int = 10, classes: bool = True) -> DistributedTrainingHistory:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rankwise.train.loggers import CSV_COLUMNS, TrainingLogger
+from rankwise.train.tracking import CSV_COLUMNS, TrainingLogger
 
 
 def run_epochs(logger: TrainingLogger, epochs: int = 2, steps: int = 12) -> None:
@@ -200,3 +200,25 @@ def test_the_loss_readout_never_waits_and_weights_by_batch_size() -> None:
     readout.issue([torch.tensor(5.0)], [4])
     assert readout.mean() == pytest.approx(3.125)  # (3 + 2 + 20) / 8
     assert not readout.pending
+
+
+def test_the_four_sinks_offer_one_interface() -> None:
+    """CSV, TensorBoard, W&B and MLflow each take the Sink's calls with the Sink's parameters
+    (the logger and the tracker set call them alike); no tracker package is imported."""
+    import inspect
+
+    from rankwise.train.tracking import (
+        CsvLog,
+        MlflowTracker,
+        Sink,
+        TensorBoardLog,
+        WandbTracker,
+    )
+
+    calls = ("start", "log_step", "log_epoch", "log_artifact", "finish")
+    for sink in (CsvLog, TensorBoardLog, WandbTracker, MlflowTracker):
+        for call in calls:
+            wanted = list(inspect.signature(getattr(Sink, call)).parameters)
+            assert list(inspect.signature(getattr(sink, call)).parameters) == wanted, (sink, call)
+        assert isinstance(sink.name, str) and sink.name in ("csv", "tensorboard", "wandb", "mlflow")
+    assert len({s.name for s in (CsvLog, TensorBoardLog, WandbTracker, MlflowTracker)}) == 4

@@ -104,3 +104,25 @@ def test_outside_the_block_sigterm_ends_the_process_at_once(tmp_path) -> None:
     result = run_isolated([sys.executable, "-c", script], env=child_env(), timeout=60)
     assert result.returncode == -signal.SIGTERM, result.stderr[-2000:]
     assert "ran" not in result.stdout  # the guard was taken away with the block
+
+
+def test_the_checkpointer_and_the_logger_take_the_guard_at_construction(tmp_path: Path) -> None:
+    """fit builds the guard first and passes it in: the checkpointer adds its write's duty,
+    then the logger its trackers' (in that order: the write lands before the runs close), and
+    every call into a tracker runs inside the guard's ``deferred``. No signal is sent."""
+    from rankwise.train import DistributedTrainingConfig
+    from rankwise.train.checkpoint import Checkpointer, CheckpointManager
+    from rankwise.train.sigterm import guarded
+    from rankwise.train.tracking import TrainingLogger
+
+    cfg = DistributedTrainingConfig(checkpoint_dir=str(tmp_path), verbose=False)
+    with guarded() as guard:
+        manager = CheckpointManager(tmp_path)
+        checkpointer = Checkpointer(manager, cfg, on_saved=lambda path: None, sigterm=guard)
+        logger = TrainingLogger(None, False, 0, True, loggers=[], sigterm=guard)
+        assert [d.what for d in guard.duties][-1] == "closing the trackers' runs"
+        assert len(guard.duties) == 2 and checkpointer.sigterm is guard
+        assert logger.trackers.around_calls == guard.deferred
+        logger.close()
+    without = Checkpointer(None, cfg, on_saved=lambda path: None, sigterm=guard)
+    assert without.sigterm_duty() is None and len(guard.duties) == 2  # no folder: no duty

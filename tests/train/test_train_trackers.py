@@ -15,11 +15,23 @@ import pytest
 import torch
 
 from rankwise.train import DistributedTrainingHistory, TrackerWarning, save_file
-from rankwise.train.trackers import TrackerSet, require, run_artifacts
+from rankwise.train.tracking import (
+    EpochRow,
+    StepRow,
+    Tracker,
+    TrackerSet,
+    require,
+    run_artifacts,
+)
 
 
-class Notebook:
-    """A tracker that writes into lists; ``fail_on`` names the call that raises."""
+def step_row(step: int, loss: float | None = 0.5) -> StepRow:
+    return StepRow(0, step, step, loss=loss, samples_per_second=100.0)
+
+
+class Notebook(Tracker):
+    """A tracker that writes into lists (rows as the Tracker base turns them into metrics);
+    ``fail_on`` names the call that raises."""
 
     title, fix = "Notebook", "check the notebook"
 
@@ -65,14 +77,15 @@ def test_a_failing_tracker_warns_once_is_switched_off_and_the_others_go_on() -> 
 
     def steps() -> None:
         for step in range(1, 4):
-            trackers.log_metrics(step, {"step/loss": 1.0 / step, "step/pending": None})
+            trackers.log_step(step_row(step, loss=None if step == 1 else 1.0 / step))
 
     [message] = caught_warnings(steps)
     assert "the Notebook tracker (broken) failed to log metrics (ConnectionError" in message
     assert "training goes on without it" in message and "Fix: check the notebook." in message
     assert "s3cr3t-value" not in message  # a credential in the library's text is scrubbed
     assert [step for step, _ in fine.rows] == [1, 2, 3]
-    assert fine.rows[0][1] == {"step/loss": 1.0}  # None: left out
+    assert fine.rows[0][1] == {"step/samples_per_second": 100.0}  # a loss of None: left out
+    assert fine.rows[1][1] == {"step/loss": 0.5, "step/samples_per_second": 100.0}
     assert trackers.failed == {"broken"}
     trackers.finish()
     assert (broken.finished, fine.finished) == ([], [False])
@@ -86,7 +99,7 @@ def test_a_tracker_that_cannot_start_warns_and_the_fit_goes_on() -> None:
     [message] = caught_warnings(trackers.start, {}, {})
     assert "failed to start a run" in message
     assert not trackers and trackers.running == []
-    trackers.log_metrics(1, {"step/loss": 1.0})  # nothing to send to: no error, no warning
+    trackers.log_step(step_row(1))  # nothing to send to: no error, no warning
 
 
 def test_a_long_error_keeps_its_end_where_the_cause_is() -> None:
@@ -101,7 +114,7 @@ def test_a_long_error_keeps_its_end_where_the_cause_is() -> None:
 
 def test_a_wandb_option_wandb_init_does_not_take_names_it_and_the_fix() -> None:
     pytest.importorskip("wandb")
-    from rankwise.train.trackers import WandbTracker
+    from rankwise.train.tracking import WandbTracker
 
     trackers = TrackerSet([WandbTracker({"projct": "mnist"})])
     [message] = caught_warnings(trackers.start, {}, {})  # before wandb.init: nothing started
@@ -118,10 +131,12 @@ def test_steps_a_resumed_run_holds_are_not_sent_again() -> None:
     ids = trackers.start({}, {"asked": "a", "offline": "o"}, logged_through=8)
     assert ids == {"asked": "a", "offline": "o", "fresh": "fresh-1"}
     for step in range(6, 11):
-        trackers.log_metrics(step, {"step/loss": 0.5})
-    assert [s for s, _ in asked.rows] == [8, 9, 10]
-    assert [s for s, _ in offline.rows] == [9, 10]
-    assert [s for s, _ in fresh.rows] == [6, 7, 8, 9, 10]
+        trackers.log_step(step_row(step))
+    trackers.log_epoch(EpochRow(0, 10, {"train_loss": 0.25}))  # at the epoch's global step
+    assert [s for s, _ in asked.rows] == [8, 9, 10, 10]
+    assert [s for s, _ in offline.rows] == [9, 10, 10]
+    assert [s for s, _ in fresh.rows] == [6, 7, 8, 9, 10, 10]
+    assert fresh.rows[-1][1] == {"epoch/epoch": 1.0, "epoch/train_loss": 0.25}
 
 
 def test_a_new_rank_0_resumes_only_the_runs_it_has_ids_for() -> None:

@@ -41,7 +41,7 @@ INTERNAL: dict[tuple[str, str], str] = {
     ("data/fetch_plan.py", "batches consumed, but the workers hold only"): _INVARIANT,
     ("train/state.py", "broadcast_state in a world of one needs the state"): _INVARIANT,
     ("parallel/hooks.py", "powersgd_hook needs HookState.powersgd"): _INVARIANT,
-    ("train/config.py", "{} (config file {})"): _WRAPPER,
+    ("train/config/training.py", "{} (config file {})"): _WRAPPER,
     ("train/trainer.py", "set-up of the checkpoints in {} failed"): (
         "a follower's stand-in for the error another rank prints in full; under rankwise "
         "launch it prints as one line pointing there"
@@ -110,9 +110,10 @@ _RACE = (
 INTERNAL.update(
     {
         ("testing/s3server.py", "no pair of free ports (p, p + 10000)"): _TESTING,
-        ("train/trackers.py", "rank 0 sent tracker run ids that are not names and ids"): (
-            _INVARIANT
-        ),
+        (
+            "train/tracking/tracker_set.py",
+            "rank 0 sent tracker run ids that are not names and ids",
+        ): (_INVARIANT),
         ("testing/s3server.py", "binary was not found; the object-storage tests"): _TESTING,
         ("testing/servers.py", "did not answer within {} s; log"): _TESTING,
         ("testing/servers.py", "exited with {} before {} answered; log"): _TESTING,
@@ -131,7 +132,7 @@ INTERNAL.update(
 )
 
 NOT_YET_ROWS: dict[tuple[str, str], str] = {
-    ("train/timeline.py", "rankwise audit --plot needs matplotlib"): (
+    ("train/audit/timeline.py", "rankwise audit --plot needs matplotlib"): (
         "names its fix (the demo extra); a row needs a run without matplotlib, which the test "
         "environment installs"
     ),

@@ -109,7 +109,7 @@ def test_the_ctrl_c_line_under_continue(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_the_audit_verdict() -> None:
-    source = (REPO / "src" / "rankwise" / "train" / "timeline.py").read_text()
+    source = (REPO / "src" / "rankwise" / "train" / "audit" / "timeline.py").read_text()
     assert 'f"exactly once: VIOLATED ({scope})"' in source
     assert 'f"exactly once: ok ({scope}, each sample trained once per epoch)"' in source
     page = _page()

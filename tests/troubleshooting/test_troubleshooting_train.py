@@ -41,7 +41,7 @@ from rankwise.train import (
 from rankwise.train.checkpoint import RemoteCheckpointManager, Storage, set_fault_hook
 from rankwise.train.checkpoint import writer as writer_module
 from rankwise.train.checkpoint.writer import CheckpointWriter
-from rankwise.train.ray_report import check_checkpoint_dir
+from rankwise.train.tracking.ray_report import check_checkpoint_dir
 
 _X, _Y = np.zeros((8, 2), np.float32), np.zeros((8, 2), np.float32)
 

@@ -18,8 +18,8 @@ the free functions ``get_local_rank()``, ``device()``, ``membership()``. Other m
 process state of their own, each saying why in its docstring (tests/test_architecture.py
 finds them): :mod:`.config.gloo` (gloo's interface
 rankwise chose), :mod:`.rendezvous` (the count of rendezvous), ``augment/seeds.py`` (caches of
-pure functions), and in ``train/checkpoint/`` the test fault hook and the snapshot's refill
-pool (not yet described there: that package is being moved to ``rankwise/storage/``).
+pure functions), and in ``train/checkpoint/`` the test fault hook (``faults.py``) and the
+snapshot's refill pool (``staging.py``).
 """
 
 from __future__ import annotations

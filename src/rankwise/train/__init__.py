@@ -2,7 +2,7 @@
 
 ``DistributedTrainer`` trains, ``DistributedTrainingConfig`` says what a run does,
 ``DistributedTrainingHistory`` records what it did, ``TrainingLogger`` prints and logs it on
-rank 0 (CSV, TensorBoard, and the experiment trackers of :mod:`rankwise.train.trackers`:
+rank 0 (CSV, TensorBoard, and the experiment trackers of :mod:`rankwise.train.tracking`:
 W&B, MLflow; a failing one gives a ``TrackerWarning``); ``AuditLog`` (opt-in) records which samples each rank consumed per step;
 ``RayReport`` reports each epoch's metrics and checkpoint to Ray Train (``rankwise[ray]``);
 ``ConfigTree`` reads a script's own nested YAML settings. ``TrainState`` is where training is
@@ -34,12 +34,15 @@ from rankwise.train.checkpoint import (
     verify_file,
 )
 from rankwise.train.config import DistributedTrainingConfig, parse_overrides
-from rankwise.train.config_tree import ConfigKeyError, ConfigTree
-from rankwise.train.history import DistributedTrainingHistory
-from rankwise.train.loggers import TrainingLogger
-from rankwise.train.ray_report import RayReport, rankwise_checkpoint
+from rankwise.train.config.tree import ConfigKeyError, ConfigTree
 from rankwise.train.state import TrainState, broadcast_state
-from rankwise.train.trackers import TrackerWarning
+from rankwise.train.tracking import (
+    DistributedTrainingHistory,
+    RayReport,
+    TrackerWarning,
+    TrainingLogger,
+    rankwise_checkpoint,
+)
 from rankwise.train.trainer import DistributedTrainer
 
 __all__ = [

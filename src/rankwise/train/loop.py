@@ -31,10 +31,10 @@ from rankwise.train.checkpoint import Checkpointer
 from rankwise.train.checks import check_sync
 from rankwise.train.continuing import Continuing, JoinersWaiting
 from rankwise.train.data import UserBatches, check_even
-from rankwise.train.loggers import TrainingLogger
 from rankwise.train.state import TrainState
 from rankwise.train.step import StepEnv, accumulation_windows, micro_batch_count, train_step
 from rankwise.train.sums import EpochResult, LossReadout
+from rankwise.train.tracking.logger import TrainingLogger
 
 T = TypeVar("T")
 

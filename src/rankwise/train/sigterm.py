@@ -3,7 +3,7 @@
 ``fit`` holds two kinds of work that must not die with the process: the checkpoint write in
 flight (it lands, and stays the checkpoint a resume takes: ``checkpoint/writer.py``) and, on
 rank 0, the experiment trackers' runs (closed as failed, not left "running" for good:
-``trackers.py``). Each is a :class:`Duty`, with a test of whether this rank holds it now.
+``tracking/``). Each is a :class:`Duty`, with a test of whether this rank holds it now.
 
 A :class:`SigtermGuard` installs a SIGTERM handler only while some duty is wanted (re-decided
 with :meth:`~SigtermGuard.update` at each save and regroup); elsewhere the default action ends
@@ -62,6 +62,14 @@ class SigtermGuard:
         self._running: int | None = None  # the thread running the duties now
         self._deferring = 0  # main thread inside deferred(): a SIGTERM waits for its end
         self._pending = False
+
+    def add(self, duty: Duty | None) -> None:
+        """Hold ``duty`` too, after the ones given (None: nothing); what the guard installs is
+        re-decided at once. The owners of duties take the guard at their construction and add
+        theirs (a checkpointer's write in flight, a logger's tracker runs)."""
+        if duty is not None:
+            self.duties.append(duty)
+            self.update()
 
     def update(self) -> None:
         """Install or remove the handler as this rank does or does not hold a duty now."""
@@ -171,10 +179,11 @@ class SigtermGuard:
 
 
 @contextmanager
-def guarded(duties: Sequence[Duty]) -> Iterator[SigtermGuard]:
+def guarded(duties: Sequence[Duty] = ()) -> Iterator[SigtermGuard]:
     """While the block runs, SIGTERM first finishes the wanted ``duties`` (see
     :class:`SigtermGuard`); yields the guard, for the caller to
-    :meth:`~SigtermGuard.update` where a duty may come or go (a save, a regroup)."""
+    :meth:`~SigtermGuard.update` where a duty may come or go (a save, a regroup), and to
+    give to the owners of duties, which :meth:`~SigtermGuard.add` theirs."""
     guard = SigtermGuard(duties)
     guard.update()
     try:

@@ -52,8 +52,8 @@ from rankwise.train.checkpoint import (
     sharded_state_dicts,
 )
 from rankwise.train.config import DistributedTrainingConfig
-from rankwise.train.history import DistributedTrainingHistory
 from rankwise.train.sums import EpochSums
+from rankwise.train.tracking.history import DistributedTrainingHistory
 
 __all__ = ["Restored", "TrainState", "broadcast_state"]
 
@@ -92,7 +92,7 @@ class TrainState:
     lr_scaled: bool = False
     restored: Restored | None = None
     # The experiment trackers' run ids ({"wandb": "1x2y3z"}): a resumed or continued job
-    # logs into the same runs (rankwise.train.trackers). On every rank, in every checkpoint.
+    # logs into the same runs (rankwise.train.tracking). On every rank, in every checkpoint.
     trackers: dict[str, str] = field(default_factory=dict)
 
     def hold_prepared(

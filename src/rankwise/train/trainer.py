@@ -54,8 +54,6 @@ from rankwise.train.data import (
     train_source,
 )
 from rankwise.train.evaluation import EvalBatches, eval_batches, evaluate_exact, predict_all
-from rankwise.train.history import DistributedTrainingHistory
-from rankwise.train.loggers import TrainingLogger
 from rankwise.train.loop import FitRun, between_epochs, run_epoch
 from rankwise.train.setup import (
     Prepared,
@@ -68,7 +66,13 @@ from rankwise.train.setup import (
 from rankwise.train.state import TrainState
 from rankwise.train.step import StepEnv, epoch_scheduler_step, micro_batch_count
 from rankwise.train.sums import EpochResult, EpochSums
-from rankwise.train.trackers import require, run_artifacts, share_run_ids
+from rankwise.train.tracking import (
+    DistributedTrainingHistory,
+    TrainingLogger,
+    require,
+    run_artifacts,
+    share_run_ids,
+)
 
 OptimizerSpec = torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -224,38 +228,38 @@ class DistributedTrainer:
         if not joining:  # a joiner's callbacks start once it is in (_regrouped)
             self._call("on_fit_start", self)
         logs = rd.is_master() and not joining
-        self.logger = TrainingLogger(
-            cfg.log_dir,
-            cfg.verbose,
-            cfg.log_every_n_batches,
-            logs,
-            epochs=cfg.epochs,
-            loggers=cfg.loggers,
-            logger_options=cfg.logger_options,
-        )
-        if resumed is not None and self.logger.enabled:  # once, on rank 0: from where, what is left
-            self.logger.info(self._resume_note(cfg, resumed))
         saved: list[Any] = [None]  # the last checkpoint: its manifest is a tracker artifact
 
         def on_saved(path: Any) -> None:
             saved[0] = path
             self._call("on_checkpoint_saved", self, path)
 
-        checkpointer = self._checkpointer = Checkpointer(
-            manager,
-            cfg,
-            on_saved=on_saved,
-            on_written=functools.partial(self._call, "on_checkpoint_written", self),
-            progress=self.progress,
-            saved_at=state.step if resumed is not None else None,  # the end does not save it again
-            roles=self.roles,
-        )
         # SIGTERM (a launcher's stop, a preemption) lets the write in flight land, then closes
-        # the trackers' runs as failed, before the process ends (sigterm.py)
-        duties = [checkpointer.sigterm_duty(), self.logger.sigterm_duty()]
-        with sigterm.guarded([d for d in duties if d is not None]) as guard:
-            checkpointer.sigterm = guard  # a save or a regroup re-decides what the guard holds
-            self.logger.trackers.around_calls = guard.deferred
+        # the trackers' runs as failed, before the process ends (sigterm.py): the checkpointer
+        # and the logger each take the guard and add their duty, in that order.
+        with sigterm.guarded() as guard:
+            checkpointer = self._checkpointer = Checkpointer(
+                manager,
+                cfg,
+                on_saved=on_saved,
+                on_written=functools.partial(self._call, "on_checkpoint_written", self),
+                progress=self.progress,
+                saved_at=state.step if resumed is not None else None,  # the end: not again
+                sigterm=guard,  # a save or a regroup re-decides what the guard holds
+                roles=self.roles,
+            )
+            self.logger = TrainingLogger(
+                cfg.log_dir,
+                cfg.verbose,
+                cfg.log_every_n_batches,
+                logs,
+                epochs=cfg.epochs,
+                loggers=cfg.loggers,
+                logger_options=cfg.logger_options,
+                sigterm=guard,  # deferred around every call into a tracker's library
+            )
+            if resumed is not None and self.logger.enabled:  # once, on rank 0: from where
+                self.logger.info(self._resume_note(cfg, resumed))
             if self.logger.trackers:  # the same on every rank: loggers is compared (checks.py)
                 run_ids = self.logger.start_run(self._run_config(cfg), state.trackers)
                 guard.update()  # runs to close now

@@ -41,9 +41,10 @@ class Checkpointer:
     ``on_saved(path)`` runs on every rank once a checkpoint is durable; ``on_written(path)``
     only on a rank that wrote it, once its write landed (a drain's too). ``progress`` names the
     save a late rank is stuck in. ``saved_at``: the step the run's newest checkpoint holds
-    already (a resume's), which the end of ``fit`` then does not save again. ``roles``: who
-    writes under ``--on-failure continue`` (:class:`rankwise.distributed.Roles`; default: this
-    process's).
+    already (a resume's), which the end of ``fit`` then does not save again. ``sigterm``:
+    fit's SIGTERM guard, which then lets the write in flight land first
+    (:meth:`sigterm_duty`) and is told when one may be in flight. ``roles``: who writes under
+    ``--on-failure continue`` (:class:`rankwise.distributed.Roles`; default: this process's).
 
     Every save is a collective: the loop calls these methods on every rank at the same
     points.
@@ -58,6 +59,7 @@ class Checkpointer:
         on_written: Callable[[Location], None] = lambda path: None,
         progress: rd.Progress | None = None,
         saved_at: int | None = None,
+        sigterm: SigtermGuard | None = None,
         roles: rd.Roles | None = None,
     ) -> None:
         self.writer = writer_for(manager, cfg, on_saved, on_written, roles)
@@ -68,7 +70,9 @@ class Checkpointer:
         self._step_save_due = False  # a step save that fell on an epoch's last step
         self._saved_path: Location | None = None  # the path of the save at saved_at (this fit)
         # fit's SIGTERM guard (rankwise.train.sigterm): told when a write may be in flight
-        self.sigterm: SigtermGuard | None = None
+        self.sigterm = sigterm
+        if sigterm is not None:
+            sigterm.add(self.sigterm_duty())
 
     @property
     def stats(self) -> SaveStats | None:

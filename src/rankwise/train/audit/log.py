@@ -24,7 +24,7 @@ checkpoints (``{"checkpoint_step": S, "path": ...}``, written only by a rank tha
 checkpoint, once its write landed: also the write a SIGTERM or an exception drained) and the
 end of fit (``{"end_step": S, ...}``), each with its wall ``time``. Lines are flushed one by
 one, so a SIGKILL loses at most the line being written. ``rankwise audit DIR`` summarises a
-folder and checks it (:mod:`rankwise.train.timeline` draws it). Files written before the
+folder and checks it (:mod:`rankwise.train.audit.timeline` draws it). Files written before the
 header carried ``data_size`` stay readable: their check needs ``--samples N``.
 
 :func:`read_audit` puts the attempts back in order and keeps the *committed* micro-batches:

@@ -9,11 +9,13 @@ multiplied by the world size:
 - otherwise a line every ``log_every_n_batches`` steps:
   ``epoch 2/10 step 40/113 loss 0.4312 1,234 samples/s``;
 - an epoch summary line;
-- ``log_dir/metrics.csv``: one row per logged step and per epoch end, flushed as written;
-- TensorBoard event files in ``log_dir`` when ``torch.utils.tensorboard`` imports;
-- the same rows to the experiment trackers (W&B, MLflow: :mod:`rankwise.train.trackers`),
-  with the run's config at its start and the history and final checkpoint's manifest at its
-  end, one tracker run across restarts and a new rank 0.
+- the same rows to every :class:`~rankwise.train.tracking.sink.Sink`:
+  ``log_dir/metrics.csv`` (one row per logged step and per epoch end, flushed as written:
+  :mod:`~rankwise.train.tracking.csv_log`), TensorBoard event files in ``log_dir`` when
+  ``torch.utils.tensorboard`` imports (:mod:`~rankwise.train.tracking.tensorboard_log`), and
+  the experiment trackers (W&B, MLflow: :mod:`~rankwise.train.tracking.tracker_set`), with the
+  run's config at their start and the history and final checkpoint's manifest at their end,
+  one tracker run across restarts and a new rank 0.
 
 ``loggers`` picks among ``"csv"``, ``"tensorboard"``, ``"wandb"`` and ``"mlflow"``; None is
 today's default: the CSV and, when installed, TensorBoard, both when ``log_dir`` is set.
@@ -24,38 +26,20 @@ from 1, in the console, the CSV and TensorBoard alike.
 
 from __future__ import annotations
 
-import csv
+import contextlib
 import math
 import os
 import sys
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import Any, TextIO
 
-from rankwise.train.sigterm import Duty
-from rankwise.train.trackers import TrackerSet, build_trackers
+from rankwise.train.sigterm import Duty, SigtermGuard
+from rankwise.train.tracking.csv_log import CsvLog
+from rankwise.train.tracking.sink import EpochRow, Sink, StepRow
+from rankwise.train.tracking.tensorboard_log import TensorBoardLog
+from rankwise.train.tracking.tracker_set import TrackerSet, build_trackers
 
-# The CSV's columns. Epoch metrics under other names go to "extra" as "name=value;...".
-STEP_COLUMNS = ("loss", "samples_per_second")
-EPOCH_COLUMNS = (
-    "train_loss",
-    "train_accuracy",
-    "val_loss",
-    "val_accuracy",
-    "epoch_seconds",
-    "samples_per_second",
-    "lr",
-)
-CSV_COLUMNS = (
-    "wall_time",
-    "kind",
-    "epoch",
-    "step",
-    "global_step",
-    *dict.fromkeys((*STEP_COLUMNS, *EPOCH_COLUMNS)),  # in order, without repeats
-    "extra",
-)
 # Short names the trainer or users may use for the same quantities.
 _ALIASES = {"train_acc": "train_accuracy", "val_acc": "val_accuracy", "seconds": "epoch_seconds"}
 
@@ -72,6 +56,8 @@ class TrainingLogger:
     (None: ``csv`` and ``tensorboard`` if installed, with ``log_dir``); ``logger_options``:
     the trackers' own (``{"wandb": {"project": ...}}``). A tracker's package missing raises
     ``ImportError`` here, on every rank (before the first step), naming the extra.
+    ``sigterm``: fit's SIGTERM guard, which then closes the trackers' runs as failed on
+    SIGTERM (:meth:`sigterm_duty`) and is deferred around every call into a tracker.
 
     >>> import io
     >>> out = io.StringIO()
@@ -100,6 +86,7 @@ class TrainingLogger:
         stream: TextIO | None = None,
         loggers: Iterable[str] | None = None,
         logger_options: Mapping[str, Any] | None = None,
+        sigterm: SigtermGuard | None = None,
     ) -> None:
         if isinstance(log_every_n_batches, bool) or not isinstance(log_every_n_batches, int):
             raise ValueError(
@@ -120,16 +107,18 @@ class TrainingLogger:
         self._bar: Any = None  # tqdm.tqdm while an epoch runs with a bar
         self._epoch, self._total = 0, 0
         self._rows_at = 0  # micro-batches done at the last row
-        self._csv_file: IO[str] | None = None
-        self._csv: Any = None  # csv.writer
-        self._tb: Any = None  # torch.utils.tensorboard.SummaryWriter
+        self.files: list[Sink] = []  # the CSV and TensorBoard logs, open on the logging rank
         self._global_step: int | None = None  # the last one step() saw, for epoch rows
         names = ("csv", "tensorboard") if loggers is None else tuple(loggers)
         self._csv_wanted = "csv" in names and self.log_dir is not None
         # None: today's default, TensorBoard when it imports; True: asked for by name
         self._tb_wanted: bool | None = None if loggers is None else "tensorboard" in names
         options = dict(logger_options or {})
-        self.trackers = TrackerSet(build_trackers(names, options), options)  # checks packages
+        around = contextlib.nullcontext if sigterm is None else sigterm.deferred
+        trackers = build_trackers(names, options)  # checks packages
+        self.trackers = TrackerSet(trackers, options, around_calls=around)
+        if sigterm is not None:
+            sigterm.add(self.sigterm_duty())
         self._run_config: dict[str, Any] = {}
         self._csv_through: int | None = None  # the last global step an existing CSV holds
         if self.enabled and self.log_dir is not None:
@@ -140,7 +129,7 @@ class TrainingLogger:
     def start_run(self, config: Mapping[str, Any], run_ids: Mapping[str, str]) -> dict[str, str]:
         """Start the trackers' runs with ``config`` (the hyper-parameters), or go on with the
         runs in ``run_ids`` (from a checkpoint); return ``{tracker: run id}`` ({} but on the
-        logging rank; :func:`~rankwise.train.trackers.share_run_ids` tells the others)."""
+        logging rank; :func:`~rankwise.train.tracking.tracker_set.share_run_ids` tells the others)."""
         self._run_config = dict(config)
         if not self.enabled or not self.trackers:
             return {}
@@ -203,16 +192,9 @@ class TrainingLogger:
                 f"{self._epoch_label()} batch {micro_batches}{of} loss {_loss(loss)} "
                 f"{samples_per_second:,.0f} samples/s"
             )
-        self._write_row(
-            "step", micro_batches, global_step, loss=loss, samples_per_second=samples_per_second
-        )
-        if self._tb is not None:
-            if loss is not None:
-                self._tb.add_scalar("step/loss", loss, global_step)
-            self._tb.add_scalar("step/samples_per_second", samples_per_second, global_step)
-        self.trackers.log_metrics(
-            global_step, {"step/loss": loss, "step/samples_per_second": samples_per_second}
-        )
+        row = StepRow(self._epoch, micro_batches, global_step, loss, samples_per_second)
+        for sink in self._sinks():
+            sink.log_step(row)
 
     def end_epoch(
         self, epoch: int, metrics: Mapping[str, float | None], global_step: int | None = None
@@ -230,13 +212,9 @@ class TrainingLogger:
         if self.verbose:
             summary = " ".join(f"{name} {_format(name, v)}" for name, v in shown.items())
             self._print(f"{self._epoch_label()} done: {summary}".rstrip())
-        self._write_row("epoch", None, self._global_step, **shown)
-        if self._tb is not None:
-            for name, value in shown.items():
-                self._tb.add_scalar(f"epoch/{name}", value, epoch + 1)
-            self._tb.flush()
-        rows = {"epoch/epoch": epoch + 1, **{f"epoch/{k}": v for k, v in shown.items()}}
-        self.trackers.log_metrics(self._global_step or 0, rows)
+        row = EpochRow(epoch, self._global_step, shown)
+        for sink in self._sinks():
+            sink.log_epoch(row)
 
     def info(self, message: str) -> None:
         """Print one line on rank 0 when verbose (for the trainer's own notes)."""
@@ -275,12 +253,9 @@ class TrainingLogger:
         safe to call twice."""
         self._close_bar()
         self.trackers.finish(failed)
-        if self._csv_file is not None:
-            self._csv_file.close()
-            self._csv_file = self._csv = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        files, self.files = self.files, []
+        for sink in files:
+            sink.finish(failed)
 
     def sigterm_duty(self) -> Duty:
         """On SIGTERM (:mod:`rankwise.train.sigterm`): the trackers' open runs end as failed
@@ -319,14 +294,22 @@ class TrainingLogger:
             self._bar.close()
             self._bar = None
 
+    def _sinks(self) -> list[Sink | TrackerSet]:
+        """Where rows go, in order: the files, then the trackers (guarded)."""
+        return [*self.files, self.trackers]
+
     def _open_logs(self, log_dir: Path) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         if self._csv_wanted:
-            self._open_csv(log_dir)
+            csv_log = CsvLog(log_dir)
+            csv_log.start(self._run_config, None)
+            self._csv_through = csv_log.last_step
+            self.files.append(csv_log)
         if self._tb_wanted is False:
             return
+        tensorboard = TensorBoardLog(log_dir)
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            tensorboard.start(self._run_config, None)
         except ImportError:
             if self._tb_wanted:  # asked for by name: trackers.require checked the package
                 raise
@@ -336,68 +319,7 @@ class TrainingLogger:
                     "(pip install 'rankwise[tensorboard]' for TensorBoard files)."
                 )
             return
-        self._tb = SummaryWriter(log_dir=str(log_dir))
-
-    def _open_csv(self, log_dir: Path) -> None:
-        path = _csv_path(log_dir)
-        fresh = not path.exists() or path.stat().st_size == 0
-        # Appending: a resumed run continues the same log (it may repeat the steps since the
-        # checkpoint it resumed from; "global_step" tells them apart). The last step it holds
-        # tells a resumed tracker run that cannot say it which steps it has already.
-        self._csv_through = None if fresh else _last_global_step(path)
-        self._csv_file = path.open("a", newline="")
-        self._csv = csv.writer(self._csv_file)
-        if fresh:
-            self._csv.writerow(CSV_COLUMNS)
-            self._csv_file.flush()
-
-    def _write_row(
-        self, kind: str, step: int | None, global_step: int | None, **values: float | None
-    ) -> None:
-        if self._csv is None or self._csv_file is None:
-            return
-        row: dict[str, Any] = {
-            "wall_time": f"{time.time():.3f}",
-            "kind": kind,
-            "epoch": self._epoch + 1,
-            "step": step,
-            "global_step": global_step,
-        }
-        extra = []
-        for name, value in values.items():
-            if name in CSV_COLUMNS:
-                row[name] = value
-            else:
-                extra.append(f"{name}={value}")
-        row["extra"] = ";".join(extra)
-        self._csv.writerow(["" if row.get(c) is None else row[c] for c in CSV_COLUMNS])
-        self._csv_file.flush()
-
-
-def _csv_path(log_dir: Path) -> Path:
-    """``metrics.csv``, or the next free ``metrics-N.csv`` if an existing one has other columns
-    (a log from another rankwise version is never mixed with this one)."""
-    header = ",".join(CSV_COLUMNS)
-    path, n = log_dir / "metrics.csv", 1
-    while path.exists() and path.stat().st_size:
-        with path.open(newline="") as f:
-            if f.readline().rstrip("\r\n") == header:
-                break
-        path, n = log_dir / f"metrics-{n}.csv", n + 1
-    return path
-
-
-def _last_global_step(path: Path, tail: int = 1 << 16) -> int | None:
-    """The largest ``global_step`` in the last rows of the CSV at ``path`` (None: no row)."""
-    with path.open("rb") as f:
-        f.seek(max(0, path.stat().st_size - tail))
-        lines = f.read().decode(errors="replace").splitlines()[1:]  # the first may be cut
-    at = CSV_COLUMNS.index("global_step")
-    steps = []
-    for row in csv.reader(lines):
-        if len(row) == len(CSV_COLUMNS) and row[at].isdigit():
-            steps.append(int(row[at]))
-    return max(steps, default=None)
+        self.files.append(tensorboard)
 
 
 def _loss(value: float | None) -> str:

@@ -1,4 +1,4 @@
-"""A run through its faults, read back from its :class:`~rankwise.train.audit.AuditLog`
+"""A run through its faults, read back from its :class:`~rankwise.train.audit.log.AuditLog`
 folder: who trained which optimizer step when, who was lost, where the world regrouped and
 who rejoined. ``rankwise audit DIR`` prints :func:`summary`; ``--plot`` draws :func:`plot`.
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankwise.train.audit import AuditReport, commit_limits, read_audit_files
+from rankwise.train.audit.log import AuditReport, commit_limits, read_audit_files
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -139,7 +139,7 @@ class Timeline:
 
 
 def read_timeline(directory: str | os.PathLike[str]) -> Timeline:
-    """The lanes and transitions of an :class:`~rankwise.train.audit.AuditLog` folder."""
+    """The lanes and transitions of an :class:`~rankwise.train.audit.log.AuditLog` folder."""
     files = read_audit_files(directory)
     names = sorted({name for name, _ in files})
     lanes = [_lane(names.index(name), records) for name, records in files]
