@@ -15,7 +15,7 @@ the cap is read alone, with nothing ahead of it)::
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
@@ -44,7 +44,7 @@ def prefetched(
     *,
     threads: int = THREADS,
     stats: PrefetchStats | None = None,
-) -> Iterator[T]:
+) -> Generator[T, None, None]:
     """``read(key)`` for each ``(key, nbytes)`` of ``plan``, in order, the next ones read in
     background threads while at most ``cap`` bytes are ahead of the one handed out. The
     threads start on the first ``next()`` (in the process that iterates: a DataLoader
