@@ -104,3 +104,17 @@ def test_a_storage_error_names_the_url_and_never_the_secret():
         store.check_writable()
     assert "s3://rankwise-nowhere/run" in str(caught.value)
     assert secret not in str(caught.value) and caught.value.reason == "unreachable"
+
+
+def test_ranged_reads_merge_adjacent_ranges_on_every_backend(store_root: str):
+    store = Storage.for_url(f"{store_root}/ranges")
+    blob = bytes(range(256)) * 64  # 16 KiB
+    store.put(blob, "x.bin")
+    wanted = [(4000, 4100), (0, 10), (10, 20), (16000, 16384), (4100, 4101)]
+    got = store.read_ranges("x.bin", wanted)
+    assert got == [blob[a:b] for a, b in wanted]
+    assert store.requests == 3 and store.bytes_read == 20 + 101 + 384  # touching ones merged
+    assert store.read_ranges("x.bin", [(0, 4), (8, 12)], max_gap=4) == [blob[:4], blob[8:12]]
+    assert store.requests == 4
+    with pytest.raises(FileNotFoundError, match=r"/ranges/nothing\.bin does not exist"):
+        store.read_ranges("nothing.bin", [(0, 4)])

@@ -70,19 +70,19 @@ class RangeSource:
         folder, _, self.key = url.rstrip("/").rpartition("/")
         self._folder = folder or "."
         self._storage: Storage | None = None
-        self._pid = -1
 
     @property
     def storage(self) -> Storage:
-        """This process's storage (a DataLoader worker builds its own client)."""
-        if self._storage is None or self._pid != os.getpid():
+        """The file's storage. Its client is this process's own: a forked DataLoader worker's
+        first call builds a new one (:class:`~rankwise.storage.Storage` sees the fork), and a
+        pickled source (a spawned worker's) carries none."""
+        if self._storage is None:
             self._storage = Storage.for_url(self._folder, self.storage_options, retry=self.retry)
-            self._pid = os.getpid()
         return self._storage
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_storage"], state["_pid"] = None, -1  # a client never crosses processes
+        state["_storage"] = None  # a client never crosses processes
         return state
 
     def read(self, start: int, stop: int) -> bytes:
@@ -237,7 +237,7 @@ def open_source(
     if suffix == ".npy":
         source = ArraySource(url, storage_options, retry)
         source.init_array(*npy_layout(probe.read, size, where))
-        source._storage, source._pid = probe._storage, probe._pid
+        source._storage = probe._storage
         return source
     import h5py
 
@@ -245,7 +245,7 @@ def open_source(
         if suffix == ".h5ad":
             h5ad = H5adSource(url, storage_options, retry)
             h5ad.init_h5ad(_h5ad_x(f, url, storage_options, retry, where), *_h5ad_frames(f))
-            h5ad.x._storage, h5ad.x._pid = probe._storage, probe._pid
+            h5ad.x._storage = probe._storage
             return h5ad
         assert dataset is not None
         if dataset not in f or not isinstance(f[dataset], h5py.Dataset):
@@ -256,7 +256,7 @@ def open_source(
         array = ArraySource(url, storage_options, retry)
         ds = f[dataset]
         array.init_array(ds.dtype, tuple(ds.shape), hdf5_layout(ds, where))
-        array._storage, array._pid = probe._storage, probe._pid
+        array._storage = probe._storage
         return array
 
 
