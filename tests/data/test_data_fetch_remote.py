@@ -8,10 +8,7 @@ one ranged GET per block per array."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -177,35 +174,6 @@ def test_wrong_keys_fail_naming_the_url_and_never_the_secret(s3_bucket: str, tmp
     with pytest.raises(StorageError, match="refused the credentials") as caught:
         FetchDataset(url, Streaming(), 8, storage_options=wrong, retry=RetryPolicy(attempts=1))
     assert s3_bucket in str(caught.value) and "rankwise-wrong-secret-123" not in str(caught.value)
-
-
-@pytest.fixture
-def silent_endpoint() -> Iterator[str]:
-    """An endpoint that accepts connections and never answers (a frozen store)."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        server.close()
 
 
 def test_a_store_that_never_answers_is_a_timeout_naming_the_url(s3_bucket: str, silent_endpoint):

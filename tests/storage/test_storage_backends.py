@@ -5,12 +5,13 @@ write is atomic; a forked DataLoader worker reads through a client of its own.""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 import torch.utils.data
 
-from rankwise.storage import Storage, StorageError
+from rankwise.storage import RetryPolicy, Storage, StorageError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -118,3 +119,35 @@ def test_ranged_reads_merge_adjacent_ranges_on_every_backend(store_root: str):
     assert store.requests == 4
     with pytest.raises(FileNotFoundError, match=r"/ranges/nothing\.bin does not exist"):
         store.read_ranges("nothing.bin", [(0, 4)])
+
+
+@pytest.mark.parametrize("fork_safe", [True, False], ids=["s3fs", "obstore"])
+def test_ranged_reads_from_a_store_that_never_answers_time_out_naming_the_url(
+    silent_endpoint: str, fork_safe: bool
+):
+    if not fork_safe:
+        pytest.importorskip("obstore")
+    options = {
+        "endpoint_url": silent_endpoint,
+        "key": "rankwise-test-key",
+        "secret": "rankwise-test-secret",
+        "config_kwargs": {"read_timeout": 1},
+    }
+    store = Storage.for_url("s3://frozen-bucket/data", options, retry=RetryPolicy(attempts=1))
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=r"read s3://frozen-bucket/data/x\.npy failed") as caught:
+        store.read_ranges("x.npy", [(0, 10)], fork_safe=fork_safe)
+    assert caught.value.reason == "unreachable" and "rankwise-test-secret" not in str(caught.value)
+    assert time.monotonic() - started < 10
+
+
+def test_obstore_ranged_reads_equal_s3fs_ones(s3_bucket: str):
+    pytest.importorskip("obstore")
+    store = Storage.for_url(f"{s3_bucket}/fast")
+    blob = os.urandom(64 << 10)
+    store.put(blob, "x.bin")
+    wanted = [(100, 200), (200, 300), (5000, 5001), (60000, 65536)]
+    assert store.read_ranges("x.bin", wanted, fork_safe=False) == [blob[a:b] for a, b in wanted]
+    assert store.requests == 3
+    with pytest.raises(FileNotFoundError, match=r"/fast/nothing\.bin does not exist"):
+        store.read_ranges("nothing.bin", [(0, 4)], fork_safe=False)

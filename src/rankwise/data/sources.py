@@ -121,7 +121,9 @@ class ArraySource(RangeSource):
 
     def __getitem__(self, rows: Any) -> np.ndarray[Any, Any]:
         rows = _sorted_rows(rows, len(self))
-        pieces = self.storage.read_ranges(self.key, self.layout.ranges(row_runs(rows)))
+        pieces = self.storage.read_ranges(
+            self.key, self.layout.ranges(row_runs(rows)), fork_safe=not in_worker()
+        )
         return np.frombuffer(b"".join(pieces), dtype=self.dtype).reshape(-1, *self._shape[1:])
 
 
@@ -152,7 +154,9 @@ class CsrSource(RangeSource):
         rows = _sorted_rows(rows, len(self))
         elements = [(int(self.indptr[a]), int(self.indptr[b])) for a, b in row_runs(rows)]
         first = self.data[1].ranges(elements)
-        pieces = self.storage.read_ranges(self.key, first + self.indices[1].ranges(elements))
+        pieces = self.storage.read_ranges(
+            self.key, first + self.indices[1].ranges(elements), fork_safe=not in_worker()
+        )
         values = np.frombuffer(b"".join(pieces[: len(first)]), dtype=self.data[0])
         columns = np.frombuffer(b"".join(pieces[len(first) :]), dtype=self.indices[0])
         counts = self.indptr[rows + 1] - self.indptr[rows]
@@ -188,6 +192,14 @@ class H5adSource(RangeSource):
 
         rows = _sorted_rows(rows, len(self))
         return anndata.AnnData(X=self.x[rows], obs=self.obs.iloc[rows], var=self.var)
+
+
+def in_worker() -> bool:
+    """Whether this is a DataLoader worker: a process that never forks, so the storage may use
+    its fastest ranged client (obstore's runtime does not survive a fork)."""
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None
 
 
 def _sorted_rows(rows: Any, n: int) -> IntArray:

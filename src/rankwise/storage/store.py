@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rankwise.distributed.environment import aws_region
+from rankwise.storage import fast_ranges
 from rankwise.storage.errors import StorageError, StorageWarning
 from rankwise.storage.local import LocalFiles, remove_tree
 from rankwise.storage.ranges import merge_ranges, split_merged
@@ -100,6 +101,7 @@ class Storage:
         fs: Any = None,
         *,
         make_fs: Callable[[], Any] | None = None,
+        make_ranged: Callable[[], Any] | None = None,
         retry: RetryPolicy | None = None,
         secrets: Iterable[str] = (),
         part_size: int = PART_SIZE,
@@ -118,6 +120,9 @@ class Storage:
         self.fs = fs if fs is not None else LocalFiles()
         self._make_fs = make_fs  # builds a forked process's own client (remote only)
         self._pid = os.getpid()  # the process self.fs was made in
+        # obstore's store for ranged reads where it may be used (fast_ranges.py), per process
+        self._make_ranged = make_ranged
+        self._ranged: tuple[int, Any] | None = None
         self.retry = retry or RetryPolicy()
         self._secrets = list(secrets)
         self._in_outage = False  # a retry was announced and no call has succeeded since
@@ -145,6 +150,7 @@ class Storage:
             return cls(url, "file", path or ".", retry=retry)
         sizes = {"part_size": part_size, "parallel_parts": parallel_parts}
         options = dict(storage_options or {})
+        user_options = dict(options)
         secrets = secret_values(options)
         module, fix = _BACKENDS.get(protocol, ("fsspec", 'pip install "rankwise[s3]"'))
         try:
@@ -195,8 +201,23 @@ class Storage:
                 fs.retries = 1
             return fs
 
+        make_ranged = None
+        if module == "s3fs" and fast_ranges.available(protocol, user_options):
+            bucket, timeout = path.split("/", 1)[0], float(options["config_kwargs"]["read_timeout"])
+
+            def make_ranged() -> Any:
+                return fast_ranges.s3_store(bucket, user_options, aws_region(), timeout)
+
         return cls(
-            url, protocol, path, make_fs(), make_fs=make_fs, retry=retry, secrets=secrets, **sizes
+            url,
+            protocol,
+            path,
+            make_fs(),
+            make_fs=make_fs,
+            make_ranged=make_ranged,
+            retry=retry,
+            secrets=secrets,
+            **sizes,
         )
 
     @property
@@ -329,6 +350,7 @@ class Storage:
         *,
         max_gap: int = 0,
         in_flight: int = IN_FLIGHT,
+        fork_safe: bool = True,
     ) -> list[bytes]:
         """The bytes ``[start, stop)`` of ``key`` for each of ``ranges``, in their order.
 
@@ -337,6 +359,9 @@ class Storage:
         whole read with backoff. A store that stops answering fails after the client's read
         timeout (S3: ``config_kwargs={"read_timeout": ...}``, 30 s by default), never hangs.
         :attr:`requests` and :attr:`bytes_read` count what this process asked of the store.
+        ``fork_safe=False`` (the caller's process never forks: a DataLoader worker) lets an S3
+        storage read through obstore where it is installed, ~4x cheaper per GET
+        (:mod:`rankwise.storage.fast_ranges`).
 
         >>> store = Storage.for_url("memory://rankwise-doc/ranges")
         >>> _ = store.put(b"0123456789", "x.bin")
@@ -350,8 +375,11 @@ class Storage:
         extra: dict[str, Any] = {"on_error": "raise"} if self.is_remote else {}
         if self.protocol.startswith("s3"):
             extra["batch_size"] = in_flight
+        store = None if fork_safe else self._ranged_store()
 
         def read() -> list[bytes]:
+            if store is not None:
+                return fast_ranges.get_ranges(store, path.split("/", 1)[1], merged, in_flight)
             starts, stops = [m[0] for m in merged], [m[1] for m in merged]
             return list(fs.cat_ranges([path] * len(merged), starts, stops, **extra))
 
@@ -368,6 +396,14 @@ class Storage:
         self.requests += len(merged)
         self.bytes_read += got
         return split_merged(ranges, merged, data)
+
+    def _ranged_store(self) -> Any:
+        """This process's obstore store, or None where obstore does not serve this storage."""
+        if self._make_ranged is None:
+            return None
+        if self._ranged is None or self._ranged[0] != os.getpid():
+            self._ranged = (os.getpid(), self._make_ranged())
+        return self._ranged[1]
 
     def open_read(self, key: str) -> Any:
         """A binary file object reading ``key`` (for streaming large objects)."""
