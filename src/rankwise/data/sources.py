@@ -261,7 +261,7 @@ def open_source(
             return h5ad
         assert dataset is not None
         if dataset not in f or not isinstance(f[dataset], h5py.Dataset):
-            raise KeyError(
+            raise ValueError(
                 f"{where} has no dataset {dataset!r}; it holds {_datasets(f)}: pass one as "
                 "dataset=."
             )
