@@ -189,3 +189,38 @@ def test_a_store_that_never_answers_is_a_timeout_naming_the_url(s3_bucket: str, 
         )
     assert f"{s3_bucket}/x.npy" in str(caught.value)
     assert time.monotonic() - started < 20
+
+
+def test_the_local_cache_holds_its_cap_and_serves_a_second_epoch(s3_bucket: str, tmp_path: Path):
+    path, _ = _write(tmp_path, "h5ad-csr")
+    url = _upload(s3_bucket, path)
+    local = FetchDataset(str(path), BlockShuffling(block_size=4), 8, fetch_factor=2, seed=1)
+    total = local.source.nbytes(np.arange(ROWS))
+
+    def epochs(cap: int) -> tuple[FetchDataset, list[int], list[Any]]:
+        ds = FetchDataset(
+            url,
+            BlockShuffling(block_size=4),
+            8,
+            2,
+            seed=1,
+            cache_dir=tmp_path / f"c{cap}",
+            cache_bytes=cap,
+        )
+        gets, batches = [], []
+        for epoch in (0, 1):
+            ds.set_epoch(epoch)
+            local.set_epoch(epoch)
+            before = ds.source.storage.requests
+            batches.append([_as_rows(b) for b in ds])
+            assert batches[-1] == [_as_rows(b) for b in local]  # the cache changes no row
+            gets.append(ds.source.storage.requests - before)
+            assert ds.cache is not None and ds.cache.held <= cap
+            on_disk = sum(f.stat().st_size for f in ds.cache.folder.iterdir())
+            assert on_disk == ds.cache.held
+        return ds, gets, batches
+
+    _, gets, _ = epochs(total)
+    assert gets[0] > 0 and gets[1] == 0  # the whole file cached: epoch 1 reads from disk
+    small, gets, _ = epochs(total // 3)
+    assert small.cache is not None and small.cache.hits > 0 and 0 < gets[1] < gets[0]

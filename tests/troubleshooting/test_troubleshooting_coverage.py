@@ -43,6 +43,9 @@ INTERNAL: dict[tuple[str, str], str] = {
         "FetchDataset checks prefetch_bytes first (row fetch-prefetch-negative)"
     ),
     ("storage/ranges.py", "must be >= 0 bytes."): _GUARD,
+    ("data/cache.py", "must be >= 0 (0: no cache)."): (
+        "FetchDataset checks cache_bytes first (check_int), so the cache never sees a negative"
+    ),
     ("data/fetch_plan.py", "batches consumed, but the workers hold only"): _INVARIANT,
     ("train/state.py", "broadcast_state in a world of one needs the state"): _INVARIANT,
     ("parallel/hooks.py", "powersgd_hook needs HookState.powersgd"): _INVARIANT,

@@ -166,6 +166,9 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "fetch-url-options-for-object": lambda: raised(
         rdata.FetchDataset, np.zeros(4), rdata.Streaming(), 2, storage_options={}
     ),
+    "fetch-cache-for-object": lambda: raised(
+        rdata.FetchDataset, np.zeros(4), rdata.Streaming(), 2, cache_dir="cache"
+    ),
     "fetch-prefetch-negative": lambda: _file_source(
         "p.npy", lambda p: np.save(p, np.zeros(4)), prefetch_bytes=-1
     ),

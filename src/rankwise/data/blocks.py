@@ -29,9 +29,11 @@ over any ranks and workers.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +41,7 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from rankwise.data.cache import PlanCache
 from rankwise.data.fetch_io import default_fetch, probe_default_fetch, source_len
 from rankwise.data.fetch_plan import (
     Fetch,
@@ -81,7 +84,9 @@ class FetchDataset(IterableDataset[Any]):
     (:mod:`rankwise.data.sources`): metadata once when the dataset is made, then per fetch only
     its rows' byte ranges, merged. ``storage_options`` (fsspec keyword arguments, beside the
     ``AWS_*`` variables) and ``retry`` reach the storage layer; each DataLoader worker reads
-    up to ``prefetch_bytes`` of its next fetches ahead, from the plan. ``fetch_callback(source, sorted_indices)`` replaces the read,
+    up to ``prefetch_bytes`` of its next fetches ahead, from the plan. ``cache_dir`` and
+    ``cache_bytes`` keep what was read on local disk (at most ``cache_bytes`` per rank, split
+    over its workers), evicting what the plan needs furthest in the future (:mod:`.cache`). ``fetch_callback(source, sorted_indices)`` replaces the read,
     ``fetch_transform(data)`` post-processes each fetch, ``batch_callback(data, rows)`` cuts a
     batch (default ``data[rows]``), ``batch_transform(batch)`` post-processes it. ``rank`` /
     ``world_size`` default to the process group, else the torchrun variables. Use with
@@ -120,6 +125,8 @@ class FetchDataset(IterableDataset[Any]):
         storage_options: dict[str, Any] | None = None,
         retry: RetryPolicy | None = None,
         prefetch_bytes: int = PREFETCH_BYTES,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int = 0,
     ) -> None:
         if not isinstance(strategy, Strategy):
             raise ValueError(
@@ -138,6 +145,14 @@ class FetchDataset(IterableDataset[Any]):
         self.source = source
         self.prefetch_bytes = check_int("prefetch_bytes", prefetch_bytes)
         self.prefetch_stats = PrefetchStats()  # this process's (a worker's are its own)
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.cache_bytes = check_int("cache_bytes", cache_bytes)
+        if self.cache_dir is not None and not isinstance(source, RangeSource):
+            raise ValueError(
+                f"cache_dir={self.cache_dir!r} caches a source given as a path or URL, not a "
+                f"{type(source).__name__} (already in memory or on disk); drop cache_dir."
+            )
+        self.cache: PlanCache | None = None  # this process's last pass's cache
         self.strategy = strategy
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.fetch_factor = check_int("fetch_factor", fetch_factor, minimum=1)
@@ -349,6 +364,14 @@ class FetchDataset(IterableDataset[Any]):
         fetches = self._fetch_rows(work, epoch, worker, num_workers)
         reads: Generator[tuple[Any, IntArray], None, None]
         if self.fetch_callback is None and isinstance(self.source, RangeSource):
+            if self.cache_dir is not None and self.cache_bytes:
+                reads = self._cached_reads(self.source, list(fetches), worker, num_workers)
+                try:
+                    for data, where in reads:
+                        yield from self._cut(data, where)
+                finally:
+                    reads.close()
+                return
             # The plan is known: read the next fetches ahead while this one is used.
             source = self.source
             reads = prefetched(
@@ -365,6 +388,37 @@ class FetchDataset(IterableDataset[Any]):
                 yield from self._cut(data, where)
         finally:
             reads.close()  # stops a prefetch's threads when the loop leaves early
+
+    def _cached_reads(
+        self,
+        source: RangeSource,
+        fetches: list[tuple[IntArray, IntArray]],
+        worker: int,
+        num_workers: int,
+    ) -> Generator[tuple[Any, IntArray], None, None]:
+        """The fetches read through this worker's :class:`PlanCache`, which knows the whole
+        pass's plan (ranges cut at block boundaries, so the same block is the same entry in
+        every epoch), prefetched under the same byte cap."""
+        page = int(getattr(self.strategy, "block_size", self.batch_size))
+        name = hashlib.sha256(str(source.url).encode()).hexdigest()[:16]
+        folder = Path(str(self.cache_dir)) / name / f"rank{self.rank}-worker{worker}"
+        cache = self.cache = PlanCache(folder, self.cache_bytes // num_workers)
+        cache.plan([source.byte_ranges(unique, page) for unique, _ in fetches])
+
+        def read(item: tuple[int, IntArray, IntArray]) -> tuple[Any, IntArray]:
+            index, unique, where = item
+
+            def through_cache(ranges: list[tuple[int, int]]) -> list[bytes]:
+                return cache.read(index, ranges, source.fetch_ranges)
+
+            return source.read_rows(unique, through_cache, page), where
+
+        return prefetched(
+            read,
+            (((i, u, w), source.nbytes(u)) for i, (u, w) in enumerate(fetches)),
+            self.prefetch_bytes,
+            stats=self.prefetch_stats,
+        )
 
     def _fetch_rows(
         self, work: Work, epoch: int, worker: int, num_workers: int

@@ -95,8 +95,29 @@ class RangeSource:
     def nbytes(self, rows: IntArray) -> int:
         raise NotImplementedError
 
-    def __getitem__(self, rows: Any) -> Any:
+    def byte_ranges(self, rows: IntArray, page_rows: int = 0) -> list[tuple[int, int]]:
+        """The byte ranges holding ``rows`` (sorted, unique), in the order :meth:`parse`
+        takes them; with ``page_rows``, cut at multiples of it, so a range is the same
+        whichever fetch reads it (what a cache keys by)."""
         raise NotImplementedError
+
+    def parse(self, rows: IntArray, pieces: list[bytes]) -> Any:
+        """What a fetch of ``rows`` yields, from the bytes of :meth:`byte_ranges`."""
+        raise NotImplementedError
+
+    def read_rows(self, rows: Any, read: Any = None, page_rows: int = 0) -> Any:
+        """Rows ``rows`` read through ``read(ranges) -> pieces`` (default: the storage)."""
+        rows = _sorted_rows(rows, len(self))
+        if read is None:
+            read = self.fetch_ranges
+        return self.parse(rows, read(self.byte_ranges(rows, page_rows)))
+
+    def fetch_ranges(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """The bytes of ``ranges`` of the file, from the store (merged, retried)."""
+        return self.storage.read_ranges(self.key, ranges, fork_safe=not in_worker())
+
+    def __getitem__(self, rows: Any) -> Any:
+        return self.read_rows(rows)
 
     def __len__(self) -> int:
         return int(self.shape[0])
@@ -119,11 +140,10 @@ class ArraySource(RangeSource):
     def nbytes(self, rows: IntArray) -> int:
         return int(rows.size) * self.layout.row_bytes
 
-    def __getitem__(self, rows: Any) -> np.ndarray[Any, Any]:
-        rows = _sorted_rows(rows, len(self))
-        pieces = self.storage.read_ranges(
-            self.key, self.layout.ranges(row_runs(rows)), fork_safe=not in_worker()
-        )
+    def byte_ranges(self, rows: IntArray, page_rows: int = 0) -> list[tuple[int, int]]:
+        return self.layout.ranges(paged(row_runs(rows), page_rows))
+
+    def parse(self, rows: IntArray, pieces: list[bytes]) -> np.ndarray[Any, Any]:
         return np.frombuffer(b"".join(pieces), dtype=self.dtype).reshape(-1, *self._shape[1:])
 
 
@@ -148,18 +168,20 @@ class CsrSource(RangeSource):
         per = self.data[0].itemsize + self.indices[0].itemsize
         return int((self.indptr[rows + 1] - self.indptr[rows]).sum()) * per
 
-    def __getitem__(self, rows: Any) -> Any:
+    def byte_ranges(self, rows: IntArray, page_rows: int = 0) -> list[tuple[int, int]]:
+        # data's ranges, then indices' ranges of the same elements, as many of each
+        runs = paged(row_runs(rows), page_rows)
+        elements = [(int(self.indptr[a]), int(self.indptr[b])) for a, b in runs]
+        data, indices = self.data[1].ranges(elements), self.indices[1].ranges(elements)
+        return data + indices
+
+    def parse(self, rows: IntArray, pieces: list[bytes]) -> Any:
         import scipy.sparse
 
-        rows = _sorted_rows(rows, len(self))
-        elements = [(int(self.indptr[a]), int(self.indptr[b])) for a, b in row_runs(rows)]
-        first = self.data[1].ranges(elements)
-        pieces = self.storage.read_ranges(
-            self.key, first + self.indices[1].ranges(elements), fork_safe=not in_worker()
-        )
-        values = np.frombuffer(b"".join(pieces[: len(first)]), dtype=self.data[0])
-        columns = np.frombuffer(b"".join(pieces[len(first) :]), dtype=self.indices[0])
         counts = self.indptr[rows + 1] - self.indptr[rows]
+        joined, split = b"".join(pieces), int(counts.sum()) * self.data[0].itemsize
+        values = np.frombuffer(joined[:split], dtype=self.data[0])
+        columns = np.frombuffer(joined[split:], dtype=self.indices[0])
         indptr = np.concatenate([[0], np.cumsum(counts)]).astype(self.indptr.dtype)
         return scipy.sparse.csr_matrix((values, columns, indptr), shape=(rows.size, self._shape[1]))
 
@@ -187,11 +209,33 @@ class H5adSource(RangeSource):
         state["x"] = self.x  # pickles without its client, as this does
         return state
 
-    def __getitem__(self, rows: Any) -> Any:
+    def byte_ranges(self, rows: IntArray, page_rows: int = 0) -> list[tuple[int, int]]:
+        return self.x.byte_ranges(rows, page_rows)
+
+    def parse(self, rows: IntArray, pieces: list[bytes]) -> Any:
         import anndata
 
-        rows = _sorted_rows(rows, len(self))
-        return anndata.AnnData(X=self.x[rows], obs=self.obs.iloc[rows], var=self.var)
+        return anndata.AnnData(X=self.x.parse(rows, pieces), obs=self.obs.iloc[rows], var=self.var)
+
+    def fetch_ranges(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+        return self.x.fetch_ranges(ranges)
+
+
+def paged(runs: list[tuple[int, int]], page_rows: int) -> list[tuple[int, int]]:
+    """``runs`` cut at multiples of ``page_rows`` (0: left whole).
+
+    >>> paged([(3, 9), (12, 13)], 4)
+    [(3, 4), (4, 8), (8, 9), (12, 13)]
+    """
+    if page_rows <= 0:
+        return runs
+    out = []
+    for a, b in runs:
+        while a < b:
+            end = min(b, (a // page_rows + 1) * page_rows)
+            out.append((a, end))
+            a = end
+    return out
 
 
 def in_worker() -> bool:
