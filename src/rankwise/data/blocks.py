@@ -401,8 +401,12 @@ class FetchDataset(IterableDataset[Any]):
         every epoch), prefetched under the same byte cap."""
         page = int(getattr(self.strategy, "block_size", self.batch_size))
         name = hashlib.sha256(str(source.url).encode()).hexdigest()[:16]
-        folder = Path(str(self.cache_dir)) / name / f"rank{self.rank}-worker{worker}"
-        cache = self.cache = PlanCache(folder, self.cache_bytes // num_workers)
+        folders = [
+            Path(str(self.cache_dir)) / name / f"rank{self.rank}-worker{w}"
+            for w in range(num_workers)
+        ]
+        cache = PlanCache(folders[worker], self.cache_bytes // num_workers, peers=folders)
+        self.cache = cache
         cache.plan([source.byte_ranges(unique, page) for unique, _ in fetches])
 
         def read(item: tuple[int, IntArray, IntArray]) -> tuple[Any, IntArray]:

@@ -9,9 +9,11 @@ a known sequence) and does not keep a range whose next use is further than every
     fetch 0: a, b kept. fetch 1: a from disk; c read, and kept: after fetch 1, a is never
     needed again, b and c at fetch 2 -> a is evicted for c. fetch 2: b and c from disk.
 
-A range is a file ``START-STOP`` under the cache folder (one folder per source and worker, so
-workers never contend); a cache left by an earlier epoch or run is found again on start, so a
-second epoch reads what it can from disk. The bytes on disk never exceed the cap.
+A range is a file ``START-STOP`` under the cache folder: one folder per source, rank and
+worker, each worker writing and evicting only its own (its share of the cap), and reading its
+peers' folders too, since the next epoch deals the rows to the workers afresh. A cache left by
+an earlier epoch or run is found again on start, so a second epoch reads what it can from
+disk. The bytes on disk never exceed the cap.
 
 >>> import tempfile
 >>> cache = PlanCache(tempfile.mkdtemp(), cap=8)
@@ -43,10 +45,16 @@ class PlanCache:
     """Byte ranges kept under ``folder`` (at most ``cap`` bytes), evicted by the plan given to
     :meth:`plan` (see the module). Thread-safe: a worker's prefetch threads share it."""
 
-    def __init__(self, folder: str | os.PathLike[str], cap: int) -> None:
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        cap: int,
+        peers: Sequence[str | os.PathLike[str]] = (),
+    ) -> None:
         if cap < 0:
             raise ValueError(f"cache_bytes ({cap}) must be >= 0 (0: no cache).")
         self.folder, self.cap = Path(folder), int(cap)
+        self.peers = [Path(p) for p in peers if Path(p) != self.folder]  # read, never written
         self.folder.mkdir(parents=True, exist_ok=True)
         self.sizes: dict[Range, int] = {}
         for entry in self.folder.iterdir():  # what an earlier epoch or run left
@@ -82,11 +90,13 @@ class PlanCache:
         out: dict[Range, bytes] = {}
         with self._lock:
             cached = [r for r in ranges if r in self.sizes]
-        for r in cached:
-            try:
-                out[r] = (self.folder / f"{r[0]}-{r[1]}").read_bytes()
-            except FileNotFoundError:  # evicted by another thread meanwhile
-                continue
+        for r in ranges:
+            for folder in [self.folder] if r in cached else self.peers:
+                try:
+                    out[r] = (folder / f"{r[0]}-{r[1]}").read_bytes()
+                    break
+                except FileNotFoundError:  # not there, or evicted meanwhile
+                    continue
         missing = [r for r in ranges if r not in out]
         self.hits += len(out)
         if missing:
