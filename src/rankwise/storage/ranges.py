@@ -48,6 +48,9 @@ def split_merged(
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if starts[mid] <= start else (lo, mid)
-        base = merged[lo][0]
-        out.append(bytes(memoryview(data[lo])[start - base : stop - base]))
+        base, whole = merged[lo][0], data[lo]
+        if start == base and stop - base == len(whole):
+            out.append(bytes(whole) if not isinstance(whole, bytes) else whole)  # no copy
+        else:
+            out.append(bytes(memoryview(whole)[start - base : stop - base]))
     return out
