@@ -18,7 +18,7 @@ import torch.utils.data
 
 from rankwise.data import BlockShuffling, FetchDataset, Streaming
 from rankwise.data.fetch_io import dense_tensor
-from rankwise.storage import RetryPolicy, Storage, StorageError
+from rankwise.storage import RetryPolicy, Storage, StorageError, StorageWarning
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,7 +98,10 @@ def test_url_batches_equal_the_local_files_on_two_ranks_and_two_workers(
         assert _rank_batches(str(path), rank, workers=0, **options) == expected  # a local path
         # Two workers read the same fetches into the same batches; the DataLoader interleaves
         # them (worker 0's first, worker 1's first, ...), which sorting the batches undoes.
-        assert sorted(_rank_batches(url, rank, workers=2, **options)) == sorted(expected)
+        # rank 1's workers read through the local cache: it changes no row either
+        cache = {"cache_dir": tmp_path / "cache", "cache_bytes": 1 << 20} if rank else {}
+        got = _rank_batches(url, rank, workers=2, **options, **cache)
+        assert sorted(got) == sorted(expected)
         seen += [row[0] for batch in expected for row in batch]
     assert sorted(seen) == list(range(ROWS))
 
@@ -177,9 +180,12 @@ def test_wrong_keys_fail_naming_the_url_and_never_the_secret(s3_bucket: str, tmp
 
 
 def test_a_store_that_never_answers_is_a_timeout_naming_the_url(s3_bucket: str, silent_endpoint):
-    options = {"endpoint_url": silent_endpoint, "config_kwargs": {"read_timeout": 1}}
+    options = {"endpoint_url": silent_endpoint, "config_kwargs": {"read_timeout": 0.5}}
     started = time.monotonic()
-    with pytest.raises(StorageError, match=r"after 2 attempts.*ReadTimeout") as caught:
+    with (
+        pytest.warns(StorageWarning, match="retrying in 0.1 s"),  # transient: retried first
+        pytest.raises(StorageError, match=r"after 2 attempts.*ReadTimeout") as caught,
+    ):
         FetchDataset(
             f"{s3_bucket}/x.npy",
             Streaming(),
