@@ -68,6 +68,13 @@ class PlanCache:
         self._lock = threading.Lock()
         self.hits = 0
 
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}  # a spawned copy
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def plan(self, fetches: Sequence[Sequence[Range]]) -> None:
         """The ranges each fetch of this epoch reads, in plan order."""
         uses: dict[Range, list[int]] = {}
