@@ -104,5 +104,38 @@ def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("s3_bucket"))
 
 
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of a socket that accepts connections and never answers: a
+    frozen store, for the read timeouts of the storage layer."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
 # Helper scripts run under `rankwise launch`; they are not test modules (and parse argv on import).
 collect_ignore = ["scripts"]

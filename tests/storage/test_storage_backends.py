@@ -5,12 +5,13 @@ write is atomic; a forked DataLoader worker reads through a client of its own.""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 import torch.utils.data
 
-from rankwise.storage import Storage, StorageError
+from rankwise.storage import RetryPolicy, Storage, StorageError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -104,3 +105,49 @@ def test_a_storage_error_names_the_url_and_never_the_secret():
         store.check_writable()
     assert "s3://rankwise-nowhere/run" in str(caught.value)
     assert secret not in str(caught.value) and caught.value.reason == "unreachable"
+
+
+def test_ranged_reads_merge_adjacent_ranges_on_every_backend(store_root: str):
+    store = Storage.for_url(f"{store_root}/ranges")
+    blob = bytes(range(256)) * 64  # 16 KiB
+    store.put(blob, "x.bin")
+    wanted = [(4000, 4100), (0, 10), (10, 20), (16000, 16384), (4100, 4101)]
+    got = store.read_ranges("x.bin", wanted)
+    assert got == [blob[a:b] for a, b in wanted]
+    assert store.requests == 3 and store.bytes_read == 20 + 101 + 384  # touching ones merged
+    assert store.read_ranges("x.bin", [(0, 4), (8, 12)], max_gap=4) == [blob[:4], blob[8:12]]
+    assert store.requests == 4
+    with pytest.raises(FileNotFoundError, match=r"/ranges/nothing\.bin does not exist"):
+        store.read_ranges("nothing.bin", [(0, 4)])
+
+
+@pytest.mark.parametrize("fork_safe", [True, False], ids=["s3fs", "obstore"])
+def test_ranged_reads_from_a_store_that_never_answers_time_out_naming_the_url(
+    silent_endpoint: str, fork_safe: bool
+):
+    if not fork_safe:
+        pytest.importorskip("obstore")
+    options = {
+        "endpoint_url": silent_endpoint,
+        "key": "rankwise-test-key",
+        "secret": "rankwise-test-secret",
+        "config_kwargs": {"read_timeout": 1},
+    }
+    store = Storage.for_url("s3://frozen-bucket/data", options, retry=RetryPolicy(attempts=1))
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=r"read s3://frozen-bucket/data/x\.npy failed") as caught:
+        store.read_ranges("x.npy", [(0, 10)], fork_safe=fork_safe)
+    assert caught.value.reason == "unreachable" and "rankwise-test-secret" not in str(caught.value)
+    assert time.monotonic() - started < 10
+
+
+def test_obstore_ranged_reads_equal_s3fs_ones(s3_bucket: str):
+    pytest.importorskip("obstore")
+    store = Storage.for_url(f"{s3_bucket}/fast")
+    blob = os.urandom(64 << 10)
+    store.put(blob, "x.bin")
+    wanted = [(100, 200), (200, 300), (5000, 5001), (60000, 65536)]
+    assert store.read_ranges("x.bin", wanted, fork_safe=False) == [blob[a:b] for a, b in wanted]
+    assert store.requests == 3
+    with pytest.raises(FileNotFoundError, match=r"/fast/nothing\.bin does not exist"):
+        store.read_ranges("nothing.bin", [(0, 4)], fork_safe=False)

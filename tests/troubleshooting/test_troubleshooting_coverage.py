@@ -38,6 +38,14 @@ _TESTING = "rankwise.testing reports a test's failure, not a user's"
 _GUARD = "guards a private helper's arguments, which rankwise's own callers always pass valid"
 
 INTERNAL: dict[tuple[str, str], str] = {
+    ("data/sources.py", "rows must be sorted, unique and in [0, "): _GUARD,
+    ("data/prefetch.py", "must be >= 0 (0: no read-ahead)"): (
+        "FetchDataset checks prefetch_bytes first (row fetch-prefetch-negative)"
+    ),
+    ("storage/ranges.py", "must be >= 0 bytes."): _GUARD,
+    ("data/cache.py", "must be >= 0 (0: no cache)."): (
+        "FetchDataset checks cache_bytes first (check_int), so the cache never sees a negative"
+    ),
     ("data/fetch_plan.py", "batches consumed, but the workers hold only"): _INVARIANT,
     ("train/state.py", "broadcast_state in a world of one needs the state"): _INVARIANT,
     ("parallel/hooks.py", "powersgd_hook needs HookState.powersgd"): _INVARIANT,
@@ -131,7 +139,25 @@ INTERNAL.update(
     }
 )
 
+_RARE_FILE = (
+    "names the file and the fix; a file written by numpy, h5py or anndata never has it, so a "
+    "row needs a hand-made broken file"
+)
 NOT_YET_ROWS: dict[tuple[str, str], str] = {
+    ("data/source_layout.py", "is not a readable .npy file"): _RARE_FILE,
+    ("data/source_layout.py", "FetchDataset reads numeric arrays with rows along axis 0"): (
+        "names the dtype, the shape and the rule (an object or 0-d .npy); no row yet"
+    ),
+    ("data/source_layout.py", "is truncated: its header says"): _RARE_FILE,
+    ("data/source_layout.py", "that split its rows"): (
+        "names the chunks and the fix; h5py and anndata chunk along axis 0 unless told otherwise"
+    ),
+    ("data/source_layout.py", "has chunks never written (unallocated)"): _RARE_FILE,
+    ("data/source_layout.py", "has no data written (unallocated)"): _RARE_FILE,
+    ("data/sources.py", "has no X matrix; read a layer with an h5py source"): (
+        "names the fix; the in-memory twin is row fetch-anndata-no-x"
+    ),
+    ("storage/store.py", "the object is shorter than its header says"): _RACE,
     ("train/audit/timeline.py", "rankwise audit --plot needs matplotlib"): (
         "names its fix (the demo extra); a row needs a run without matplotlib, which the test "
         "environment installs"

@@ -4,7 +4,9 @@ tests/troubleshooting/test_troubleshooting.py checks that these rows and trigger
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -118,7 +120,58 @@ def _weighted_epoch(strategy: Any, rows: int = 10) -> BaseException:
     return raised(_fetch, rows, strategy)
 
 
+# -- sources read in place (a path or URL) -----------------------------------------------------
+
+
+def _file_source(
+    name: str, write: Callable[[Path], None] | None = None, **kw: Any
+) -> BaseException:
+    path = Path(tempfile.mkdtemp(prefix="rankwise-ts-")) / name
+    if write is not None:
+        write(path)
+    return raised(rdata.FetchDataset, str(path), rdata.Streaming(), 2, **kw)
+
+
+def _h5(path: Path, **options: Any) -> None:
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x" if options else "features", data=np.zeros((8, 2)), **options)
+
+
+def _csc_h5ad(path: Path) -> None:
+    import anndata
+    import scipy.sparse
+
+    anndata.AnnData(X=scipy.sparse.csc_matrix(np.eye(4, dtype=np.float32))).write_h5ad(path)
+
+
 TRIGGERS: dict[str, Callable[[], BaseException]] = {
+    "fetch-url-suffix": lambda: raised(rdata.FetchDataset, "cells.csv", rdata.Streaming(), 2),
+    "fetch-url-missing": lambda: _file_source("absent.npy"),
+    "fetch-url-h5-no-dataset": lambda: raised(
+        rdata.FetchDataset, "features.h5", rdata.Streaming(), 2
+    ),
+    "fetch-url-no-such-dataset": lambda: _file_source("f.h5", _h5, dataset="feats"),
+    "fetch-url-h5ad-dataset": lambda: raised(
+        rdata.FetchDataset, "cells.h5ad", rdata.Streaming(), 2, dataset="X"
+    ),
+    "fetch-url-compressed": lambda: _file_source(
+        "z.h5", lambda p: _h5(p, compression="gzip"), dataset="x"
+    ),
+    "fetch-url-x-encoding": lambda: _file_source("csc.h5ad", _csc_h5ad),
+    "fetch-url-fortran": lambda: _file_source(
+        "f.npy", lambda p: np.save(p, np.asfortranarray(np.zeros((4, 3))))
+    ),
+    "fetch-url-options-for-object": lambda: raised(
+        rdata.FetchDataset, np.zeros(4), rdata.Streaming(), 2, storage_options={}
+    ),
+    "fetch-cache-for-object": lambda: raised(
+        rdata.FetchDataset, np.zeros(4), rdata.Streaming(), 2, cache_dir="cache"
+    ),
+    "fetch-prefetch-negative": lambda: _file_source(
+        "p.npy", lambda p: np.save(p, np.zeros(4)), prefetch_bytes=-1
+    ),
     "world-size-zero": lambda: raised(DistributedConfig, rank=0, world_size=0),
     "rank-negative": lambda: raised(DistributedConfig, rank=-1, world_size=2),
     "sampler-dataset-type": lambda: raised(rdata.DistributedSampler, iter(range(4))),

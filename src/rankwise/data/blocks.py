@@ -29,8 +29,11 @@ over any ranks and workers.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,6 +41,7 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from rankwise.data.cache import PlanCache
 from rankwise.data.fetch_io import default_fetch, probe_default_fetch, source_len
 from rankwise.data.fetch_plan import (
     Fetch,
@@ -52,11 +56,17 @@ from rankwise.data.fetch_plan import (
 from rankwise.data.fetch_state import state_to_work, work_to_state
 from rankwise.data.partition import resolve_world
 from rankwise.data.permutation import Permutation
+from rankwise.data.prefetch import PrefetchStats, prefetched
+from rankwise.data.sources import RangeSource, open_source
 from rankwise.data.strategies import Strategy
 from rankwise.distributed.errors import RankwiseWarning
+from rankwise.storage import RetryPolicy
 from rankwise.validation import check_epoch, check_int
 
 __all__ = ["Fetch", "FetchDataset", "default_fetch", "rank_fetches", "rows_per_rank"]
+
+# Bytes a DataLoader worker reads ahead of the fetch in use, by default (see prefetch.py).
+PREFETCH_BYTES = 64 << 20
 
 # Slots of the dataset's shared int64 tensor (see FetchDataset.__init__).
 _EPOCH, _GENERATION, _FRESH, _WORKERS, _CONSUMED = range(5)
@@ -68,7 +78,15 @@ class FetchDataset(IterableDataset[Any]):
     """Batches of ``source`` rows in ``strategy`` order, split over ranks and DataLoader workers.
 
     ``source``: a numpy array, h5py dataset, backed AnnData, or anything indexable by a sorted
-    int array. ``fetch_callback(source, sorted_indices)`` replaces the read,
+    int array; or a path or URL (local, ``file://``, ``s3://``, ``gs://``, ``az://``,
+    ``memory://``) of an ``.npy``, ``.h5`` / ``.hdf5`` (the array named by ``dataset``) or
+    ``.h5ad`` file (its ``X``, dense or CSR, with ``obs`` and ``var``), read in place
+    (:mod:`rankwise.data.sources`): metadata once when the dataset is made, then per fetch only
+    its rows' byte ranges, merged. ``storage_options`` (fsspec keyword arguments, beside the
+    ``AWS_*`` variables) and ``retry`` reach the storage layer; each DataLoader worker reads
+    up to ``prefetch_bytes`` of its next fetches ahead, from the plan. ``cache_dir`` and
+    ``cache_bytes`` keep what was read on local disk (at most ``cache_bytes`` per rank, split
+    over its workers), evicting what the plan needs furthest in the future (:mod:`.cache`). ``fetch_callback(source, sorted_indices)`` replaces the read,
     ``fetch_transform(data)`` post-processes each fetch, ``batch_callback(data, rows)`` cuts a
     batch (default ``data[rows]``), ``batch_transform(batch)`` post-processes it. ``rank`` /
     ``world_size`` default to the process group, else the torchrun variables. Use with
@@ -102,13 +120,39 @@ class FetchDataset(IterableDataset[Any]):
         rank: int | None = None,
         world_size: int | None = None,
         seed: int | None = 0,
+        *,
+        dataset: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+        prefetch_bytes: int = PREFETCH_BYTES,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int = 0,
     ) -> None:
         if not isinstance(strategy, Strategy):
             raise ValueError(
                 f"strategy ({strategy!r}) must be a Strategy such as rankwise.data.Streaming() "
                 "or rankwise.data.BlockShuffling(block_size=64)."
             )
+        if isinstance(source, (str, os.PathLike)):
+            source = open_source(
+                source, dataset=dataset, storage_options=storage_options, retry=retry
+            )
+        elif dataset is not None or storage_options is not None:
+            raise ValueError(
+                f"dataset= and storage_options= apply to a source given as a path or URL, not "
+                f"to a {type(source).__name__}; pass the file's path or URL as the source."
+            )
         self.source = source
+        self.prefetch_bytes = check_int("prefetch_bytes", prefetch_bytes)
+        self.prefetch_stats = PrefetchStats()  # this process's (a worker's are its own)
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.cache_bytes = check_int("cache_bytes", cache_bytes)
+        if self.cache_dir is not None and not isinstance(source, RangeSource):
+            raise ValueError(
+                f"cache_dir={self.cache_dir!r} caches a source given as a path or URL, not a "
+                f"{type(source).__name__} (already in memory or on disk); drop cache_dir."
+            )
+        self.cache: PlanCache | None = None  # this process's last pass's cache
         self.strategy = strategy
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.fetch_factor = check_int("fetch_factor", fetch_factor, minimum=1)
@@ -131,7 +175,7 @@ class FetchDataset(IterableDataset[Any]):
                 f"fewer than batch_size ({self.batch_size}) rows per rank; lower batch_size, "
                 "use fewer ranks, or set drop_last=False."
             )
-        if fetch_callback is None and self._n:
+        if fetch_callback is None and self._n and not isinstance(source, RangeSource):
             probe_default_fetch(source)
         self._fresh = Work(length, 0)
         # Where the current pass starts (a fresh epoch, or a loaded / folded rest of one).
@@ -317,6 +361,74 @@ class FetchDataset(IterableDataset[Any]):
         yield from self._batches(work, epoch, worker, num_workers)
 
     def _batches(self, work: Work, epoch: int, worker: int, num_workers: int) -> Iterator[Any]:
+        fetches = self._fetch_rows(work, epoch, worker, num_workers)
+        reads: Generator[tuple[Any, IntArray], None, None]
+        if self.fetch_callback is None and isinstance(self.source, RangeSource):
+            if self.cache_dir is not None and self.cache_bytes:
+                reads = self._cached_reads(self.source, list(fetches), worker, num_workers)
+                try:
+                    for data, where in reads:
+                        yield from self._cut(data, where)
+                finally:
+                    reads.close()
+                return
+            # The plan is known: read the next fetches ahead while this one is used.
+            source = self.source
+            reads = prefetched(
+                lambda fetch: (source[fetch[0]], fetch[1]),
+                ((fetch, source.nbytes(fetch[0])) for fetch in fetches),
+                self.prefetch_bytes,
+                stats=self.prefetch_stats,
+            )
+        else:
+            read = self.fetch_callback or default_fetch
+            reads = ((read(self.source, unique), where) for unique, where in fetches)
+        try:
+            for data, where in reads:
+                yield from self._cut(data, where)
+        finally:
+            reads.close()  # stops a prefetch's threads when the loop leaves early
+
+    def _cached_reads(
+        self,
+        source: RangeSource,
+        fetches: list[tuple[IntArray, IntArray]],
+        worker: int,
+        num_workers: int,
+    ) -> Generator[tuple[Any, IntArray], None, None]:
+        """The fetches read through this worker's :class:`PlanCache`, which knows the whole
+        pass's plan (ranges cut at block boundaries, so the same block is the same entry in
+        every epoch), prefetched under the same byte cap."""
+        page = int(getattr(self.strategy, "block_size", self.batch_size))
+        name = hashlib.sha256(str(source.url).encode()).hexdigest()[:16]
+        folders = [
+            Path(str(self.cache_dir)) / name / f"rank{self.rank}-worker{w}"
+            for w in range(num_workers)
+        ]
+        cache = PlanCache(folders[worker], self.cache_bytes // num_workers, peers=folders)
+        self.cache = cache
+        cache.plan([source.byte_ranges(unique, page) for unique, _ in fetches])
+
+        def read(item: tuple[int, IntArray, IntArray]) -> tuple[Any, IntArray]:
+            index, unique, where = item
+
+            def through_cache(ranges: list[tuple[int, int]]) -> list[bytes]:
+                return cache.read(index, ranges, source.fetch_ranges)
+
+            return source.read_rows(unique, through_cache, page), where
+
+        return prefetched(
+            read,
+            (((i, u, w), source.nbytes(u)) for i, (u, w) in enumerate(fetches)),
+            self.prefetch_bytes,
+            stats=self.prefetch_stats,
+        )
+
+    def _fetch_rows(
+        self, work: Work, epoch: int, worker: int, num_workers: int
+    ) -> Iterator[tuple[IntArray, IntArray]]:
+        """Per fetch of this worker, in order: its sorted unique rows and, for each position of
+        the fetch (already in shuffled order), the index of its row among them."""
         plan = rank_fetches(
             work.total,
             self.world_size,
@@ -327,8 +439,11 @@ class FetchDataset(IterableDataset[Any]):
         )
         for fetch in worker_fetches(plan, worker, num_workers):
             real, padding = fetch_pieces(work, fetch)
-            positions = [self._positions(p, epoch) for p in real + padding]
-            yield from self._read(np.concatenate(positions), epoch)
+            positions = np.concatenate([self._positions(p, epoch) for p in real + padding])
+            rows = self.strategy.order(self._n, positions, seed=self.seed, epoch=epoch)
+            # One sorted, duplicate-free read (h5py demands both).
+            unique, where = np.unique(rows, return_inverse=True)
+            yield unique, where
 
     def _positions(self, piece: Piece, epoch: int) -> IntArray:
         start, stop, lo, hi = piece
@@ -336,13 +451,7 @@ class FetchDataset(IterableDataset[Any]):
             return np.arange(start + lo, start + hi, dtype=np.int64)
         return start + fetch_permutation(stop - start, self.seed, epoch, start).take(lo, hi)
 
-    def _read(self, positions: IntArray, epoch: int) -> Iterator[Any]:
-        rows = self.strategy.order(self._n, positions, seed=self.seed, epoch=epoch)
-        # One sorted, duplicate-free read (h5py demands both); `where` maps each position of
-        # the fetch to its row in the data read. The positions are already in shuffled order.
-        unique, where = np.unique(rows, return_inverse=True)
-        fetch = self.fetch_callback or default_fetch
-        data = fetch(self.source, unique)
+    def _cut(self, data: Any, where: IntArray) -> Iterator[Any]:
         if self.fetch_transform is not None:
             data = self.fetch_transform(data)
         for lo in range(0, where.size, self.batch_size):

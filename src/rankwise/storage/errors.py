@@ -4,6 +4,7 @@ cause and the fix (never a credential), :class:`StorageWarning` for a retry, and
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from rankwise.distributed.errors import RankwiseWarning
@@ -19,6 +20,8 @@ _REFUSED = {
     "AuthorizationHeaderMalformed",
     "NoCredentialsError",
     "PartialCredentialsError",
+    "PermissionDeniedError",  # obstore
+    "UnauthenticatedError",
 }
 _TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "500"}
 _TRANSIENT_TYPES = (ConnectionError, TimeoutError)
@@ -32,6 +35,11 @@ _TRANSIENT_NAMES = {
     "ClientOSError",
     "FSTimeoutError",
 }
+
+# obstore reports a timeout, a refused connection and a 5xx alike as a GenericError.
+_OBSTORE_TRANSIENT = re.compile(
+    r"error sending request|timed out|connection|status code: 5\d\d", re.IGNORECASE
+)
 
 
 class StorageError(RuntimeError):
@@ -73,6 +81,8 @@ def classify(error: BaseException) -> str:
         if code in _TRANSIENT_CODES or name in _TRANSIENT_NAMES:
             return "unreachable"
         if isinstance(e, _TRANSIENT_TYPES):
+            return "unreachable"
+        if name == "GenericError" and _OBSTORE_TRANSIENT.search(str(e)):
             return "unreachable"
     return "not-found" if isinstance(error, FileNotFoundError) else "failed"
 

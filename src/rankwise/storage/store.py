@@ -36,13 +36,15 @@ import os
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from rankwise.distributed.environment import aws_region
+from rankwise.storage import fast_ranges
 from rankwise.storage.errors import StorageError, StorageWarning
 from rankwise.storage.local import LocalFiles, remove_tree
+from rankwise.storage.ranges import merge_ranges, split_merged
 from rankwise.storage.retry import RetryPolicy, retrying
 from rankwise.storage.secrets import scrub, secret_values
 from rankwise.storage.urls import split_url
@@ -76,6 +78,8 @@ _S3_CONFIG = {
 # within noise of each other).
 PART_SIZE = 32 << 20
 PARALLEL_PARTS = 8
+# Ranged GETs on the wire at once per read_ranges call (s3fs's gather batch).
+IN_FLIGHT = 64
 # The clients a forked process inherited and replaced with its own (see Storage._fs): held for
 # the process's life so that no finalizer of theirs runs in it.
 _INHERITED: list[Any] = []
@@ -97,6 +101,7 @@ class Storage:
         fs: Any = None,
         *,
         make_fs: Callable[[], Any] | None = None,
+        make_ranged: Callable[[], Any] | None = None,
         retry: RetryPolicy | None = None,
         secrets: Iterable[str] = (),
         part_size: int = PART_SIZE,
@@ -115,10 +120,15 @@ class Storage:
         self.fs = fs if fs is not None else LocalFiles()
         self._make_fs = make_fs  # builds a forked process's own client (remote only)
         self._pid = os.getpid()  # the process self.fs was made in
+        # obstore's store for ranged reads where it may be used (fast_ranges.py), per process
+        self._make_ranged = make_ranged
+        self._ranged: tuple[int, Any] | None = None
         self.retry = retry or RetryPolicy()
         self._secrets = list(secrets)
         self._in_outage = False  # a retry was announced and no call has succeeded since
         self.answered_at = 0.0  # time.monotonic() of the last call that succeeded
+        self.requests = 0  # ranged reads this process made (read_ranges), after merging
+        self.bytes_read = 0
 
     @classmethod
     def for_url(
@@ -140,6 +150,7 @@ class Storage:
             return cls(url, "file", path or ".", retry=retry)
         sizes = {"part_size": part_size, "parallel_parts": parallel_parts}
         options = dict(storage_options or {})
+        user_options = dict(options)
         secrets = secret_values(options)
         module, fix = _BACKENDS.get(protocol, ("fsspec", 'pip install "rankwise[s3]"'))
         try:
@@ -173,6 +184,15 @@ class Storage:
                 "client_kwargs": client,
             }
 
+        if module == "s3fs" and "session" not in options:
+            # One botocore session for every client of this storage: a forked DataLoader
+            # worker's new client then reuses the parsed S3 service model instead of loading
+            # it again (0.5-0.9 s of CPU per worker measured here). A session holds no
+            # connection and no event loop; the clients made from it are per process.
+            from aiobotocore.session import AioSession
+
+            options["session"] = AioSession()
+
         def make_fs() -> Any:
             fs = fs_class(**options)
             if module == "s3fs":
@@ -181,8 +201,23 @@ class Storage:
                 fs.retries = 1
             return fs
 
+        make_ranged = None
+        if module == "s3fs" and fast_ranges.available(protocol, user_options):
+            bucket, timeout = path.split("/", 1)[0], float(options["config_kwargs"]["read_timeout"])
+
+            def make_ranged() -> Any:
+                return fast_ranges.s3_store(bucket, user_options, aws_region(), timeout)
+
         return cls(
-            url, protocol, path, make_fs(), make_fs=make_fs, retry=retry, secrets=secrets, **sizes
+            url,
+            protocol,
+            path,
+            make_fs(),
+            make_fs=make_fs,
+            make_ranged=make_ranged,
+            retry=retry,
+            secrets=secrets,
+            **sizes,
         )
 
     @property
@@ -307,6 +342,68 @@ class Storage:
         """The bytes of ``key``."""
         fs = self._fs()
         return bytes(self.call("read", key, lambda: fs.cat_file(self._full(key))))
+
+    def read_ranges(
+        self,
+        key: str,
+        ranges: Sequence[tuple[int, int]],
+        *,
+        max_gap: int = 0,
+        in_flight: int = IN_FLIGHT,
+        fork_safe: bool = True,
+    ) -> list[bytes]:
+        """The bytes ``[start, stop)`` of ``key`` for each of ``ranges``, in their order.
+
+        Ranges that touch (or are at most ``max_gap`` bytes apart) go as one request, and up
+        to ``in_flight`` requests are on the wire at once; a transient failure retries the
+        whole read with backoff. A store that stops answering fails after the client's read
+        timeout (S3: ``config_kwargs={"read_timeout": ...}``, 30 s by default), never hangs.
+        :attr:`requests` and :attr:`bytes_read` count what this process asked of the store.
+        ``fork_safe=False`` (the caller's process never forks: a DataLoader worker) lets an S3
+        storage read through obstore where it is installed, ~4x cheaper per GET
+        (:mod:`rankwise.storage.fast_ranges`).
+
+        >>> store = Storage.for_url("memory://rankwise-doc/ranges")
+        >>> _ = store.put(b"0123456789", "x.bin")
+        >>> store.read_ranges("x.bin", [(6, 8), (0, 2), (2, 3)]), store.requests
+        ([b'67', b'01', b'2'], 2)
+        """
+        merged = merge_ranges(ranges, max_gap)
+        if not merged:
+            return [b"" for _ in ranges]
+        fs, path = self._fs(), self._full(key)
+        extra: dict[str, Any] = {"on_error": "raise"} if self.is_remote else {}
+        if self.protocol.startswith("s3"):
+            extra["batch_size"] = in_flight
+        store = None if fork_safe else self._ranged_store()
+
+        def read() -> list[bytes]:
+            if store is not None:
+                return fast_ranges.get_ranges(store, path.split("/", 1)[1], merged, in_flight)
+            starts, stops = [m[0] for m in merged], [m[1] for m in merged]
+            return list(fs.cat_ranges([path] * len(merged), starts, stops, **extra))
+
+        data = self.call("read", key, read)
+        got = sum(map(len, data))
+        if got != sum(b - a for a, b in merged):
+            raise StorageError(
+                f"read {self.url_of(key)}: got {got} bytes for ranges of "
+                f"{sum(b - a for a, b in merged)}; the object is shorter than its header says "
+                "(truncated or replaced while being read): rewrite it.",
+                url=self.display_url,
+                reason="failed",
+            )
+        self.requests += len(merged)
+        self.bytes_read += got
+        return split_merged(ranges, merged, data)
+
+    def _ranged_store(self) -> Any:
+        """This process's obstore store, or None where obstore does not serve this storage."""
+        if self._make_ranged is None:
+            return None
+        if self._ranged is None or self._ranged[0] != os.getpid():
+            self._ranged = (os.getpid(), self._make_ranged())
+        return self._ranged[1]
 
     def open_read(self, key: str) -> Any:
         """A binary file object reading ``key`` (for streaming large objects)."""
