@@ -14,14 +14,21 @@ EXAMPLES = EXAMPLES
 
 
 def test_train_loop_example_trains_and_stays_in_sync() -> None:
-    proc = run_script(EXAMPLES / "train_loop.py", 2, timeout=240)
+    # 4 of the example's 8 epochs (each ~2.5 s of CPU on 2 ranks), PowerSGD on from the first
+    # (12 optimizer steps an epoch): the test accuracy by epoch is 0.81, 0.77, 0.83, 0.88,
+    # clear of 0.8 and of the first epoch by 26 of the 360 test images.
+    epochs = 4
+    proc = run_script(
+        EXAMPLES / "train_loop.py", 2, script_args=[f"--epochs={epochs}"], timeout=240
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    accuracies = [float(a) for a in re.findall(r"^epoch \d+/8 .* test_acc ([\d.]+)", out, re.M)]
-    assert len(accuracies) == 8, out  # one line per epoch, from rank 0 only
+    line = rf"^epoch \d+/{epochs} .* test_acc ([\d.]+)"
+    accuracies = [float(a) for a in re.findall(line, out, re.M)]
+    assert len(accuracies) == epochs, out  # one line per epoch, from rank 0 only
     assert accuracies[-1] > 0.8 and accuracies[-1] > accuracies[0]
     # the cursor reaches the end of every epoch: 1437 training samples
-    assert out.count("cursor 1437") == 8
+    assert out.count("cursor 1437") == epochs
     assert "parameters in sync across 2 rank(s): True" in out
 
 
