@@ -1,7 +1,8 @@
-"""Checkpoints in object storage, against a real S3 server (SeaweedFS, from conftest's
-``s3_server``): publish and verify, torn uploads never trusted, pruning after the pointer,
-stale multipart uploads aborted, each failure named with its URL and fix but never the secret,
-and retries with backoff across a server lost and back."""
+"""Checkpoint files in a store, through the manager ``fit`` uses: torn or unfinished ones never
+trusted and pruning manifest first after the pointer on every backend (a folder, ``memory://``
+and a real S3 server, SeaweedFS from conftest's ``s3_server``); against S3: multipart uploads
+whose manifest is a local one, stale multipart uploads aborted, each failure named with its URL
+and fix but never the secret, and retries with backoff across a server lost and back."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 import s3fs
+import torch
 
 from rankwise.storage import is_remote_url
 from rankwise.testing import free_port
@@ -23,12 +25,13 @@ from rankwise.testing.s3server import S3_KEY, S3_SECRET, start_server
 from rankwise.train import checkpoint as files
 from rankwise.train.checkpoint import (
     CheckpointWarning,
+    RemoteCheckpointManager,
     RetryPolicy,
     Storage,
     StorageError,
     StorageWarning,
 )
-from rankwise.train.checkpoint import remote as rc
+from rankwise.train.checkpoint.backends import verify_object
 from rankwise.train.checkpoint.catalogue import Catalogue
 
 pytestmark = pytest.mark.timeout(60)
@@ -37,10 +40,15 @@ MiB = 1 << 20
 FAST = RetryPolicy(attempts=1)
 
 
-def _latest(store: Storage) -> str | None:
-    """The newest checkpoint under ``store`` that verifies (what a resume takes)."""
-    found = Catalogue(store).first_valid(lambda name: rc.verify(store, name))
-    return None if found is None else found[0]
+def _manager(root: str, **kw: Any) -> Any:
+    """The manager ``fit`` builds for ``root`` (a folder, or a store's URL)."""
+    if is_remote_url(root):
+        return RemoteCheckpointManager(Storage.for_url(root), **kw)
+    return files.CheckpointManager(root, **kw)
+
+
+def _state(step: int, words: int = 4) -> dict[str, Any]:
+    return {"step": step, "epoch": 0, "w": torch.arange(words, dtype=torch.float32)}
 
 
 def _fs() -> s3fs.S3FileSystem:
@@ -48,67 +56,56 @@ def _fs() -> s3fs.S3FileSystem:
     return s3fs.S3FileSystem(skip_instance_cache=True)
 
 
-def test_a_published_checkpoint_is_the_latest_and_verifies(s3_bucket: str, tmp_path: Path):
+def test_a_multipart_checkpoint_verifies_with_a_local_manifest(s3_bucket: str, tmp_path: Path):
     store = Storage.for_url(f"{s3_bucket}/run", part_size=5 * MiB)
-    store.check_writable()
-    assert store.is_remote and _latest(store) is None
-    big = tmp_path / "state.pt"
-    big.write_bytes(bytes(range(256)) * (12 * MiB // 256))  # 3 parts of 5 MiB: a multipart upload
-    rc.publish(store, b"first", "ckpt-e000000-s000000001.pt", pointer={"step": 1})
-    manifest = rc.publish(
-        store, big, "ckpt-e000000-s000000002.pt", pointer={"step": 2}, meta={"epoch": 0}
-    )
+    manager = RemoteCheckpointManager(store, keep_last=None)
+    manager.start()
+    assert store.is_remote and manager.latest() is None
+    manager.save(_state(1), epoch=0, step=1)
+    big = _state(2, words=3 * MiB)  # 12 MiB of tensor: 3 parts of 5 MiB, a multipart upload
+    saved = manager.save(big, epoch=0, step=2)
 
-    assert _latest(store) == "ckpt-e000000-s000000002.pt"
-    assert rc.verify(store, "ckpt-e000000-s000000002.pt") == manifest
-    assert manifest["size"] == 12 * MiB and manifest["meta"] == {"epoch": 0}
-    assert json.loads(store.read("ckpt-latest.json")) == {
-        "file": "ckpt-e000000-s000000002.pt",
-        "step": 2,
-    }
-    got = rc.fetch(store, "ckpt-e000000-s000000002.pt", tmp_path / "got.pt")
-    assert got.read_bytes() == big.read_bytes()
+    name = "ckpt-e000000-s000000002.pt"
+    assert saved == manager.latest() == f"{s3_bucket}/run/{name}"
+    manifest = verify_object(store, name)
+    assert manifest["size"] == store.size(name) > 12 * MiB
+    assert manifest["meta"] == {"epoch": 0, "step": 2}
+    assert json.loads(store.read("ckpt-latest.json")) == {"file": name, "epoch": 0, "step": 2}
+    assert torch.equal(manager.read(saved)["w"], big["w"])
     # The manifest is a local one: the local verifier accepts the object and its manifest.
     local = files.save_file({"x": 1}, tmp_path / "local" / "ckpt.pt")
     local_manifest = json.loads(files.manifest_path(local).read_text())
     assert sorted(manifest) == sorted(local_manifest)
-    (tmp_path / "got.pt.sha256.json").write_bytes(
-        store.read("ckpt-e000000-s000000002.pt.sha256.json")
-    )
+    got = store.download(name, tmp_path / name)
+    (tmp_path / f"{name}.sha256.json").write_bytes(store.read(f"{name}.sha256.json"))
     assert files.verify_file(got)["xxh3_128"] == manifest["xxh3_128"]
 
 
-def test_a_torn_upload_is_never_the_latest(s3_bucket: str):
-    store = Storage.for_url(f"{s3_bucket}/run")
-    rc.publish(store, b"good one", "ckpt-e000000-s000000001.pt")
-    fs, root = _fs(), f"{s3_bucket[5:]}/run"
-    # A manifest whose digest does not match its data, named by the pointer.
-    rc.publish(store, b"will be corrupted", "ckpt-e000000-s000000003.pt")
-    fs.pipe(f"{root}/ckpt-e000000-s000000003.pt", b"WILL BE CORRUPTED")
-    # Data with no manifest (a save killed before it; written after s003's prune, which
-    # would have removed it as incomplete).
-    fs.pipe(f"{root}/ckpt-e000000-s000000002.pt", b"torn")
-    store.put(json.dumps({"file": "ckpt-e000000-s000000003.pt"}).encode(), "ckpt-latest.json")
+def test_a_torn_or_unfinished_checkpoint_is_never_the_latest(store_root: str):
+    manager, store = _manager(store_root, keep_last=None), Storage.for_url(store_root)
+    good = str(manager.save(_state(1), epoch=0, step=1))
+    bad = str(manager.save(_state(3), epoch=0, step=3))
+    data = store.read("ckpt-e000000-s000000003.pt")
+    store.put(data[:-4] + b"XXXX", "ckpt-e000000-s000000003.pt")  # the pointer names it
+    store.put(b"torn", "ckpt-e000000-s000000002.pt")  # data with no manifest: a save killed
 
     with pytest.warns(CheckpointWarning) as caught:
-        assert _latest(store) == "ckpt-e000000-s000000001.pt"
+        assert str(manager.latest()) == good
     said = "\n".join(str(w.message) for w in caught)
-    assert "ckpt-e000000-s000000003.pt is corrupt" in said
+    assert f"{bad} is corrupt" in said  # named by its path or URL
     assert "ckpt-e000000-s000000002.pt has no manifest" in said
-    assert (
-        f"{s3_bucket}/run/ckpt-e000000-s000000003.pt" in said
-    )  # the message names the object's URL
     with pytest.raises(files.CheckpointError, match="corrupt"):
-        rc.verify(store, "ckpt-e000000-s000000003.pt")
-    rc.publish(store, b"will be cut", "ckpt-e000000-s000000004.pt")
-    fs.pipe(f"{root}/ckpt-e000000-s000000004.pt", b"will")
+        manager.read(bad)
+    cut = str(manager.save(_state(4), epoch=0, step=4))
+    size = store.size("ckpt-e000000-s000000004.pt")
+    store.put(store.read("ckpt-e000000-s000000004.pt")[:4], "ckpt-e000000-s000000004.pt")
     with pytest.raises(
-        files.CheckpointError, match=r"truncated \(torn write\): 4 bytes, expected 11"
+        files.CheckpointError, match=rf"truncated \(torn write\): 4 bytes, expected {size}"
     ):
-        rc.verify(store, "ckpt-e000000-s000000004.pt")
+        manager.read(cut)
 
 
-def test_pruning_happens_after_the_pointer_and_keeps_the_newest(s3_bucket: str):
+def test_pruning_deletes_manifest_first_after_the_pointer(store_root: str):
     order: list[str] = []
 
     class Recording(Storage):  # the real store, with its writes and deletes recorded
@@ -120,23 +117,18 @@ def test_pruning_happens_after_the_pointer_and_keeps_the_newest(s3_bucket: str):
             order.extend(f"delete {k}" for k in keys)
             super().delete(*keys)
 
-    plain = Storage.for_url(f"{s3_bucket}/run")
+    plain = Storage.for_url(store_root)
     store = Recording(plain.url, plain.protocol, plain.path, plain.fs)
+    manager = files.CheckpointManager(store, keep_last=None)
     for step in (1, 2, 3):
-        rc.publish(store, f"state {step}".encode(), f"ckpt-e000000-s{step:09d}.pt")
-    _fs().pipe(f"{s3_bucket[5:]}/run/ckpt-e000000-s000000000.pt", b"torn, older")  # no manifest
+        manager.save(_state(step), epoch=0, step=step)
+    plain.put(b"torn, older", "ckpt-e000000-s000000000.pt")  # no manifest
     order.clear()
-    rc.publish(
-        store, b"state 4", "ckpt-e000000-s000000004.pt", catalogue=Catalogue(store, keep_last=2)
-    )
+    files.CheckpointManager(store, keep_last=2).save(_state(4), epoch=0, step=4)
 
-    assert order[:3] == [
-        "put ckpt-e000000-s000000004.pt",
-        "put ckpt-e000000-s000000004.pt.sha256.json",
-        "put ckpt-latest.json",
-    ]
-    deleted = order[3:]
-    assert deleted == [
+    # The data (staged locally, or renamed into place) and its manifest, then the pointer.
+    assert order[-7] == "put ckpt-latest.json"
+    assert order[-6:] == [
         "delete ckpt-e000000-s000000000.pt.sha256.json",
         "delete ckpt-e000000-s000000000.pt",
         "delete ckpt-e000000-s000000001.pt.sha256.json",
@@ -145,9 +137,7 @@ def test_pruning_happens_after_the_pointer_and_keeps_the_newest(s3_bucket: str):
         "delete ckpt-e000000-s000000002.pt",
     ]
     assert Catalogue(store).names() == ["ckpt-e000000-s000000003.pt", "ckpt-e000000-s000000004.pt"]
-    assert _latest(store) == "ckpt-e000000-s000000004.pt"
-    with pytest.raises(ValueError, match="keep_last"):
-        Catalogue(store, keep_last=0)
+    assert str(manager.latest()).endswith("ckpt-e000000-s000000004.pt")
 
 
 def test_stale_multipart_uploads_are_aborted(s3_bucket: str):
@@ -163,13 +153,13 @@ def test_stale_multipart_uploads_are_aborted(s3_bucket: str):
     store = Storage.for_url(f"{s3_bucket}/run")
     assert Catalogue(store).names() == []  # an unfinished upload is never an object
 
-    assert rc.clean_partial_uploads(store, older_than=3600) == []  # too young: may be in flight
-    assert rc.clean_partial_uploads(store) == ["ckpt-e000000-s000000009.pt"]
+    assert store.abort_uploads(older_than=3600) == []  # too young: may be in flight
+    assert RemoteCheckpointManager(store).start() == ["ckpt-e000000-s000000009.pt"]
     remaining = fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])
     assert [(u["Key"], u["UploadId"]) for u in remaining] == [
         ("other/ckpt-e000000-s000000001.pt", elsewhere["UploadId"])
     ]
-    assert rc.clean_partial_uploads(Storage.for_url("memory://rankwise-test/run")) == []
+    assert RemoteCheckpointManager(Storage.for_url("memory://rankwise-test/run")).start() == []
 
 
 @pytest.mark.parametrize(
@@ -306,7 +296,8 @@ def test_a_server_lost_mid_run_is_retried_with_backoff(
         _fs().mkdir("lost-and-back")
         patient = RetryPolicy(attempts=10, first_delay=0.2, max_delay=1.0)
         store = Storage.for_url("s3://lost-and-back/run", retry=patient)
-        rc.publish(store, b"before", "ckpt-e000000-s000000001.pt")
+        manager = RemoteCheckpointManager(store, keep_last=None)
+        manager.save(_state(1), epoch=0, step=1)
 
         server.kill()
         back = threading.Timer(0.5, server.start)
@@ -315,15 +306,15 @@ def test_a_server_lost_mid_run_is_retried_with_backoff(
         with pytest.warns(
             StorageWarning, match=r"s3://lost-and-back/run/ckpt-e000000-s000000002\.pt failed"
         ):
-            rc.publish(store, b"during", "ckpt-e000000-s000000002.pt")
+            manager.save(_state(2), epoch=0, step=2)
         back.join()
         assert time.monotonic() - started >= 0.5  # it waited for the server, then went on
-        assert _latest(store) == "ckpt-e000000-s000000002.pt"
+        assert manager.latest() == "s3://lost-and-back/run/ckpt-e000000-s000000002.pt"
 
         server.kill()  # and gone for good: the upload gives up, naming the URL
         store.retry = RetryPolicy(attempts=3, first_delay=0.05)
         with pytest.warns(StorageWarning), pytest.raises(StorageError) as e:
-            rc.publish(store, b"never", "ckpt-e000000-s000000003.pt")
+            manager.save(_state(3), epoch=0, step=3)
         assert e.value.reason == "unreachable"
         said = str(e.value)
         assert (
