@@ -1,6 +1,7 @@
 """``fit`` with ``checkpoint_dir`` in object storage, against a real S3 server (SeaweedFS):
 background uploads, retention after the pointer, resume from the bucket mid-epoch and
-bit-identical, the store lost and back mid-run, a last checkpoint that cannot be made durable,
+bit-identical, the store lost and back mid-run, a last checkpoint that cannot be made durable
+(and a save that gives up after its retries, naming the URL),
 failures at start named before the first step, credentials kept out of every dump, and
 ``trainer.load_checkpoint(URL)`` reaching the store with the storage options."""
 
@@ -30,6 +31,7 @@ from rankwise.train.checkpoint import (
     CheckpointError,
     CheckpointWarning,
     RemoteCheckpointManager,
+    RetryPolicy,
     Storage,
     StorageError,
     StorageWarning,
@@ -212,18 +214,30 @@ def test_credentials_never_reach_yaml_checkpoints_or_the_start_check(
     assert "object" in str(e.value)
 
 
-@pytest.fixture
-def own_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A server of its own (the test stops it), any key accepted, one bucket ``lost``."""
-    server = start_server(tmp_path / "s3")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
-    s3fs.S3FileSystem(skip_instance_cache=True).mkdir("lost")
+@pytest.fixture(scope="module")
+def _lost_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One server for this module's tests that stop it (each test restarts it as it needs)."""
+    server = start_server(tmp_path_factory.mktemp("s3-lost"))
     try:
         yield server
     finally:
-        server.stop()
+        server.kill()  # its data is a temporary folder: no orderly shutdown to wait for
+
+
+@pytest.fixture
+def own_server(_lost_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A server of this test's own to stop (running, any key accepted), holding one empty
+    bucket ``lost``."""
+    if _lost_server.process is None:  # the previous test left it killed
+        _lost_server.start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", _lost_server.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    if fs.exists("lost"):
+        fs.rm("lost", recursive=True)
+    fs.mkdir("lost")
+    return _lost_server
 
 
 class _LoseStore:
@@ -358,6 +372,16 @@ def test_fit_ends_with_a_clear_error_when_the_last_checkpoint_is_not_durable(
     said = str(e.value)
     assert "s3://lost/run/ckpt-e000002-s000000012.pt" in said and "resume='auto'" in said
     assert trainer.state.step == 12  # training itself finished
+    # A save with the store gone for good gives up after its retries, naming the URL.
+    store = Storage.for_url("s3://lost/run", retry=RetryPolicy(attempts=3, first_delay=0.05))
+    with pytest.warns(StorageWarning), pytest.raises(StorageError) as gone:
+        RemoteCheckpointManager(store).save({"w": torch.zeros(2)}, epoch=0, step=3)
+    assert gone.value.reason == "unreachable"
+    said = str(gone.value)
+    assert "upload to s3://lost/run/ckpt-e000000-s000000003.pt failed after 3 attempts" in said, (
+        said
+    )
+    assert "check the endpoint (AWS_ENDPOINT_URL" in said
     own_server.start()
     found = RemoteCheckpointManager(Storage.for_url("s3://lost/run")).latest()
     assert found == "s3://lost/run/ckpt-e000001-s000000010.pt"  # the previous one holds

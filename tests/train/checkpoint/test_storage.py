@@ -2,14 +2,14 @@
 trusted and pruning manifest first after the pointer on every backend (a folder, ``memory://``
 and a real S3 server, SeaweedFS from conftest's ``s3_server``); against S3: multipart uploads
 whose manifest is a local one, stale multipart uploads aborted, each failure named with its URL
-and fix but never the secret, and retries with backoff across a server lost and back."""
+and fix but never the secret (retries across a server lost and back, and giving up after them:
+``test_remote_fit.py``, whose fits meet them)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -21,7 +21,7 @@ import torch
 
 from rankwise.storage import is_remote_url
 from rankwise.testing import free_port
-from rankwise.testing.s3server import S3_KEY, S3_SECRET, start_server
+from rankwise.testing.s3server import S3_KEY, S3_SECRET
 from rankwise.train import checkpoint as files
 from rankwise.train.checkpoint import (
     CheckpointWarning,
@@ -29,7 +29,6 @@ from rankwise.train.checkpoint import (
     RetryPolicy,
     Storage,
     StorageError,
-    StorageWarning,
 )
 from rankwise.train.checkpoint.backends import verify_object
 from rankwise.train.checkpoint.catalogue import Catalogue
@@ -283,44 +282,3 @@ def test_a_secret_never_appears_in_errors_warnings_or_logs(
     assert any("retrying" in m for m in messages)  # the retry warning was seen
     assert all(secret not in m for m in messages), [m for m in messages if secret in m]
     assert secret not in caplog.text
-
-
-def test_a_server_lost_mid_run_is_retried_with_backoff(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
-    server = start_server(tmp_path / "s3")  # its own server: this test kills it
-    try:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)  # no identities: any key
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
-        _fs().mkdir("lost-and-back")
-        patient = RetryPolicy(attempts=10, first_delay=0.2, max_delay=1.0)
-        store = Storage.for_url("s3://lost-and-back/run", retry=patient)
-        manager = RemoteCheckpointManager(store, keep_last=None)
-        manager.save(_state(1), epoch=0, step=1)
-
-        server.kill()
-        back = threading.Timer(0.5, server.start)
-        back.start()
-        started = time.monotonic()
-        with pytest.warns(
-            StorageWarning, match=r"s3://lost-and-back/run/ckpt-e000000-s000000002\.pt failed"
-        ):
-            manager.save(_state(2), epoch=0, step=2)
-        back.join()
-        assert time.monotonic() - started >= 0.5  # it waited for the server, then went on
-        assert manager.latest() == "s3://lost-and-back/run/ckpt-e000000-s000000002.pt"
-
-        server.kill()  # and gone for good: the upload gives up, naming the URL
-        store.retry = RetryPolicy(attempts=3, first_delay=0.05)
-        with pytest.warns(StorageWarning), pytest.raises(StorageError) as e:
-            manager.save(_state(3), epoch=0, step=3)
-        assert e.value.reason == "unreachable"
-        said = str(e.value)
-        assert (
-            "upload to s3://lost-and-back/run/ckpt-e000000-s000000003.pt failed after 3 attempts"
-            in said
-        )
-        assert "check the endpoint (AWS_ENDPOINT_URL" in said
-    finally:
-        server.stop()
