@@ -200,7 +200,7 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
     ),
     ("train/checkpoint/placement.py", "checkpoint_dir ({}) is relative, and this --on-failure"): (
         "fires only inside a continue job launched on more than one node (--nnodes > 1): "
-        "tests/train/checkpoint/test_train_writer_roles.py triggers it"
+        "tests/train/checkpoint/test_checkpoint_writer_roles.py triggers it"
     ),
     ("train/continuing.py", "{} recoveries in a row at optimizer step {} without a step"): (
         _CONTINUE

@@ -3,7 +3,8 @@ and a real S3 server, SeaweedFS): the one sharded writer's saves, background sav
 they were when called, the newest kept and the rest pruned, a load into a fresh model and
 optimizer, and a torn, unfinished or manifest-less folder never trusted. What takes more than
 one rank (each rank's shards, resharding onto another world size) is in
-``test_train_sharded_checkpoint.py`` (a folder) and ``test_remote_sharded.py`` (a bucket)."""
+``test_checkpoint_sharded_ranks.py`` (a folder) and ``test_checkpoint_bucket_sharded.py`` (a
+bucket)."""
 
 from __future__ import annotations
 

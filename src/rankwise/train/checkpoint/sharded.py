@@ -306,7 +306,9 @@ class ShardedWriter:
         return self._stager
 
 
-def _raise_first(failures: dict[int, Failure | None], mine: BaseException | None, where: str) -> None:
+def _raise_first(
+    failures: dict[int, Failure | None], mine: BaseException | None, where: str
+) -> None:
     """Raise this rank's own error, else the first rank's that failed, as the same kind on every
     rank: a store's fault as a StorageError (the writer warns and goes on), anything else as an
     OSError (the writer stops every rank)."""

@@ -19,23 +19,15 @@ from torch import nn
 
 import rankwise.distributed as rd
 from helpers.trainer_stops import Stop, fit_starts, stop_in_step
+from helpers.training import ADAM, classification, make_trainer, mlp
 from rankwise.testing import run_distributed
-from rankwise.train import DistributedTrainer, DistributedTrainingConfig
+from rankwise.train import DistributedTrainingConfig
 from rankwise.train import checkpoint as ck
 from rankwise.train.checkpoint.sharded import MANIFEST, REST
 
 
-def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    return torch.randn(96, 16, generator=g), torch.randint(0, 4, (96,), generator=g)
-
-
 def _run(folder: Path, batch_size: int, stop_at: int | None = None, resume: Any = None) -> Any:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    trainer = DistributedTrainer(
-        model, nn.CrossEntropyLoss(), lambda p: torch.optim.Adam(p, lr=1e-2)
-    )
+    trainer = make_trainer(mlp(16, 32, 4, activation=nn.ReLU), ADAM)
     started = fit_starts(trainer)
     stop_in_step(trainer, stop_at)
     # 96 samples, a global batch of 16: 6 optimizer steps an epoch, a checkpoint every 4.
@@ -51,7 +43,7 @@ def _run(folder: Path, batch_size: int, stop_at: int | None = None, resume: Any 
         resume=resume,
     )
     with contextlib.suppress(Stop):
-        trainer.fit(*_data(), cfg)
+        trainer.fit(*classification(96, 16, 4, seed=7), cfg)
     full = ck.model_state_dict(trainer.model, all_ranks=True)  # gathered from the shards
     return {"params": full, "started_at": started[0], "stats": trainer.checkpoint_stats}
 

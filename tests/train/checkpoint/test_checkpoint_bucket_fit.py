@@ -7,6 +7,7 @@ failures at start named before the first step, credentials kept out of every dum
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -24,9 +25,10 @@ import s3fs
 import torch
 import yaml
 
+from helpers.training import make_trainer, mlp, separable
 from rankwise.testing import free_port, run_distributed
 from rankwise.testing.s3server import S3_KEY, S3_SECRET, S3Server, start_server
-from rankwise.train import DistributedTrainer, DistributedTrainingConfig
+from rankwise.train import DistributedTrainingConfig
 from rankwise.train.checkpoint import (
     CheckpointError,
     CheckpointWarning,
@@ -42,18 +44,7 @@ from rankwise.train.checks import RANK_LOCAL_FIELDS
 pytestmark = pytest.mark.timeout(90)
 
 
-def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(96, 8, generator=g)
-    return x, (x[:, :3].sum(1) > 0).long()
-
-
-def _trainer(callbacks: list[Any] | None = None) -> tuple[torch.nn.Module, DistributedTrainer]:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    loss = torch.nn.CrossEntropyLoss()
-    return model, DistributedTrainer(model, loss, opt, callbacks=callbacks or [])
+_MOMENTUM = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9)
 
 
 def _cfg(url: str, **kw: Any) -> DistributedTrainingConfig:
@@ -94,13 +85,16 @@ class _StopAt:
 
 def test_fit_saves_to_the_bucket_and_resumes_mid_epoch_bit_identical(s3_bucket: str):
     url = f"{s3_bucket}/run"
-    x, y = _data()
-    model, trainer = _trainer()
+    x, y = separable(96, 8)
+    model = mlp(8, 16, 2)
+    trainer = make_trainer(model, _MOMENTUM)
     trainer.fit(x, y, _cfg(f"{s3_bucket}/reference"))
     reference = _params(model)
 
     saved = _Saved()
-    _, trainer = _trainer([saved, _StopAt(step=8)])  # epoch 1, after the save at step 6
+    trainer = make_trainer(
+        mlp(8, 16, 2), _MOMENTUM, callbacks=[saved, _StopAt(step=8)]
+    )  # epoch 1, after the save at step 6
     with pytest.raises(KeyboardInterrupt):
         trainer.fit(x, y, _cfg(url))
     # reported only once known durable, in order (a save that finds the last write running
@@ -114,7 +108,9 @@ def test_fit_saves_to_the_bucket_and_resumes_mid_epoch_bit_identical(s3_bucket: 
     assert "ckpt-e000001-s000000006.pt" in names and len(names) <= 2, names  # keep_last=2
     assert json.loads(store.read("ckpt-latest.json"))["step"] == 6
 
-    model, trainer = _trainer()
+    model = mlp(8, 16, 2)
+
+    trainer = make_trainer(model, _MOMENTUM)
     trainer.fit(x, y, _cfg(url, resume="auto"))
     for name, value in reference.items():
         assert torch.equal(model.state_dict()[name], value), name
@@ -122,7 +118,8 @@ def test_fit_saves_to_the_bucket_and_resumes_mid_epoch_bit_identical(s3_bucket: 
         f"{url}/ckpt-e000002-s000000012.pt"
     )
     # an explicit URL resumes too (from step 12: nothing left to train)
-    model, trainer = _trainer()
+    model = mlp(8, 16, 2)
+    trainer = make_trainer(model, _MOMENTUM)
     trainer.fit(x, y, _cfg(url, resume=f"{url}/ckpt-e000002-s000000012.pt"))
     for name, value in reference.items():
         assert torch.equal(model.state_dict()[name], value), name
@@ -136,13 +133,15 @@ def test_load_checkpoint_from_a_url_uses_the_storage_options(
         monkeypatch.delenv(name)
     options = {"endpoint_url": s3_server.endpoint, "key": S3_KEY, "secret": S3_SECRET}
     url = f"{s3_bucket}/options"
-    x, y = _data()
-    model, trainer = _trainer()
+    x, y = separable(96, 8)
+    model = mlp(8, 16, 2)
+    trainer = make_trainer(model, _MOMENTUM)
     trainer.fit(x, y, _cfg(url, checkpoint_storage_options=options, epochs=1))
     saved = f"{url}/ckpt-e000001-s000000006.pt"
     trainer.load_checkpoint(saved)  # the last fit's options
     assert trainer.global_step == 6
-    fresh_model, fresh = _trainer()
+    fresh_model = mlp(8, 16, 2)
+    fresh = make_trainer(fresh_model, _MOMENTUM(fresh_model.parameters()))  # loads it too
     fresh.load_checkpoint(saved, storage_options=options)  # no fit yet: given here
     assert fresh.global_step == 6
     for name, value in _params(model).items():
@@ -154,7 +153,7 @@ def test_load_checkpoint_from_a_url_uses_the_storage_options(
 
 
 def test_fit_fails_before_the_first_step_when_the_store_cannot_be_used(s3_bucket: str):
-    x, y = _data()
+    x, y = separable(96, 8)
     steps: list[int] = []
 
     class Count:
@@ -169,7 +168,7 @@ def test_fit_fails_before_the_first_step_when_the_store_cannot_be_used(s3_bucket
         "bad-url": ("s3:/bucket/run", None),
     }
     for reason, (url, options) in cases.items():
-        _, trainer = _trainer([Count()])
+        trainer = make_trainer(mlp(8, 16, 2), _MOMENTUM, callbacks=[Count()])
         with pytest.raises(StorageError) as e:
             trainer.fit(x, y, _cfg(url, checkpoint_storage_options=options))
         assert e.value.reason == reason and url in str(e.value)
@@ -179,8 +178,8 @@ def test_fit_fails_before_the_first_step_when_the_store_cannot_be_used(s3_bucket
 
 def test_missing_s3fs_is_named_before_the_first_step(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(sys.modules, "s3fs", None)  # import s3fs now raises ImportError
-    x, y = _data()
-    _, trainer = _trainer()
+    x, y = separable(96, 8)
+    trainer = make_trainer(mlp(8, 16, 2), _MOMENTUM)
     with pytest.raises(StorageError, match=r'pip install "rankwise\[s3\]"'):
         trainer.fit(x, y, _cfg("s3://bucket/run"))
     assert trainer.state.step == 0
@@ -200,8 +199,8 @@ def test_credentials_never_reach_yaml_checkpoints_or_the_start_check(
     assert cfg.with_overrides(["epochs=1"]).checkpoint_storage_options == options  # kept
     with pytest.raises(ValueError, match=r"\[.key.\] is .\*\*\*."):
         DistributedTrainingConfig.from_yaml(tmp_path / "run.yaml")
-    x, y = _data()
-    _, trainer = _trainer()
+    x, y = separable(96, 8)
+    trainer = make_trainer(mlp(8, 16, 2), _MOMENTUM)
     trainer.fit(x, y, cfg)
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
     for path in fs.find(f"{s3_bucket[5:]}/run"):
@@ -265,9 +264,9 @@ class _LoseStore:
 
 
 def test_a_store_lost_mid_run_is_retried_and_training_goes_on(own_server: S3Server):
-    x, y = _data()
+    x, y = separable(96, 8)
     lose = _LoseStore(own_server, at=3, back_after=1.0)  # the save at step 4 meets it down
-    _, trainer = _trainer([lose])
+    trainer = make_trainer(mlp(8, 16, 2), _MOMENTUM, callbacks=[lose])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(x, y, _cfg("s3://lost/run"))
@@ -317,9 +316,9 @@ def test_a_frozen_store_never_holds_the_loop_and_the_end_waits_a_bounded_time(
     # flight (421 s between two steps, nothing logged). Now each save snapshots and queues
     # behind it (the newest state wins), one warning names the store, the end of fit waits.
     monkeypatch.setattr(writer, "SILENT_S", 1.0)  # announced after 1 s of silence, not 5
-    x, y = _data()
+    x, y = separable(96, 8)
     freeze, saved = _Freeze(own_server, at=3, thaw_after=4.0), _Saved()
-    _, trainer = _trainer([saved, freeze])
+    trainer = make_trainer(mlp(8, 16, 2), _MOMENTUM, callbacks=[saved, freeze])
     cfg = _cfg("s3://lost/run", checkpoint_every_n_steps=1)  # 12 steps, a save after each
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -342,7 +341,7 @@ def test_a_frozen_store_never_holds_the_loop_and_the_end_waits_a_bounded_time(
 
     # The end of fit waits checkpoint_final_wait_s at most, then says so.
     freeze = _Freeze(own_server, at=12, thaw_after=None, step_s=0.0)
-    _, trainer = _trainer([freeze])
+    trainer = make_trainer(mlp(8, 16, 2), _MOMENTUM, callbacks=[freeze])
     cfg = _cfg("s3://lost/end", checkpoint_every_n_steps=1, checkpoint_final_wait_s=1.5)
     try:
         with warnings.catch_warnings():
@@ -363,8 +362,12 @@ def test_a_frozen_store_never_holds_the_loop_and_the_end_waits_a_bounded_time(
 def test_fit_ends_with_a_clear_error_when_the_last_checkpoint_is_not_durable(
     own_server: S3Server,
 ):
-    x, y = _data()
-    _, trainer = _trainer([_LoseStore(own_server, at=12, back_after=None, after_step=10)])
+    x, y = separable(96, 8)
+    trainer = make_trainer(
+        mlp(8, 16, 2),
+        _MOMENTUM,
+        callbacks=[_LoseStore(own_server, at=12, back_after=None, after_step=10)],
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", StorageWarning)
         with pytest.raises(CheckpointError, match="could not be made durable") as e:

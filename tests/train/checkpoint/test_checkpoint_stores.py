@@ -3,7 +3,7 @@ trusted and pruning manifest first after the pointer on every backend (a folder,
 and a real S3 server, SeaweedFS from conftest's ``s3_server``); against S3: multipart uploads
 whose manifest is a local one, stale multipart uploads aborted, each failure named with its URL
 and fix but never the secret (retries across a server lost and back, and giving up after them:
-``test_remote_fit.py``, whose fits meet them)."""
+``test_checkpoint_bucket_fit.py``, whose fits meet them)."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from torch import nn
 
 import rankwise.distributed as rd
 from helpers.trainer_stops import Stop, fit_starts, stop_in_step
+from helpers.training import ADAM, classification, make_trainer, mlp
 from rankwise.distributed.config import MemberConfig
 from rankwise.testing import RankFailedError, assert_exactly_once, run_distributed
 from rankwise.testing.s3server import S3_KEY, S3_SECRET, S3Server
@@ -39,21 +40,6 @@ pytestmark = pytest.mark.timeout(120)
 N, EPOCHS = 96, 2  # samples, epochs: a global batch of 16 makes 6 optimizer steps an epoch
 
 
-def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    return torch.randn(N, 16, generator=g), torch.randint(0, 4, (N,), generator=g)
-
-
-def _trainer(audit: Path | None = None) -> tuple[DistributedTrainer, list[int]]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    callbacks = [] if audit is None else [AuditLog(audit)]
-    trainer = DistributedTrainer(
-        model, nn.CrossEntropyLoss(), lambda p: torch.optim.Adam(p, lr=1e-2), callbacks=callbacks
-    )
-    return trainer, fit_starts(trainer)
-
-
 def _cfg(url: str | None, **kw: Any) -> DistributedTrainingConfig:
     base: dict[str, Any] = dict(
         epochs=EPOCHS,
@@ -68,10 +54,12 @@ def _cfg(url: str | None, **kw: Any) -> DistributedTrainingConfig:
 
 
 def _fit(url: str | None, audit: Path | None = None, stop_at: int | None = None, **kw: Any) -> Any:
-    trainer, started = _trainer(audit)
+    callbacks = [] if audit is None else [AuditLog(audit)]
+    trainer = make_trainer(mlp(16, 32, 4, activation=nn.ReLU), ADAM, callbacks=callbacks)
+    started = fit_starts(trainer)
     stop_in_step(trainer, stop_at)
     with contextlib.suppress(Stop):
-        trainer.fit(*_data(), _cfg(url, **kw))
+        trainer.fit(*classification(N, 16, 4, seed=7), _cfg(url, **kw))
     trainer.started_at = started[0]  # type: ignore[attr-defined]
     return trainer
 
