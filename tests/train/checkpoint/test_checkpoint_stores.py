@@ -1,9 +1,10 @@
-"""Checkpoint files in a store, through the manager ``fit`` uses: torn or unfinished ones never
-trusted and pruning manifest first after the pointer on every backend (a folder, ``memory://``
-and a real S3 server, SeaweedFS from conftest's ``s3_server``); against S3: multipart uploads
-whose manifest is a local one, stale multipart uploads aborted, each failure named with its URL
-and fix but never the secret (retries across a server lost and back, and giving up after them:
-``test_checkpoint_bucket_fit.py``, whose fits meet them)."""
+"""Checkpoint files in object storage, through the manager ``fit`` uses, against a real S3
+server (SeaweedFS, from conftest's ``s3_server``): multipart uploads whose manifest is a local
+one, stale multipart uploads aborted, each failure named with its URL and fix but never the
+secret (retries across a server lost and back, and giving up after them:
+``test_checkpoint_bucket_fit.py``, whose fits meet them). The manager's rules on every backend
+(a folder, ``memory://`` and S3: torn, corrupt and unfinished checkpoints never trusted,
+pruning manifest first after the pointer) are ``test_checkpoint_catalogue.py``'s."""
 
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from rankwise.testing import free_port
 from rankwise.testing.s3server import S3_KEY, S3_SECRET
 from rankwise.train import checkpoint as files
 from rankwise.train.checkpoint import (
-    CheckpointWarning,
     RemoteCheckpointManager,
     RetryPolicy,
     Storage,
@@ -78,65 +78,6 @@ def test_a_multipart_checkpoint_verifies_with_a_local_manifest(s3_bucket: str, t
     got = store.download(name, tmp_path / name)
     (tmp_path / f"{name}.sha256.json").write_bytes(store.read(f"{name}.sha256.json"))
     assert files.verify_file(got)["xxh3_128"] == manifest["xxh3_128"]
-
-
-def test_a_torn_or_unfinished_checkpoint_is_never_the_latest(store_root: str):
-    manager, store = _manager(store_root, keep_last=None), Storage.for_url(store_root)
-    good = str(manager.save(_state(1), epoch=0, step=1))
-    bad = str(manager.save(_state(3), epoch=0, step=3))
-    data = store.read("ckpt-e000000-s000000003.pt")
-    store.put(data[:-4] + b"XXXX", "ckpt-e000000-s000000003.pt")  # the pointer names it
-    store.put(b"torn", "ckpt-e000000-s000000002.pt")  # data with no manifest: a save killed
-
-    with pytest.warns(CheckpointWarning) as caught:
-        assert str(manager.latest()) == good
-    said = "\n".join(str(w.message) for w in caught)
-    assert f"{bad} is corrupt" in said  # named by its path or URL
-    assert "ckpt-e000000-s000000002.pt has no manifest" in said
-    with pytest.raises(files.CheckpointError, match="corrupt"):
-        manager.read(bad)
-    cut = str(manager.save(_state(4), epoch=0, step=4))
-    size = store.size("ckpt-e000000-s000000004.pt")
-    store.put(store.read("ckpt-e000000-s000000004.pt")[:4], "ckpt-e000000-s000000004.pt")
-    with pytest.raises(
-        files.CheckpointError, match=rf"truncated \(torn write\): 4 bytes, expected {size}"
-    ):
-        manager.read(cut)
-
-
-def test_pruning_deletes_manifest_first_after_the_pointer(store_root: str):
-    order: list[str] = []
-
-    class Recording(Storage):  # the real store, with its writes and deletes recorded
-        def put(self, source: Any, key: str, **kw: Any) -> int:
-            order.append(f"put {key}")
-            return super().put(source, key, **kw)
-
-        def delete(self, *keys: str) -> None:
-            order.extend(f"delete {k}" for k in keys)
-            super().delete(*keys)
-
-    plain = Storage.for_url(store_root)
-    store = Recording(plain.url, plain.protocol, plain.path, plain.fs)
-    manager = files.CheckpointManager(store, keep_last=None)
-    for step in (1, 2, 3):
-        manager.save(_state(step), epoch=0, step=step)
-    plain.put(b"torn, older", "ckpt-e000000-s000000000.pt")  # no manifest
-    order.clear()
-    files.CheckpointManager(store, keep_last=2).save(_state(4), epoch=0, step=4)
-
-    # The data (staged locally, or renamed into place) and its manifest, then the pointer.
-    assert order[-7] == "put ckpt-latest.json"
-    assert order[-6:] == [
-        "delete ckpt-e000000-s000000000.pt.sha256.json",
-        "delete ckpt-e000000-s000000000.pt",
-        "delete ckpt-e000000-s000000001.pt.sha256.json",
-        "delete ckpt-e000000-s000000001.pt",
-        "delete ckpt-e000000-s000000002.pt.sha256.json",
-        "delete ckpt-e000000-s000000002.pt",
-    ]
-    assert Catalogue(store).names() == ["ckpt-e000000-s000000003.pt", "ckpt-e000000-s000000004.pt"]
-    assert str(manager.latest()).endswith("ckpt-e000000-s000000004.pt")
 
 
 def test_stale_multipart_uploads_are_aborted(s3_bucket: str):
