@@ -87,7 +87,7 @@ class FolderSaves:
         self.catalogue = catalogue
         self.directory = catalogue.storage.local_path
         self.key = key  # the checkpoint key manifests are signed with (manifests.resolve_key)
-        self._dcp = ShardedWriter(catalogue, self, key)
+        self._dcp = ShardedWriter(self, catalogue.commit, key)
 
     def location(self, name: str) -> Path:
         return self.directory / name
@@ -214,7 +214,7 @@ class BucketSaves:
         self.catalogue = catalogue
         self.storage: Storage = catalogue.storage
         self.key = key
-        self._dcp = ShardedWriter(catalogue, self, key)
+        self._dcp = ShardedWriter(self, catalogue.commit, key)
 
     def location(self, name: str) -> str:
         return self.storage.url_of(name)

@@ -49,7 +49,7 @@ import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -78,9 +78,6 @@ from rankwise.train.checkpoint.portable import (
     optimizer_state_dict,
 )
 from rankwise.train.checkpoint.staging import snapshot
-
-if TYPE_CHECKING:  # the catalogue knows this module's names (SUFFIX, MANIFEST)
-    from rankwise.train.checkpoint.catalogue import Catalogue
 
 __all__ = [
     "MANIFEST",
@@ -175,7 +172,7 @@ class ShardTarget(Protocol):
 
 
 class ShardedWriter:
-    """Every rank's side of sharded saves to one catalogue, a folder or a bucket alike: it keeps
+    """Every rank's side of sharded saves to one store, a folder or a bucket alike: it keeps
     DCP's staging buffers (reused from save to save) and the background process group.
 
     A save (:meth:`start`): every rank writes its shards with DCP into a local folder
@@ -185,16 +182,21 @@ class ShardedWriter:
     upload, or nothing on disk), the ranks gather what each vouches for and its error as plain
     data (no file is vouched for unless every rank's are there), rank 0 writes the plain rest
     (``train_state.pt``) and the manifest last (``target.seal``: the rename into place, or the
-    manifest's upload), moves the pointer and prunes; its outcome is broadcast, so every rank
-    reports the same save as done or failed. A kill at any point leaves the previous
-    checkpoint the latest valid one.
+    manifest's upload), moves the pointer and prunes (``commit``: the catalogue's); its
+    outcome is broadcast, so every rank reports the same save as done or failed. A kill at
+    any point leaves the previous checkpoint the latest valid one.
 
     Fault points: ``mid-upload`` (a bucket: once each file's first part is up),
     ``before-manifest``, ``before-rename`` (a folder), then the catalogue's."""
 
-    def __init__(self, catalogue: Catalogue, target: ShardTarget, key: bytes | None) -> None:
-        self.catalogue = catalogue  # the checkpoints of the store: pointer and pruning
+    def __init__(
+        self,
+        target: ShardTarget,
+        commit: Callable[[str, dict[str, Any]], None],
+        key: bytes | None,
+    ) -> None:
         self.target = target
+        self.commit = commit  # the catalogue's: move the pointer to a checkpoint, then prune
         self.key = key  # the checkpoint key manifests are signed with (manifests.resolve_key)
         self._group: dist.ProcessGroup | None = None
         self._stager: Any = None
@@ -285,7 +287,7 @@ class ShardedWriter:
         self.target.share_file(tmp, name, REST)
         fault_point("before-manifest")
         self.target.seal(tmp, name, sign(new_manifest(files, meta), name, self.key))
-        self.catalogue.commit(name, {"epoch": meta["epoch"], "step": meta["step"]})
+        self.commit(name, {"epoch": meta["epoch"], "step": meta["step"]})
 
     def background_group(self) -> dist.ProcessGroup | None:
         """The gloo group of the background writes (None in a world of one); made on first use,
