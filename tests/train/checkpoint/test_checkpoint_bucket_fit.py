@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -33,7 +34,6 @@ from rankwise.train.checkpoint import (
     CheckpointError,
     CheckpointWarning,
     RemoteCheckpointManager,
-    RetryPolicy,
     Storage,
     StorageError,
     StorageWarning,
@@ -375,15 +375,9 @@ def test_fit_ends_with_a_clear_error_when_the_last_checkpoint_is_not_durable(
     said = str(e.value)
     assert "s3://lost/run/ckpt-e000002-s000000012.pt" in said and "resume='auto'" in said
     assert trainer.state.step == 12  # training itself finished
-    # A save with the store gone for good gives up after its retries, naming the URL.
-    store = Storage.for_url("s3://lost/run", retry=RetryPolicy(attempts=3, first_delay=0.05))
-    with pytest.warns(StorageWarning), pytest.raises(StorageError) as gone:
-        RemoteCheckpointManager(store).save({"w": torch.zeros(2)}, epoch=0, step=3)
-    assert gone.value.reason == "unreachable"
-    said = str(gone.value)
-    assert "upload to s3://lost/run/ckpt-e000000-s000000003.pt failed after 3 attempts" in said, (
-        said
-    )
+    # The store gone for good: the store's call (an upload, or a prune's delete: whichever met
+    # it down) gave up after its retries, naming the URL and the fix.
+    assert re.search(r"s3://lost/run/\S+ failed after 5 attempts: EndpointConnectionError", said)
     assert "check the endpoint (AWS_ENDPOINT_URL" in said
     own_server.start()
     found = RemoteCheckpointManager(Storage.for_url("s3://lost/run")).latest()
