@@ -26,6 +26,7 @@ import s3fs
 import torch
 import yaml
 
+import rankwise.storage.store as store_module
 from helpers.training import make_trainer, mlp, separable
 from rankwise.testing import free_port, run_distributed
 from rankwise.testing.s3server import S3_KEY, S3_SECRET, S3Server, start_server
@@ -34,6 +35,7 @@ from rankwise.train.checkpoint import (
     CheckpointError,
     CheckpointWarning,
     RemoteCheckpointManager,
+    RetryPolicy,
     Storage,
     StorageError,
     StorageWarning,
@@ -257,6 +259,7 @@ class _LoseStore:
             pointer = json.loads(Storage.for_url("s3://lost/run").read("ckpt-latest.json"))
             if pointer["step"] == self.after_step:
                 break
+            time.sleep(0.02)  # not a busy loop beside the writer and the server
         self.server.kill()
         if self.back_after is not None:
             self.timer = threading.Timer(self.back_after, self.server.start)
@@ -360,8 +363,11 @@ def test_a_frozen_store_never_holds_the_loop_and_the_end_waits_a_bounded_time(
 
 
 def test_fit_ends_with_a_clear_error_when_the_last_checkpoint_is_not_durable(
-    own_server: S3Server,
+    own_server: S3Server, monkeypatch: pytest.MonkeyPatch
 ):
+    # The store never comes back: the same 5 attempts, without seconds of backoff between them.
+    fast = functools.partial(RetryPolicy, first_delay=0.01, max_delay=0.05)
+    monkeypatch.setattr(store_module, "RetryPolicy", fast)
     x, y = separable(96, 8)
     trainer = make_trainer(
         mlp(8, 16, 2),
