@@ -26,7 +26,6 @@ import s3fs
 import torch
 import yaml
 
-import rankwise.storage.store as store_module
 from helpers.training import make_trainer, mlp, separable
 from rankwise.testing import free_port, run_distributed
 from rankwise.testing.s3server import S3_KEY, S3_SECRET, S3Server, start_server
@@ -242,14 +241,20 @@ def own_server(_lost_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 class _LoseStore:
-    """Kills the server inside step ``at`` and starts it again ``back_after`` seconds later
-    (never, for None)."""
+    """Kills the server inside step ``at`` (then calls ``then``) and starts it again
+    ``back_after`` seconds later (never, for None)."""
 
     def __init__(
-        self, server: S3Server, at: int, back_after: float | None, after_step: int | None = None
+        self,
+        server: S3Server,
+        at: int,
+        back_after: float | None,
+        after_step: int | None = None,
+        then: Any = None,
     ) -> None:
         self.server, self.at, self.back_after = server, at, back_after
         self.after_step = after_step  # first wait until the pointer names this step
+        self.then = then
         self.timer: threading.Timer | None = None
 
     def on_batch(self, trainer: Any, epoch: int, step: int, ids: Any) -> None:
@@ -261,6 +266,8 @@ class _LoseStore:
                 break
             time.sleep(0.02)  # not a busy loop beside the writer and the server
         self.server.kill()
+        if self.then is not None:
+            self.then()
         if self.back_after is not None:
             self.timer = threading.Timer(self.back_after, self.server.start)
             self.timer.start()
@@ -365,14 +372,14 @@ def test_a_frozen_store_never_holds_the_loop_and_the_end_waits_a_bounded_time(
 def test_fit_ends_with_a_clear_error_when_the_last_checkpoint_is_not_durable(
     own_server: S3Server, monkeypatch: pytest.MonkeyPatch
 ):
-    # The store never comes back: the same 5 attempts, without seconds of backoff between them.
-    fast = functools.partial(RetryPolicy, first_delay=0.01, max_delay=0.05)
-    monkeypatch.setattr(store_module, "RetryPolicy", fast)
+    def fast() -> None:  # the store never comes back: the same 5 attempts, no seconds between
+        monkeypatch.setattr(RetryPolicy, "delays", lambda self: [0.01] * (self.attempts - 1))
+
     x, y = separable(96, 8)
     trainer = make_trainer(
         mlp(8, 16, 2),
         _MOMENTUM,
-        callbacks=[_LoseStore(own_server, at=12, back_after=None, after_step=10)],
+        callbacks=[_LoseStore(own_server, at=12, back_after=None, after_step=10, then=fast)],
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", StorageWarning)
