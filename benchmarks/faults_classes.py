@@ -702,7 +702,7 @@ def replayed_proof(out: Path, rng: random.Random, trial: int) -> Trial:
 
 
 CHAOS_S = (
-    300.0  # the chaos test's bound on a job it disturbs (tests/launch/test_continue_launcher.py)
+    300.0  # the chaos test's bound on a job it disturbs (tests/launch/test_launch_continue.py)
 )
 
 

@@ -52,7 +52,7 @@ def _hygiene() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def fault_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The fault worker's uninterrupted run on one machine (2 ranks of batch 8): the parameters
-    that test_faults.py's recoveries and test_multihost.py's two hosts must end with. One
+    that test_train_faults.py's recoveries and test_launch_multihost.py's two hosts must end with. One
     launch for both modules (seconds of start-up each)."""
     import torch
 

@@ -1,7 +1,7 @@
 """Which local address and interface reach a host: the parts testable on one machine.
 
 The multi-host behaviour itself (a veth address and interface per network namespace) is
-tested in tests/launch/test_multihost.py.
+tested in tests/launch/test_launch_multihost.py.
 """
 
 from __future__ import annotations

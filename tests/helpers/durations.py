@@ -22,7 +22,7 @@ AT_LEAST_S = 5.0  # shorter files keep their collection order: where they run ha
 
 
 def recorded() -> dict[str, float]:
-    """File (``tests/train/test_continue.py``) -> seconds, from tests/durations.json."""
+    """File (``tests/train/test_train_continue.py``) -> seconds, from tests/durations.json."""
     try:
         return {str(k): float(v) for k, v in json.loads(RECORD.read_text()).items()}
     except FileNotFoundError:

@@ -1,5 +1,5 @@
 """What ``tests/scripts/fault_worker.py`` trains, for the tests that launch it (fault injection
-in ``test_faults.py``, two hosts in ``test_multihost.py``)."""
+in ``test_train_faults.py``, two hosts in ``test_launch_multihost.py``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What tests/integrations/test_ray.py runs: the Ray example's trainer (examples/ray_train.py)
+"""What tests/integrations/test_integrations_ray.py runs: the Ray example's trainer (examples/ray_train.py)
 on Ray workers, with a crash for the restart test, and on spawned gloo ranks as the reference.
 
 Ray's workers import this module by name: the test's Ray cluster puts tests/ and examples/ on

@@ -1,6 +1,6 @@
 """Stopping a ``fit`` mid-run as a crash would, and seeing where each ``fit`` started: what the
-resume tests share (test_train_trainer_resume, test_train_sharded_checkpoint,
-test_train_resume_refusals)."""
+resume tests share (test_train_trainer_resume, test_checkpoint_sharded_ranks,
+test_checkpoint_resume_refusals)."""
 
 from __future__ import annotations
 

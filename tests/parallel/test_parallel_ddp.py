@@ -17,16 +17,10 @@ from torch import nn
 
 import rankwise.distributed as rd
 import rankwise.parallel as rp
+from helpers.training import mlp
 from rankwise.testing import run_distributed
 
 LOCAL_BATCH = 4
-
-
-def _mlp(seed: int = 0, width: int = 16) -> nn.Sequential:
-    torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Linear(6, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 3)
-    )
 
 
 def _local_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,7 +53,7 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def _gradients_and_accumulation() -> dict[str, Any]:
     rank = dist.get_rank()
     # Different weights on every rank: broadcast_parameters must start all from rank 0's.
-    model = rp.wrap_model(_mlp(seed=rank), rp.DDPConfig(bucket_size_mb=0.001))
+    model = rp.wrap_model(mlp(seed=rank), rp.DDPConfig(bucket_size_mb=0.001))
     out: dict[str, Any] = {"in_sync_at_start": bool(rp.check_parameters_in_sync(model))}
     reference = copy.deepcopy(rp.unwrap_model(model))
     opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference))
@@ -84,7 +78,7 @@ def _gradients_and_accumulation() -> dict[str, Any]:
 
     # N micro-batches of loss/N through accumulate == one batch N times as large, on DDP;
     # a third copy also checkpoints its blocks, which must not change anything.
-    base = _mlp(seed=3)
+    base = mlp(seed=3)
     micro, big, ckpt = (rp.wrap_model(copy.deepcopy(base)) for _ in range(3))
     rp.enable_gradient_checkpointing(ckpt)
     opts = [torch.optim.SGD(m.parameters(), lr=0.2, momentum=0.9) for m in (micro, big, ckpt)]
@@ -121,11 +115,11 @@ def _train_compressed(compression: str | None, precision: str) -> dict[str, Any]
     cfg = rp.DDPConfig(
         compression=compression, count_bytes=True, powersgd_start_iter=2, bucket_size_mb=1
     )
-    model = rp.wrap_model(_mlp(width=32), cfg)
+    model = rp.wrap_model(mlp(6, 32, 32, 3), cfg)
     reference = copy.deepcopy(rp.unwrap_model(model))
     prec = rp.Precision(precision, device="cpu")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    target = _mlp(seed=9, width=8)  # a learnable task: regress another network's outputs
+    target = mlp(6, 8, 8, 3, seed=9)  # a learnable task: regress another network's outputs
     losses, first_error = [], float("nan")
     for step in range(25):
         x, _ = _local_batch(step % 5)
@@ -163,7 +157,7 @@ def _mean(value: float) -> float:
 
 
 def _fp16_overflow_is_skipped_everywhere() -> list[bool]:
-    model = rp.wrap_model(_mlp())
+    model = rp.wrap_model(mlp())
     prec = rp.Precision("fp16", device="cpu")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     before = [p.detach().clone() for p in model.parameters()]
@@ -201,7 +195,7 @@ def test_each_compression_mode_trains_stays_in_sync_and_counts_bytes() -> None:
     assert runs["powersgd"]["first_error"] < 1e-6  # its first steps are plain all-reduces
     assert 1e-6 < runs["fp16"]["first_error"] < 2e-3
     assert runs["bf16"]["first_error"] < 2e-2  # bf16 autocast and bf16 all-reduce
-    numel = sum(p.numel() for p in _mlp(width=32).parameters())
+    numel = sum(p.numel() for p in mlp(6, 32, 32, 3).parameters())
     assert runs["none"]["bytes_per_step"] == 4 * numel
     assert runs["fp16"]["bytes_per_step"] == runs["bf16"]["bytes_per_step"] == 2 * numel
     # Two plain steps, then rank-1 factors: far fewer bytes on average.
@@ -243,9 +237,9 @@ def _divergence() -> dict[str, Any]:
     rank = dist.get_rank()
     out: dict[str, Any] = {}
     # The CyxWiz guide's "Gradients differ across ranks": seeds differ and nothing broadcasts.
-    unsynced = rp.wrap_model(_mlp(seed=rank), rp.DDPConfig(broadcast_parameters=False))
+    unsynced = rp.wrap_model(mlp(seed=rank), rp.DDPConfig(broadcast_parameters=False))
     out["unsynced"] = rp.check_parameters_in_sync(unsynced).names
-    synced = rp.wrap_model(_mlp(seed=rank))
+    synced = rp.wrap_model(mlp(seed=rank))
     out["synced"] = bool(rp.check_parameters_in_sync(synced))
 
     torch.manual_seed(0)
@@ -297,7 +291,7 @@ def test_divergence_is_detected_and_named() -> None:
 def _nccl_bf16_and_powersgd() -> list[bool]:
     synced = []
     for compression in ("bf16", "powersgd"):
-        model = rp.wrap_model(_mlp(), rp.DDPConfig(compression=compression, powersgd_start_iter=2))
+        model = rp.wrap_model(mlp(), rp.DDPConfig(compression=compression, powersgd_start_iter=2))
         assert next(model.parameters()).device == rd.device()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for step in range(4):

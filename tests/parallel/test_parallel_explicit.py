@@ -7,18 +7,11 @@ import pytest
 import torch
 from torch import nn
 
+from helpers.training import classification
 from rankwise.parallel import DDPConfig, ExplicitDDP, gradient_buckets
 from rankwise.testing import run_distributed
 
 MICRO, ROWS, FEATURES, CLASSES = 4, 8, 6, 3
-
-
-def _data(world: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every rank's micro-batches: x[rank, i] is rank's i-th micro-batch of ROWS rows."""
-    g = torch.Generator().manual_seed(7)
-    x = torch.randn(world, MICRO, ROWS, FEATURES, generator=g)
-    y = torch.randint(0, CLASSES, (world, MICRO, ROWS), generator=g)
-    return x, y
 
 
 def _net() -> nn.Module:
@@ -30,7 +23,7 @@ def _accumulate_then_sync() -> dict[str, object]:
     import rankwise.distributed as rd
 
     rank, world = rd.get_rank(), rd.get_world_size()
-    x, y = _data(world)
+    x, y = classification((world, MICRO, ROWS), FEATURES, CLASSES, seed=7)
     net = _net()
     ddp = ExplicitDDP(net, DDPConfig(bucket_size_mb=0.0001))  # several buckets
     loss_fn = nn.CrossEntropyLoss()

@@ -10,14 +10,8 @@ import torch.distributed as dist
 from torch import nn
 
 import rankwise.parallel as rp
+from helpers.training import mlp
 from rankwise.testing import run_distributed
-
-
-def _mlp(seed: int) -> nn.Sequential:
-    torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3)
-    )
 
 
 def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,11 +48,11 @@ def _train(model: nn.Module, steps: int, checkpoint: bool = False) -> tuple[list
 
 def _fsdp_against_ddp() -> dict[str, Any]:
     rank = dist.get_rank()
-    ddp = rp.wrap_model(_mlp(seed=0))
+    ddp = rp.wrap_model(mlp(seed=0))
     # Different weights per rank: broadcast_parameters must make rank 0's the starting point.
-    fsdp = rp.wrap_model(_mlp(seed=rank), rp.FSDPConfig(), strategy="fsdp")
-    fsdp_ckpt = rp.wrap_model(copy.deepcopy(_mlp(seed=0)), rp.FSDPConfig(), strategy="fsdp")
-    mixed = rp.wrap_model(_mlp(seed=0), rp.FSDPConfig(param_dtype="bf16"), strategy="fsdp")
+    fsdp = rp.wrap_model(mlp(seed=rank), rp.FSDPConfig(), strategy="fsdp")
+    fsdp_ckpt = rp.wrap_model(copy.deepcopy(mlp(seed=0)), rp.FSDPConfig(), strategy="fsdp")
+    mixed = rp.wrap_model(mlp(seed=0), rp.FSDPConfig(param_dtype="bf16"), strategy="fsdp")
     sharded = type(next(fsdp.parameters())).__name__
     ddp_norms, _ = _train(ddp, 4)
     fsdp_norms, _ = _train(fsdp, 4)

@@ -13,20 +13,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
 import rankwise.parallel as rp
+from helpers.training import mlp
 from rankwise.parallel.hooks import load_powersgd_state_dict, powersgd_state_dict
-
-
-def _mlp(seed: int = 0, dropout: float = 0.0) -> nn.Sequential:
-    torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Linear(6, 16),
-        nn.Tanh(),
-        nn.Dropout(dropout),
-        nn.Linear(16, 16),
-        nn.Tanh(),
-        nn.Linear(16, 3),
-    )
-
 
 # -- configuration -----------------------------------------------------------------------------
 
@@ -99,7 +87,7 @@ def test_is_sync_step() -> None:
 
 
 def test_world_of_one_ddp_is_the_plain_module_and_accumulate_is_a_no_op() -> None:
-    net = _mlp()
+    net = mlp(dropout=0.0)
     reference = copy.deepcopy(net)
     model = rp.wrap_model(net, rp.DDPConfig(compression="powersgd"))
     assert model is net and rp.unwrap_model(model) is net
@@ -134,7 +122,7 @@ def test_world_of_one_other_strategies() -> None:
     ("mode", "dtype"), [("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)]
 )
 def test_precision_autocasts_and_trains(mode: str, dtype: torch.dtype) -> None:
-    model = _mlp()
+    model = mlp(dropout=0.0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     precision = rp.Precision(mode, device="cpu")
     x, y = torch.randn(32, 6), torch.randn(32, 3)
@@ -220,7 +208,7 @@ def test_activation_checkpointing_lives_apart_from_training_checkpoints() -> Non
 
 
 def test_gradient_checkpointing_leaves_results_unchanged() -> None:
-    plain = _mlp(dropout=0.3)
+    plain = mlp(dropout=0.3)
     checkpointed = copy.deepcopy(plain)
     assert rp.enable_gradient_checkpointing(checkpointed) == ["0", "3", "5"]
     assert rp.enable_gradient_checkpointing(checkpointed) == ["0", "3", "5"]  # idempotent

@@ -14,12 +14,8 @@ from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 
 import rankwise.parallel as rp
+from helpers.training import mlp
 from rankwise.testing import run_distributed
-
-
-def _mlp() -> nn.Sequential:
-    torch.manual_seed(0)  # the same weights on every rank
-    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
 
 
 def _error(fn: Any, *args: Any, **kwargs: Any) -> str:
@@ -41,14 +37,14 @@ def _fsdp_cases() -> dict[str, Any]:
     out: dict[str, Any] = {}
     # Plain FSDP2 (Shard(0) on a 1-D mesh): each element lives on one rank, so the ranks can
     # only agree on the layout; the report must say it compared 4 tensors, not "all 0".
-    sharded = rp.wrap_model(_mlp(), rp.FSDPConfig(), strategy="fsdp")
+    sharded = rp.wrap_model(mlp(4, 6, 3), rp.FSDPConfig(), strategy="fsdp")
     sharded(torch.randn(2, 4)).sum().backward()
     report = rp.check_parameters_in_sync(sharded, gradients=True)
     out["sharded"] = (bool(report), report.checked, report.by_value, str(report))
 
     # HSDP (Replicate() x Shard(0) on a 2x1 mesh): both ranks hold a copy of every shard, so a
     # copy that drifted is divergence and must be named.
-    hsdp = _mlp()
+    hsdp = mlp(4, 6, 3)
     fully_shard(hsdp, mesh=init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard")))
     out["hsdp_in_sync"] = bool(rp.check_parameters_in_sync(hsdp))
     if rank == 1:

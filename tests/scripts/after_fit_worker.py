@@ -1,4 +1,4 @@
-"""Work after training under ``rankwise launch`` (tests/launch/test_continue_launcher.py).
+"""Work after training under ``rankwise launch`` (tests/launch/test_launch_continue.py).
 
 Every rank joins the group and checks one all-reduce (training over, which it tells the launcher
 with ``rd.mark_training_finished()``); then rank 0 alone keeps

@@ -1,4 +1,4 @@
-"""A tiny deterministic run for ``rankwise launch --on-failure continue`` (tests/train/test_continue.py).
+"""A tiny deterministic run for ``rankwise launch --on-failure continue`` (tests/train/test_train_continue.py).
 
 Trains an MLP on fixed data through ``DistributedTrainer`` (checkpoints only with
 ``--checkpoint-every``, and never read back from disk) with an :class:`AuditLog` in ``OUT/audit``; whoever is rank 0 at the end writes
@@ -7,7 +7,7 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
 - ``--kill-slot S --kill-step K``: slot S SIGKILLs itself in optimizer step K, after its
   micro-batch is recorded (its gradient reached the others), on its first start only.
 - ``--kill-group``: with ``--kill-slot``, slot S SIGKILLs its whole process group instead: its
-  launcher and that launcher's other processes (a lost node; tests/launch/test_multihost.py), once
+  launcher and that launcher's other processes (a lost node; tests/launch/test_launch_multihost.py), once
   they have recorded their micro-batch of step K too.
 - ``--stop-slot S --stop-step K``: slot S SIGSTOPs itself there instead (frozen).
 - ``--await-joiner-step K[,K2...]``: in optimizer step K, a member of a smaller world than it started

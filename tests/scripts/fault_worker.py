@@ -1,4 +1,4 @@
-"""A tiny deterministic training run that breaks on purpose (tests/train/test_faults.py, benchmarks).
+"""A tiny deterministic training run that breaks on purpose (tests/train/test_train_faults.py, benchmarks).
 
 Run it under ``rankwise launch``; it trains an MLP on fixed synthetic data through
 ``DistributedTrainer`` with ``resume="auto"``, step checkpoints and an :class:`AuditLog` in

@@ -1,4 +1,4 @@
-"""A tiny run with background checkpoints for preemption tests (tests/launch/test_continue_launcher.py).
+"""A tiny run with background checkpoints for preemption tests (tests/launch/test_launch_continue.py).
 
 Trains tiny_run's MLP under ``rankwise launch`` with an :class:`AuditLog` in ``OUT/audit``,
 a step delay, a checkpoint every 3 optimizer steps in ``OUT/ckpt`` and ``resume="auto"``;

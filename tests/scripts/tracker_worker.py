@@ -1,4 +1,4 @@
-"""A tiny run that logs to the experiment trackers (tests/integrations/test_trackers.py).
+"""A tiny run that logs to the experiment trackers (tests/integrations/test_integrations_trackers.py).
 
 Run it under ``rankwise launch``: it trains tiny_run's MLP (192 samples, batch 8 per rank)
 through ``DistributedTrainer`` with ``loggers`` from ``--loggers``, a CSV log in ``OUT/logs`` (a

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 import rankwise.distributed as rd
+from helpers.training import classification
 from rankwise.testing import run_distributed
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 
@@ -29,11 +30,6 @@ pytestmark = pytest.mark.timeout(180)
 def _model(hidden: int = 8) -> nn.Sequential:
     torch.manual_seed(0)  # the same weights on every rank
     return nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Linear(hidden, 3))
-
-
-def _data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
 def _config(**overrides: Any) -> DistributedTrainingConfig:
@@ -49,8 +45,8 @@ def _fit(
     trainer = DistributedTrainer(
         model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr)
     )
-    x, y = _data(n)
-    args: tuple[Any, ...] = (x, y, *_data(val)) if val else (x, y)
+    x, y = classification(n, 4, 3, seed=1)
+    args: tuple[Any, ...] = (x, y, *classification(val, 4, 3, seed=1)) if val else (x, y)
     try:
         trainer.fit(*args, _config(**cfg))
     except Exception as exc:
@@ -131,7 +127,7 @@ def test_a_lazy_module_trains_in_a_world_of_one():
     trainer = DistributedTrainer(
         nn.Sequential(nn.LazyLinear(3)), nn.CrossEntropyLoss(), lambda p: torch.optim.SGD(p, 0.1)
     )
-    trainer.fit(*_data(16), _config(strategy="none"))
+    trainer.fit(*classification(16, 4, 3, seed=1), _config(strategy="none"))
     assert trainer.global_step == 4
 
 
@@ -156,7 +152,9 @@ def _sync_cases() -> dict[str, tuple[str, str]]:
         trainer = DistributedTrainer(model, nn.CrossEntropyLoss(), opt)
         trainer.on_batch = hook
         try:
-            trainer.fit(*_data(48), _config(epochs=2, check_sync_every_n_steps=every))
+            trainer.fit(
+                *classification(48, 4, 3, seed=1), _config(epochs=2, check_sync_every_n_steps=every)
+            )
             out[name] = ("ok", str(trainer.global_step))
         except Exception as exc:
             out[name] = (type(exc).__name__, str(exc))

@@ -9,6 +9,7 @@ hand, but its recomputation graphs take four times as long to compile, so it is 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 import rankwise.distributed as rd
+from helpers.training import classification, make_trainer, mlp
 from rankwise.parallel import compile_model, is_compiled, unwrap_model
 from rankwise.testing import run_distributed
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig, load_file
@@ -33,18 +35,12 @@ SETTINGS: dict[str, Any] = {
 }
 
 
-def _trainer() -> DistributedTrainer:
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 3)
-    )
-    return DistributedTrainer(model, nn.CrossEntropyLoss(), lambda p: torch.optim.SGD(p, lr=0.1))
+_SGD = functools.partial(torch.optim.SGD, lr=0.1)  # a factory: the trainer builds it
 
 
 def _fit(compiled: bool) -> tuple[DistributedTrainer, list[float]]:
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(96, 6, generator=g), torch.randint(0, 3, (96,), generator=g)
-    trainer = _trainer()
+    x, y = classification(96, 6, 3, seed=0)
+    trainer = make_trainer(mlp(activation=nn.ReLU), _SGD)
     cfg = DistributedTrainingConfig(**SETTINGS, compile=compiled)
     return trainer, trainer.fit(x, y, cfg).train_losses
 
@@ -57,7 +53,7 @@ def _eager_and_compiled(folder: str) -> dict[str, Any]:
     compiled.save_checkpoint(Path(folder) / "compiled.pt")
     eager.save_checkpoint(Path(folder) / "eager.pt")
     rd.barrier()
-    fresh = _trainer()
+    fresh = make_trainer(mlp(activation=nn.ReLU), _SGD)
     fresh.load_checkpoint(Path(folder) / "compiled.pt")
     compiled.load_checkpoint(Path(folder) / "eager.pt")
     eager_state = model_state_dict(eager.model)
@@ -110,7 +106,7 @@ def test_compile_model_compiles_in_place_inside_a_wrapper() -> None:
 
 
 def test_a_later_fit_keeps_the_first_fits_compile_setting() -> None:
-    trainer = _trainer()
+    trainer = make_trainer(mlp(activation=nn.ReLU), _SGD)
     x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
     cfg = DistributedTrainingConfig(epochs=1, batch_size=8, verbose=False, checkpoint_dir=None)
     trainer.fit(x, y, cfg)

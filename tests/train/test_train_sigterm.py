@@ -1,7 +1,7 @@
 """rankwise.train.sigterm: on SIGTERM the wanted duties run once, in order, then the process
 ends as SIGTERM ends it (a process of its own per case: the default action ends it). The
 case of a main thread blocked in a collective, served by the helper thread, runs for real in
-tests/integrations/test_trackers.py (a SIGTERM to a launched job)."""
+tests/integrations/test_integrations_trackers.py (a SIGTERM to a launched job)."""
 
 from __future__ import annotations
 

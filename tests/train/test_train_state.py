@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from helpers.training import classification
 from rankwise.testing import run_distributed
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import snapshot
@@ -25,11 +26,6 @@ def _plain_leaves(value: Any, where: str = "state") -> list[str]:
     if isinstance(value, list | tuple):
         return [p for i, v in enumerate(value) for p in _plain_leaves(v, f"{where}[{i}]")]
     return [] if isinstance(value, PLAIN) else [f"{where}: {type(value).__name__}"]
-
-
-def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(5)
-    return torch.randn(96, 6, generator=g), torch.randint(0, 3, (96,), generator=g)
 
 
 class _StopAt(Exception):
@@ -51,7 +47,7 @@ def _trained_state(stop_at: int) -> TrainState:
     trainer.on_batch = stop
     cfg = DistributedTrainingConfig(epochs=2, batch_size=8, verbose=False, checkpoint_dir=None)
     with pytest.raises(_StopAt):
-        trainer.fit(*_data(), cfg)
+        trainer.fit(*classification(96, 6, 3, seed=5), cfg)
     return trainer.state
 
 

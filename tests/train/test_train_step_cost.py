@@ -24,6 +24,7 @@ import pytest
 import torch
 from torch import nn
 
+from helpers.training import classification, mlp
 from rankwise.data import DistributedSampler
 from rankwise.testing import TorchCalls
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
@@ -49,22 +50,12 @@ HOST_READS = {
 }
 
 
-def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return torch.randn(40 * BATCH, 8, generator=g), torch.randint(0, 4, (40 * BATCH,), generator=g)
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-
-
 def _count(
     train: Callable[[nn.Module, torch.optim.Optimizer], None],
 ) -> tuple[dict[int, Counter], Any]:
     """Torch calls between optimizer steps s and s + 1 for s in FIRST..LAST - 1, and the final
     weights."""
-    model = _model()
+    model = mlp(8, 16, 4, activation=nn.ReLU)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ops, steps, per_step = TorchCalls(), [0], {}
 
@@ -88,15 +79,17 @@ def _uniform(per_step: dict[int, Counter]) -> Counter:
     return first
 
 
-def _trainer(model: nn.Module, optimizer: torch.optim.Optimizer, verbose: bool = False) -> None:
-    x, y = _data()
+def _fit_by_trainer(
+    model: nn.Module, optimizer: torch.optim.Optimizer, verbose: bool = False
+) -> None:
+    x, y = classification(40 * BATCH, 8, 4, seed=0)
     cfg = DistributedTrainingConfig(epochs=1, batch_size=BATCH, checkpoint_dir=None, seed=3)
     cfg.verbose = verbose  # True: the default config, progress lines on
     DistributedTrainer(model, nn.CrossEntropyLoss(), optimizer).fit(x, y, cfg)
 
 
 def _loop(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    x, y = _data()
+    x, y = classification(40 * BATCH, 8, 4, seed=0)
     loss_fn = nn.CrossEntropyLoss()
     sampler = DistributedSampler(len(x), shuffle=True, seed=3)
     sampler.set_epoch(0)
@@ -113,7 +106,7 @@ def _loop(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
 def test_a_trainer_step_is_the_loops_torch_work_plus_the_documented_metrics(
     verbose: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    per_step, trainer_weights = _count(lambda m, o: _trainer(m, o, verbose))
+    per_step, trainer_weights = _count(lambda m, o: _fit_by_trainer(m, o, verbose))
     loop_ops, loop_weights = _count(_loop)
     loop_ops = _uniform(loop_ops)
     # The same arithmetic: otherwise the counts would compare different work.

@@ -1,5 +1,5 @@
 """TrackerSet: the fan-out's rules, with a tracker written here that keeps what it is given (the
-real W&B and MLflow runs are in tests/integrations/test_trackers.py).
+real W&B and MLflow runs are in tests/integrations/test_integrations_trackers.py).
 
 Pure: no process group, no tracker package needed.
 """

@@ -15,18 +15,9 @@ import torch
 from torch import nn
 
 from helpers.trainer_stops import Stop, fit_starts, stop_in_step
+from helpers.training import classification, mlp
 from rankwise.testing import run_distributed
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
-
-
-def _data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    return torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
-
-
-def _model(dropout: float) -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 4))
 
 
 def _run(
@@ -43,7 +34,7 @@ def _run(
     epoch_every: int = 1,
     verbose: bool = False,
 ) -> dict[str, Any]:
-    model = _model(dropout)
+    model = mlp(16, 32, 4, activation=nn.ReLU, dropout=dropout)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     trainer = DistributedTrainer(model, nn.CrossEntropyLoss(), optimizer)
     started_at = fit_starts(trainer)
@@ -59,7 +50,7 @@ def _run(
         keep_last_checkpoints=None,
         resume=resume,
     )
-    x, y = _data(n)
+    x, y = classification(n, 16, 4, seed=7)
     stopped = False
     try:
         history = trainer.fit(x, y, cfg).train_losses
@@ -179,8 +170,8 @@ def test_a_torn_checkpoint_falls_back_to_the_previous_one(tmp_path: Path) -> Non
 
 
 def _fsdp(tmp: str) -> dict[str, Any]:
-    x, y = _data(96)
-    model = _model(0.0)
+    x, y = classification(96, 16, 4, seed=7)
+    model = mlp(16, 32, 4, activation=nn.ReLU, dropout=0.0)
     trainer = DistributedTrainer(
         model,
         nn.CrossEntropyLoss(),
@@ -199,7 +190,9 @@ def _fsdp(tmp: str) -> dict[str, Any]:
     evaluated = trainer.evaluate(x, y)
     cfg.resume, cfg.epochs = "auto", 3  # the guide's style: fields set after construction
     again = DistributedTrainer(
-        _model(0.0), nn.CrossEntropyLoss(), lambda p: torch.optim.Adam(p, lr=1e-2)
+        mlp(16, 32, 4, activation=nn.ReLU, dropout=0.0),
+        nn.CrossEntropyLoss(),
+        lambda p: torch.optim.Adam(p, lr=1e-2),
     )
     resumed = again.fit(x, y, cfg).train_losses
     return {

@@ -41,6 +41,7 @@ import rankwise.augment as ra
 import rankwise.data as rdata
 import rankwise.distributed as rd
 import rankwise.parallel as rp
+from helpers.training import make_trainer
 from helpers.troubleshooting_table import check_row, raised, rows, run_cases
 from rankwise.distributed import DistributedConfig
 from rankwise.distributed.config import MemberConfig, check_variables, on_failure_mode
@@ -140,33 +141,28 @@ def _damaged_folder(damage: str) -> BaseException:
     return raised(read_checkpoint, path)
 
 
-def _trainer() -> DistributedTrainer:
-    model = nn.Linear(2, 2)
-    return DistributedTrainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1))
-
-
 _X, _Y = np.zeros((8, 2), np.float32), np.zeros((8, 2), np.float32)
 
 
 def _resume_missing_file() -> BaseException:
     config = DistributedTrainingConfig(epochs=1, batch_size=4, resume="/no/such/ckpt.pt")
-    return raised(_trainer().fit, _X, _Y, config)
+    return raised(make_trainer(loss=nn.MSELoss()).fit, _X, _Y, config)
 
 
 def _checkpoint_format() -> BaseException:
     path = Path(tempfile.mkdtemp()) / "other.pt"
     save_file({"format": 99, "epoch": 0, "step": 0}, path)
-    return raised(_trainer().load_checkpoint, path)
+    return raised(make_trainer(loss=nn.MSELoss()).load_checkpoint, path)
 
 
 def _global_batch_changed() -> BaseException:
     folder = tempfile.mkdtemp()
     first = DistributedTrainingConfig(epochs=1, batch_size=4, checkpoint_dir=folder, verbose=False)
-    _trainer().fit(_X, _Y, first)  # saved global batch: 4 x 1 rank x 1 step
+    make_trainer(loss=nn.MSELoss()).fit(_X, _Y, first)  # saved global batch: 4 x 1 rank x 1 step
     again = DistributedTrainingConfig(
         epochs=2, batch_size=1, grad_accum_steps=3, checkpoint_dir=folder, resume="auto"
     )
-    return raised(_trainer().fit, _X, _Y, again)
+    return raised(make_trainer(loss=nn.MSELoss()).fit, _X, _Y, again)
 
 
 def _already_wrapped() -> BaseException:
@@ -191,7 +187,9 @@ def _rank_errors() -> dict[str, tuple[str, str]]:
 def _rank_cases() -> dict[str, tuple[str, str]]:
     rank = rd.get_rank()
     cases: dict[str, Callable[[], object]] = {
-        "uneven_batches": lambda: _trainer().fit(  # rank 0: 3 batches of 2, rank 1: 2
+        "uneven_batches": lambda: make_trainer(
+            loss=nn.MSELoss()
+        ).fit(  # rank 0: 3 batches of 2, rank 1: 2
             DataLoader(
                 TensorDataset(torch.zeros(6 - 2 * rank, 2), torch.zeros(6 - 2 * rank, 2)), 2
             ),
@@ -228,7 +226,7 @@ def _train_errors() -> dict[str, tuple[str, str]]:
 
 
 def _train_fit(hidden: int = 8, seed: int = 42, hook: Any = None, every: int | None = None) -> Any:
-    from rankwise.train import DistributedTrainer, DistributedTrainingConfig
+    from rankwise.train import DistributedTrainingConfig
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Linear(hidden, 3))

@@ -108,7 +108,7 @@ _FORGED = (
 _NEEDS_GPU = "fires only on machines with(out) CUDA, so a trigger here cannot be portable"
 
 _STORAGE_API = (
-    "the object-storage layer's own API (Storage, RetryPolicy, remote.publish), which fit "
+    "the object-storage layer's own API (Storage, RetryPolicy, Catalogue), which fit "
     "calls with valid arguments; the message names the value and the rule"
 )
 _RACE = (
@@ -127,10 +127,9 @@ INTERNAL.update(
         ("testing/servers.py", "exited with {} before {} answered; log"): _TESTING,
         ("testing/servers.py", "attempts must be >= 1"): _TESTING,
         ("storage/retry.py", "unreachable"): _INVARIANT,
-        ("train/checkpoint/remote.py", "is a manifest's or the pointer's name"): _STORAGE_API,
         ("train/checkpoint/catalogue.py", "is not a checkpoint name of prefix"): _STORAGE_API,
         ("train/checkpoint/manager.py", "is a local folder: use CheckpointManager"): _STORAGE_API,
-        ("train/checkpoint/remote_sharded.py", "could not write its part of {}: {}"): _WRAPPER,
+        ("train/checkpoint/sharded.py", "could not write its part of {}: {}"): _WRAPPER,
         ("storage/store.py", "part_size ({}) must be >= 5 MiB"): _STORAGE_API,
         ("storage/store.py", "is remote storage; it has no local path."): _STORAGE_API,
         ("storage/retry.py", "attempts ({}) must be an integer >= 1."): (_STORAGE_API),
@@ -162,8 +161,8 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
         "names its fix (the demo extra); a row needs a run without matplotlib, which the test "
         "environment installs"
     ),
-    ("train/checkpoint/remote.py", "changed while it was uploaded to"): _RACE,
-    ("train/checkpoint/remote.py", "is missing; its manifest remains."): _RACE,
+    ("train/checkpoint/backends.py", "changed while it was uploaded to"): _RACE,
+    ("train/checkpoint/backends.py", "is missing; its manifest remains."): _RACE,
     ("storage/store.py", "read back other bytes than were written."): _RACE,
     ("storage/store.py", "use a local path or an fsspec URL (s3://, gs://"): (
         "fires for a URL scheme fsspec does not know; its text is fsspec's, which varies by "
@@ -228,7 +227,7 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
     ),
     ("train/checkpoint/placement.py", "checkpoint_dir ({}) is relative, and this --on-failure"): (
         "fires only inside a continue job launched on more than one node (--nnodes > 1): "
-        "tests/train/checkpoint/test_train_writer_roles.py triggers it"
+        "tests/train/checkpoint/test_checkpoint_writer_roles.py triggers it"
     ),
     ("train/continuing.py", "{} recoveries in a row at optimizer step {} without a step"): (
         _CONTINUE

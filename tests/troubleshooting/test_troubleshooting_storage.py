@@ -20,7 +20,7 @@ from rankwise.train.checkpoint import (
     Storage,
     read_checkpoint,
 )
-from rankwise.train.checkpoint import remote as rc
+from rankwise.train.checkpoint.backends import verify_object
 from rankwise.train.checkpoint.writer import CheckpointWriter
 
 pytestmark = pytest.mark.timeout(60)
@@ -58,7 +58,7 @@ def _retry_warning() -> BaseException:
 def _no_manifest() -> BaseException:
     store = Storage.for_url(f"{_BUCKET[0]}/torn")
     store.put(b"data, no manifest", "ckpt-e000000-s000000001.pt")
-    return raised(rc.verify, store, "ckpt-e000000-s000000001.pt")
+    return raised(verify_object, store, "ckpt-e000000-s000000001.pt")
 
 
 class _FailingManager:

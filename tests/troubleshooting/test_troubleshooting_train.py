@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
+from helpers.training import make_trainer
 from helpers.troubleshooting_table import check_row, raised, run_cases, warned
 from rankwise.testing import run_distributed
 from rankwise.train import (
@@ -44,11 +45,6 @@ from rankwise.train.checkpoint.writer import CheckpointWriter
 from rankwise.train.tracking.ray_report import check_checkpoint_dir
 
 _X, _Y = np.zeros((8, 2), np.float32), np.zeros((8, 2), np.float32)
-
-
-def _trainer(model: nn.Module | None = None, loss: nn.Module | None = None) -> DistributedTrainer:
-    model = model or nn.Linear(2, 2)
-    return DistributedTrainer(model, loss, torch.optim.SGD(model.parameters(), lr=0.1))
 
 
 def _config(**fields: object) -> DistributedTrainingConfig:
@@ -215,9 +211,9 @@ def _older_save_into_a_used_folder() -> BaseException:
 
 def _global_batch_changed_warns() -> BaseException:
     folder = str(_folder())
-    _trainer(loss=nn.MSELoss()).fit(_X, _Y, _config(checkpoint_dir=folder))  # 4 x 1 x 1
+    make_trainer(loss=nn.MSELoss()).fit(_X, _Y, _config(checkpoint_dir=folder))  # 4 x 1 x 1
     again = _config(epochs=2, batch_size=2, checkpoint_dir=folder, resume="auto")
-    return warned(_trainer(loss=nn.MSELoss()).fit, _X, _Y, again)
+    return warned(make_trainer(loss=nn.MSELoss()).fit, _X, _Y, again)
 
 
 # -- the trainer's inputs -----------------------------------------------------------------------
@@ -353,13 +349,13 @@ def _cuda_device_without_cuda() -> BaseException:
 
 
 def _fitted(model: nn.Module | None = None) -> DistributedTrainer:
-    trainer = _trainer(model, nn.MSELoss())
+    trainer = make_trainer(model, loss=nn.MSELoss())
     trainer.fit(_X, _Y, _config())
     return trainer
 
 
 def _strategy_changed() -> BaseException:
-    trainer = _trainer(loss=nn.MSELoss())
+    trainer = make_trainer(loss=nn.MSELoss())
     trainer.fit(_X, _Y, _config(strategy="ddp"))
     return raised(trainer.fit, _X, _Y, _config(strategy="none"))
 
@@ -396,12 +392,12 @@ def _stop_at_step_2(_trainer: object, _epoch: int, step: int, _ids: object) -> N
 
 def _resume_mid_epoch_without_sampler() -> BaseException:
     folder = str(_folder())
-    killed = _trainer(loss=nn.MSELoss())
+    killed = make_trainer(loss=nn.MSELoss())
     killed.on_batch = _stop_at_step_2
     cfg = _config(batch_size=2, checkpoint_dir=folder, checkpoint_every_n_steps=1)
     raised(killed.fit, _loader(batch=2), config=cfg)
     again = _config(batch_size=2, checkpoint_dir=folder, resume="auto")
-    return raised(_trainer(loss=nn.MSELoss()).fit, _loader(batch=2), config=again)
+    return raised(make_trainer(loss=nn.MSELoss()).fit, _loader(batch=2), config=again)
 
 
 # -- on real ranks: wrapped models, uneven loaders, per-rank checkpoints (one 2-rank run) -------
@@ -453,7 +449,7 @@ def _per_rank_checkpoints_differ(folder: str) -> None:
     cfg = _config(
         batch_size=2, checkpoint_dir=folder, save_on_master_only=False, checkpoint_every_n_steps=1
     )
-    _trainer(loss=nn.MSELoss()).fit(_X, _Y, cfg)
+    make_trainer(loss=nn.MSELoss()).fit(_X, _Y, cfg)
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 1:
         manager = CheckpointManager(Path(folder) / "rank-1")
@@ -466,7 +462,7 @@ def _per_rank_checkpoints_differ(folder: str) -> None:
         again = _config(
             epochs=2, batch_size=2, checkpoint_dir=folder, save_on_master_only=False, resume="auto"
         )
-        _trainer(loss=nn.MSELoss()).fit(_X, _Y, again)
+        make_trainer(loss=nn.MSELoss()).fit(_X, _Y, again)
 
 
 def _fsdp_with_scheduler_instance() -> None:
@@ -494,7 +490,7 @@ def _rank_cases(folder: str) -> dict[str, tuple[str, str]]:
         "data_parallel": lambda: _wrapped_fit(nn.DataParallel(nn.Linear(2, 2))),
         "device": lambda: _wrapped_fit(ddp(nn.Linear(2, 2)), device="meta"),
         "hook_state": _hook_state_fit,
-        "uneven_stream": lambda: _trainer(loss=nn.MSELoss()).fit(
+        "uneven_stream": lambda: make_trainer(loss=nn.MSELoss()).fit(
             DataLoader(_RankStream(), batch_size=2), config=_config(batch_size=2)
         ),
         "checkpoints_differ": lambda: _per_rank_checkpoints_differ(folder),
@@ -530,7 +526,7 @@ def _tracker_package_missing() -> BaseException:
     saved = sys.modules.get("wandb")
     sys.modules["wandb"] = None  # type: ignore[assignment]
     try:
-        return raised(_trainer(loss=nn.MSELoss()).fit, _X, _Y, _config(loggers=["wandb"]))
+        return raised(make_trainer(loss=nn.MSELoss()).fit, _X, _Y, _config(loggers=["wandb"]))
     finally:
         if saved is None:
             del sys.modules["wandb"]
@@ -547,7 +543,7 @@ def _tracker_unreachable() -> BaseException:
     saved = dict(os.environ)
     os.environ["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{free_port()}"
     try:
-        return warned(_trainer(loss=nn.MSELoss()).fit, _X, _Y, _config(loggers=["mlflow"]))
+        return warned(make_trainer(loss=nn.MSELoss()).fit, _X, _Y, _config(loggers=["mlflow"]))
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -560,7 +556,7 @@ def _tracker_refuses() -> BaseException:
     saved = dict(os.environ)
     os.environ["MLFLOW_TRACKING_URI"] = Path(tempfile.mkdtemp()).as_uri()
     try:
-        return warned(_trainer(loss=nn.MSELoss()).fit, _X, _Y, _config(loggers=["mlflow"]))
+        return warned(make_trainer(loss=nn.MSELoss()).fit, _X, _Y, _config(loggers=["mlflow"]))
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -575,7 +571,7 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
         _config, checkpoint_storage_options={"key": "AKIA-EXAMPLE", "secret": "***"}
     ),
     "tracker-option": lambda: warned(
-        _trainer(loss=nn.MSELoss()).fit,
+        make_trainer(loss=nn.MSELoss()).fit,
         _X,
         _Y,
         _config(loggers=["wandb"], logger_options={"wandb": {"projct": "mnist"}}),
@@ -597,17 +593,19 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "checkpoint-keep-last": lambda: raised(CheckpointManager, "ckpts", keep_last=0),
     "resume-global-batch-changed": _global_batch_changed_warns,
     "trainer-not-set-up": _no_optimizer_yet,
-    "fit-lengths-differ": lambda: raised(_trainer(loss=nn.MSELoss()).fit, _X, _Y[:7], _config()),
-    "fit-no-config": lambda: raised(_trainer(loss=nn.MSELoss()).fit, _X, _Y),
-    "fit-validation-split-empty": lambda: raised(
-        _trainer(loss=nn.MSELoss()).fit, _X[:2], _Y[:2], _config(validation_split=0.9)
+    "fit-lengths-differ": lambda: raised(
+        make_trainer(loss=nn.MSELoss()).fit, _X, _Y[:7], _config()
     ),
-    "fit-loss-fn-none": lambda: raised(_trainer().fit, _X, _Y, _config()),
+    "fit-no-config": lambda: raised(make_trainer(loss=nn.MSELoss()).fit, _X, _Y),
+    "fit-validation-split-empty": lambda: raised(
+        make_trainer(loss=nn.MSELoss()).fit, _X[:2], _Y[:2], _config(validation_split=0.9)
+    ),
+    "fit-loss-fn-none": lambda: raised(make_trainer(loss=None).fit, _X, _Y, _config()),
     "trainer-model-type": lambda: raised(
         DistributedTrainer, "model.pt", nn.MSELoss(), lambda p: torch.optim.SGD(p, lr=0.1)
     ),
     "gradient-checkpointing-no-blocks": lambda: raised(
-        _trainer(loss=nn.MSELoss()).fit, _X, _Y, _config(gradient_checkpointing=True)
+        make_trainer(loss=nn.MSELoss()).fit, _X, _Y, _config(gradient_checkpointing=True)
     ),
     "config-yaml-invalid": lambda: _yaml("epochs: [1\n"),
     "config-yaml-not-mapping": lambda: _yaml("- epochs\n- 5\n"),
@@ -637,19 +635,21 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     ),
     "checkpoint-tensor-subclass": _tensor_subclass,
     "sync-check-fsdp": lambda: raised(_config, strategy="fsdp", check_sync_every_n_steps=2),
-    "fit-array-type": lambda: raised(_trainer(loss=nn.MSELoss()).fit, _X, _Y.tolist(), _config()),
-    "fit-arrays-count": lambda: raised(_trainer(loss=nn.MSELoss()).fit, _X, _Y, _X, _config()),
+    "fit-array-type": lambda: raised(
+        make_trainer(loss=nn.MSELoss()).fit, _X, _Y.tolist(), _config()
+    ),
+    "fit-arrays-count": lambda: raised(make_trainer(loss=nn.MSELoss()).fit, _X, _Y, _X, _config()),
     "fit-data-arguments": lambda: raised(
-        _trainer(loss=nn.MSELoss()).fit, _loader(), _loader(), _loader(), config=_config()
+        make_trainer(loss=nn.MSELoss()).fit, _loader(), _loader(), _loader(), config=_config()
     ),
     "fit-validation-split-iterable": lambda: raised(
-        _trainer(loss=nn.MSELoss()).fit, _Stream(), config=_config(validation_split=0.25)
+        make_trainer(loss=nn.MSELoss()).fit, _Stream(), config=_config(validation_split=0.25)
     ),
     "fit-validation-split-loader": lambda: raised(
-        _trainer(loss=nn.MSELoss()).fit, _loader(), config=_config(validation_split=0.25)
+        make_trainer(loss=nn.MSELoss()).fit, _loader(), config=_config(validation_split=0.25)
     ),
     "fit-batch-not-pair": lambda: raised(
-        _trainer(loss=nn.MSELoss()).fit, _Triples(), config=_config()
+        make_trainer(loss=nn.MSELoss()).fit, _Triples(), config=_config()
     ),
     "evaluate-arguments": lambda: raised(_fitted().evaluate, _X, _Y, _X),
     "evaluate-type": lambda: raised(_fitted().evaluate, "val.npy"),

@@ -2,7 +2,7 @@
 it saw: :class:`Ledger` (``rankwise.launch.supervisor`` feeds it every exit in order and carries
 out its :class:`Verdict`), so the contract "exit 0 only when training finished; every failed
 slot with restarts left is restarted; every failed exit named" is tested on its own
-(tests/launch/test_exit_decisions.py)."""
+(tests/launch/test_launch_exit_decisions.py)."""
 
 from __future__ import annotations
 

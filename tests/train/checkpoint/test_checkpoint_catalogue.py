@@ -132,33 +132,68 @@ def test_the_manager_saves_names_and_prunes_to_keep_last(store_root: str):
     assert len(keep_all.checkpoints()) == 5
 
 
+class _Recording(Storage):
+    """The real store, with its writes and deletes recorded in ``order``."""
+
+    order: list[str]
+
+    def put(self, source: Any, key: str, **kw: Any) -> int:
+        self.order.append(f"put {key}")
+        return super().put(source, key, **kw)
+
+    def delete(self, *keys: str) -> None:
+        self.order.extend(f"delete {k}" for k in keys)
+        super().delete(*keys)
+
+
 def test_nothing_is_pruned_or_pointed_at_before_the_new_checkpoint_is_safe(store_root: str):
-    manager, store = _manager(store_root, keep_last=1), Storage.for_url(store_root)
+    plain = Storage.for_url(store_root)
+    store = _Recording(plain.url, plain.protocol, plain.path, plain.fs)
+    store.order = []
+    manager = CheckpointManager(store, keep_last=1)
     manager.save(_state(1), epoch=0, step=1)
+    plain.put(b"torn, older", "ckpt-e000000-s000000000.pt")  # no manifest: a save killed
     seen: dict[str, tuple[list[str], str]] = {}
 
     def hook(point: str) -> None:
         if point not in ("before-pointer", "before-prune"):
             return  # mid-upload runs on the store client's event loop: no calls from there
-        names = [n for n in store.names() if not n.startswith(".")]
-        seen[point] = (names, json.loads(store.read("ckpt-latest.json"))["file"])
+        names = [n for n in plain.names() if not n.startswith(".")]
+        seen[point] = (names, json.loads(plain.read("ckpt-latest.json"))["file"])
 
     previous = set_fault_hook(hook)
+    store.order.clear()
     try:
         manager.save(_state(2), epoch=0, step=2)
     finally:
         set_fault_hook(previous)
-    old, new = "ckpt-e000000-s000000001.pt", "ckpt-e000000-s000000002.pt"
+    torn, old, new = (f"ckpt-e000000-s00000000{s}.pt" for s in (0, 1, 2))
     # Before the pointer moves, the new file and its manifest are complete; the old one is kept.
     assert seen["before-pointer"] == (
-        sorted([old, old + ".sha256.json", new, new + ".sha256.json", "ckpt-latest.json"]),
+        sorted([torn, old, old + ".sha256.json", new, new + ".sha256.json", "ckpt-latest.json"]),
         old,
     )
     assert seen["before-prune"][1] == new and old in seen["before-prune"][0]
+    # The data (staged and uploaded, or renamed into place) and its manifest, then the pointer,
+    # then the pruning, each checkpoint's manifest before its data (the incomplete one too).
+    assert store.order[-5:] == [
+        "put ckpt-latest.json",
+        f"delete {torn}.sha256.json",
+        f"delete {torn}",
+        f"delete {old}.sha256.json",
+        f"delete {old}",
+    ]
     assert _names(manager) == [new]
 
 
-@pytest.mark.parametrize(("damage", "what"), [(_truncate, "truncated"), (_flip, "corrupt")])
+def _unfinished(store: Storage, name: str) -> None:
+    store.delete(f"{name}.sha256.json")  # a save killed before its manifest
+
+
+@pytest.mark.parametrize(
+    ("damage", "what"),
+    [(_truncate, "truncated"), (_flip, "corrupt"), (_unfinished, "has no manifest")],
+)
 def test_latest_falls_back_to_the_previous_good_checkpoint(store_root: str, damage, what: str):
     manager, store = _manager(store_root, keep_last=3), Storage.for_url(store_root)
     paths = [str(manager.save(_state(s), epoch=0, step=s)) for s in (1, 2, 3)]

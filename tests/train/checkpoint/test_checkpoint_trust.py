@@ -104,7 +104,7 @@ class Place:
 
     def read(self, location: str, key: str | None) -> dict[str, Any]:
         """An explicit load of ``location``: read_checkpoint's, or in the bucket its reader
-        (remote.load / remote_sharded.fetch) on this test's connection."""
+        (backends.load_object / backends.fetch_folder) on this test's connection."""
         if self.store is None:
             return ck.read_checkpoint(location, key=key)
         return self.manager(location.rpartition("/")[0], key).read(location)

@@ -8,7 +8,7 @@ The fault class: the real writer (background and synchronous) over a real folder
 ``RuntimeError`` over one, a bare ``RuntimeError``, a ``TimeoutError``, a library's own class)
 injected at each point of a write (``set_fault_hook``), the error looked for where the docs say
 it comes (at once for a synchronous save, the next save, or the end of ``fit``). A real full disk (a tmpfs) is in ``test_a_real_full_disk_...`` below and,
-across 2 launched ranks, in tests/train/test_continue_failures.py."""
+across 2 launched ranks, in tests/train/test_train_continue_failures.py."""
 
 from __future__ import annotations
 

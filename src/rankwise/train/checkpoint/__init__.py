@@ -28,12 +28,12 @@ here, never from the modules below (their shared names are the package's interna
   buffers (:func:`snapshot`, ``staging.py``); :class:`SaveStats` is what that cost the loop.
   :func:`manager_for` (``placement.py``) is where ``fit`` saves, :func:`load_resume`
   (``resume.py``) what it resumes from.
-- Object storage (``remote.py``, ``remote_sharded.py``, over ``rankwise.storage``):
-  :class:`Storage` reaches a local folder or any fsspec URL (``s3://``, ``gs://``, ``az://``,
-  ``memory://``) with retries and errors that name the URL, never a credential; ``remote``
-  uploads a checkpoint as data, then manifest (there is no rename), before the pointer moves,
-  and trusts only what verifies; ``remote_sharded`` does the same for FSDP2's DCP folders, each
-  rank uploading its own shards.
+- Object storage (``backends.py`` over ``rankwise.storage``): :class:`Storage` reaches a
+  local folder or any fsspec URL (``s3://``, ``gs://``, ``az://``, ``memory://``) with retries
+  and errors that name the URL, never a credential; a bucket's checkpoint is uploaded as data,
+  then manifest (there is no rename), before the pointer moves, and only what verifies is
+  trusted; one sharded writer (``sharded.ShardedWriter``) serves folders and buckets, each
+  rank uploading its own shards to a bucket.
 
 >>> import tempfile
 >>> manager = CheckpointManager(tempfile.mkdtemp(), keep_last=2)

@@ -15,9 +15,9 @@ from collections.abc import Callable
 # the temporary file; "before-rename": the temporary file is complete and fsynced;
 # "before-manifest": the data has its final name, the manifest is not written yet;
 # "before-pointer" / "before-prune": CheckpointManager.save's later steps.
-# In object storage (remote.py): "mid-upload", after the first part (or the whole object, when
-# it is one part) of the data is uploaded (remote_sharded.py: of each file a rank uploads);
-# then "before-manifest" (remote_sharded.py), "before-pointer" and "before-prune" as on disk.
+# In object storage (backends.BucketSaves): "mid-upload", after the first part (or the whole
+# object, when it is one part) of the data is uploaded (a sharded save: of each file a rank
+# uploads); then "before-manifest", "before-pointer" and "before-prune" as on disk.
 FAULT_POINTS = (
     "mid-write",
     "before-rename",

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from rankwise.storage import Storage, is_remote_url, split_url
-from rankwise.train.checkpoint import remote, remote_sharded, sharded
-from rankwise.train.checkpoint.backends import BucketSaves, FolderSaves
+from rankwise.train.checkpoint import sharded
+from rankwise.train.checkpoint.backends import BucketSaves, FolderSaves, fetch_folder, load_object
 from rankwise.train.checkpoint.catalogue import Catalogue, check_position
 from rankwise.train.checkpoint.errors import CheckpointError
 from rankwise.train.checkpoint.files import check_plain, load_file
@@ -115,6 +115,13 @@ class CheckpointManager:
         in a folder, names in object storage."""
         return [self._saves.listed(name) for name in self._catalogue.names()]
 
+    @property
+    def may_stall(self) -> bool:
+        """Whether a write here may go unanswered for long (an object store's silence): a
+        background save then queues behind the one running rather than waiting for it. A
+        local folder's write ends."""
+        return self._saves.may_stall
+
     def probe(self) -> str | None:
         """Whether a save can write here: None if it can, else what failed (the path and the
         OS error, or the URL and the store's answer, never a secret), for ``fit`` to say
@@ -207,9 +214,12 @@ class CheckpointManager:
         found = self._catalogue.first_valid(self._saves.load)
         return None if found is None else (self._saves.location(found[0]), found[1])
 
-    def read(self, location: str | os.PathLike[str]) -> dict[str, Any]:
-        """The state of the checkpoint at ``location`` (one of this manager's), verified."""
-        return self._saves.load(os.fspath(location).rstrip("/").rpartition("/")[2])
+    def read(self, location: str | os.PathLike[str], *, shards: bool = True) -> dict[str, Any]:
+        """The state of the checkpoint at ``location`` (one of this manager's), verified.
+        ``shards=False``: a local sharded folder's shards are checked by size only (a rank
+        loading what rank 0 verified in full); a bucket's are downloaded and checked in full."""
+        name = os.fspath(location).rstrip("/").rpartition("/")[2]
+        return self._saves.load(name, shards=shards)
 
 
 class RemoteCheckpointManager(CheckpointManager):
@@ -271,8 +281,8 @@ def read_checkpoint(
             )
         storage = Storage.for_url(url.rpartition("/")[0], storage_options)
         if sharded.is_sharded_path(name):
-            return remote_sharded.fetch(storage, name, key)
-        return remote.load(storage, name, key)
+            return fetch_folder(storage, name, key)
+        return load_object(storage, name, key)
     if sharded.is_sharded_path(path):
         return sharded.read_state(path, verify_shards=verify_shards, key=key)
     return load_file(path, key=key)

@@ -65,10 +65,8 @@ def load_resume(
         path = broadcast_path(found[0] if found is not None else None)
         if path is not None and not rd.is_master():
             try:  # rank 0 verified it in full
-                if isinstance(manager, RemoteCheckpointManager):
-                    found = path, manager.read(str(path))
-                else:
-                    found = path, read_checkpoint(path, verify_shards=False, key=key)
+                assert manager is not None  # rank 0 found the path with it
+                found = path, manager.read(path, shards=False)
             except Exception as e:
                 error = f"{type(e).__name__}: {e}"
     _agree(found, error)

@@ -14,11 +14,14 @@ Under ``strategy="fsdp"`` a checkpoint is a folder, not a file::
 Every rank writes its own shards with ``torch.distributed.checkpoint.async_save``: the loop is
 held for the staging copy only; the write and DCP's collectives (plans, metadata) run on a
 background thread over a gloo group of their own, so they never interleave with training's
-collectives on the default group. The folder is written under a temporary name; once every
-rank's shards are on disk rank 0 writes ``train_state.pt`` and the manifest, renames the
-folder into place and fsyncs, then the manager moves its pointer and prunes. The rules are a
-checkpoint file's: a folder without a manifest that matches is never loaded, and
-:meth:`CheckpointManager.latest` falls back past it.
+collectives on the default group. One :class:`ShardedWriter` serves a folder and a bucket alike;
+the one step that differs, making the finished local files visible under the checkpoint's name,
+is its ``target``'s (``backends.py``): on disk every rank writes into one temporary folder
+that rank 0 renames into place once ``train_state.pt`` and the manifest are in it; in object
+storage, which has no rename, every rank writes a local folder of its own and uploads its
+files, and rank 0 uploads ``train_state.pt`` and then the manifest. Then the manager's
+catalogue moves its pointer and prunes. The rules are a checkpoint file's: a folder without a
+manifest that matches is never loaded, and :meth:`CheckpointManager.latest` falls back past it.
 
 The DCP part holds tensors only: DCP unpickles non-tensor entries with ``weights_only=False``,
 so every plain value goes to ``train_state.pt``, read with ``weights_only=True``. DCP also
@@ -44,8 +47,9 @@ import os
 import pickle
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -53,10 +57,11 @@ import xxhash
 from torch import nn
 
 import rankwise.distributed as rd
-from rankwise.storage.local import fsync_dir, remove_tree, tmp_name, write_atomic
+from rankwise.storage import StorageError
+from rankwise.storage.local import write_atomic
 from rankwise.train.checkpoint.errors import CheckpointError
 from rankwise.train.checkpoint.faults import fault_point
-from rankwise.train.checkpoint.files import check_plain, write_json_atomic
+from rankwise.train.checkpoint.files import check_plain
 from rankwise.train.checkpoint.manifests import (
     USE_ANOTHER,
     check_bytes,
@@ -79,6 +84,7 @@ __all__ = [
     "METADATA",
     "REST",
     "SUFFIX",
+    "ShardTarget",
     "ShardedWriter",
     "file_entries",
     "is_sharded_path",
@@ -134,49 +140,154 @@ def _split(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return tensors, rest
 
 
-class ShardedWriter:
-    """Every rank's side of sharded saves for one :class:`CheckpointManager`: it keeps the
-    staging buffers (reused from save to save) and the background process group."""
+# What a rank's failure travels as between ranks: (kind, storage reason, message), plain data.
+Failure = tuple[str, str, str]
 
-    def __init__(self) -> None:
+
+class ShardTarget(Protocol):
+    """Where a sharded save's files become visible: the one step that differs between a local
+    folder and object storage (``backends.FolderSaves``, ``backends.BucketSaves``)."""
+
+    def scratch(self, name: str) -> Path:
+        """The local folder this rank's DCP files are written to (a collective where it is
+        shared by every rank)."""
+
+    def share(self, tmp: Path, name: str) -> dict[str, dict[str, Any]]:
+        """Once this rank's files are written: make them visible under checkpoint ``name``
+        (or nothing, where ``tmp`` is already shared); return the manifest entries this rank
+        vouches for."""
+
+    def share_file(self, tmp: Path, name: str, file: str) -> None:
+        """Rank 0: make ``tmp/file`` visible under checkpoint ``name`` too."""
+
+    def seal(self, tmp: Path, name: str, manifest: dict[str, Any]) -> None:
+        """Rank 0, last: the signed ``manifest``, after which the folder is a checkpoint a
+        reader trusts (a rename into place, or the manifest's upload)."""
+
+    def release(self, tmp: Path) -> None:
+        """The save ended (done or failed): drop what of ``tmp`` is this rank's to drop."""
+
+    def location(self, name: str) -> Any:
+        """Checkpoint ``name``'s path (or URL)."""
+
+
+class ShardedWriter:
+    """Every rank's side of sharded saves to one store, a folder or a bucket alike: it keeps
+    DCP's staging buffers (reused from save to save) and the background process group.
+
+    A save (:meth:`start`): every rank writes its shards with DCP into a local folder
+    (``target.scratch``: one shared temporary folder beside the checkpoint on disk, a folder
+    of each rank's own for a bucket); in the background the loop is held for the staging copy
+    only. Then, on the writer thread, each rank makes its files visible (``target.share``: an
+    upload, or nothing on disk), the ranks gather what each vouches for and its error as plain
+    data (no file is vouched for unless every rank's are there), rank 0 writes the plain rest
+    (``train_state.pt``) and the manifest last (``target.seal``: the rename into place, or the
+    manifest's upload), moves the pointer and prunes (``commit``: the catalogue's); its
+    outcome is broadcast, so every rank reports the same save as done or failed. A kill at
+    any point leaves the previous checkpoint the latest valid one.
+
+    Fault points: ``mid-upload`` (a bucket: once each file's first part is up),
+    ``before-manifest``, ``before-rename`` (a folder), then the catalogue's."""
+
+    def __init__(
+        self,
+        target: ShardTarget,
+        commit: Callable[[str, dict[str, Any]], None],
+        key: bytes | None,
+    ) -> None:
+        self.target = target
+        self.commit = commit  # the catalogue's: move the pointer to a checkpoint, then prune
+        self.key = key  # the checkpoint key manifests are signed with (manifests.resolve_key)
         self._group: dist.ProcessGroup | None = None
         self._stager: Any = None
 
     def start(
-        self, state: dict[str, Any], final: Path, *, background: bool, tmp: Path | None = None
-    ) -> tuple[Path, concurrent.futures.Future[Any], dict[str, Any] | None]:
-        """Begin writing ``state`` towards ``final``; a collective on every rank.
-
-        Returns the temporary folder, this rank's write (a future: in the background it is
-        done once the shards are on disk, on every rank once every rank's are: DCP's last
-        step gathers them and rank 0 writes ``.metadata``) and, on rank 0, a copy of the plain
-        rest that :func:`publish` writes. ``tmp``: this rank's own (local) folder to write to,
-        instead of one beside ``final`` that rank 0 names for all (object storage uploads each
-        rank's files from its own folder).
-        """
+        self, state: dict[str, Any], name: str, meta: dict[str, Any], *, background: bool
+    ) -> Callable[[], Any]:
+        """Start every rank's DCP write of ``state`` (a collective); return what makes it
+        checkpoint ``name`` once it is written (a collective on the background group, run on
+        every rank) and returns its location."""
         import torch.distributed.checkpoint as dcp
 
         tensors, rest = _split(state)
         check_plain(rest, "state")  # here, not as an error on the background thread
-        tmp = _shared_tmp(final) if tmp is None else tmp
-        storage = dcp.FileSystemWriter(str(tmp))
-        no_dist = _no_dist()
-        written: concurrent.futures.Future[Any]
-        if background:
-            response = dcp.async_save(
-                tensors,
-                storage_writer=storage,
-                process_group=self.background_group(),
-                async_stager=self._staging(),
-                no_dist=no_dist,
-            )
-            # A plain future of the upload (staging was synchronous); a newer DCP may answer
-            # with a response holding it.
-            written = getattr(response, "upload_completion", response)  # type: ignore[arg-type]
-        else:
-            written = concurrent.futures.Future()
-            written.set_result(dcp.save(tensors, storage_writer=storage, no_dist=no_dist))
-        return tmp, written, snapshot(rest) if rd.is_master() else None
+        group = self.background_group()  # made here, on the loop's thread
+        tmp = self.target.scratch(name)
+        try:
+            storage = dcp.FileSystemWriter(str(tmp))
+            no_dist = _no_dist()
+            written: concurrent.futures.Future[Any]
+            if background:
+                response = dcp.async_save(
+                    tensors,
+                    storage_writer=storage,
+                    process_group=group,
+                    async_stager=self._staging(),
+                    no_dist=no_dist,
+                )
+                # A plain future of the upload (staging was synchronous); a newer DCP may
+                # answer with a response holding it.
+                written = getattr(response, "upload_completion", response)  # type: ignore[arg-type]
+            else:
+                written = concurrent.futures.Future()
+                written.set_result(dcp.save(tensors, storage_writer=storage, no_dist=no_dist))
+        except BaseException:
+            self.target.release(tmp)
+            raise
+        plain = snapshot(rest) if rd.is_master() else None
+
+        def finish() -> Any:
+            try:
+                return self._finish(written, tmp, plain, name, meta, group)
+            finally:
+                self.target.release(tmp)
+
+        return finish
+
+    def _finish(
+        self,
+        written: concurrent.futures.Future[Any],
+        tmp: Path,
+        rest: dict[str, Any] | None,
+        name: str,
+        meta: dict[str, Any],
+        group: dist.ProcessGroup | None,
+    ) -> Any:
+        written.result()  # every rank's files are written (DCP's last step gathers them all)
+        where = str(self.target.location(name))
+        files: dict[str, Any] = {}
+        error: BaseException | None = None
+        try:
+            files = self.target.share(tmp, name)
+        except Exception as e:  # every rank must reach the gather below
+            error = e
+        everyone = rd.all_gather_plain((files, _failure(error)), group=group)
+        _raise_first(dict(enumerate(f for _, f in everyone)), error, where)
+        if rest is not None:  # rank 0: the rest, the manifest, the pointer, the pruning
+            try:
+                listed = {k: v for part, _ in everyone for k, v in part.items()}
+                self._publish(tmp, name, listed, rest, meta)
+            except Exception as e:
+                error = e
+        outcome = rd.broadcast_plain(_failure(error), group=group)  # rank 0's
+        _raise_first({0: outcome}, error, where)
+        return self.target.location(name)
+
+    def _publish(
+        self,
+        tmp: Path,
+        name: str,
+        files: dict[str, Any],
+        rest: dict[str, Any],
+        meta: dict[str, Any],
+    ) -> None:
+        path = tmp / REST
+        write_atomic(path, lambda f: torch.save(rest, f))
+        files = {**files, REST: {"size": path.stat().st_size, "xxh3_128": checksum_of(path)}}
+        self.target.share_file(tmp, name, REST)
+        fault_point("before-manifest")
+        self.target.seal(tmp, name, sign(new_manifest(files, meta), name, self.key))
+        self.commit(name, {"epoch": meta["epoch"], "step": meta["step"]})
 
     def background_group(self) -> dist.ProcessGroup | None:
         """The gloo group of the background writes (None in a world of one); made on first use,
@@ -197,6 +308,37 @@ class ShardedWriter:
         return self._stager
 
 
+def _raise_first(
+    failures: dict[int, Failure | None], mine: BaseException | None, where: str
+) -> None:
+    """Raise this rank's own error, else the first rank's that failed, as the same kind on every
+    rank: a store's fault as a StorageError (the writer warns and goes on), anything else as an
+    OSError (the writer stops every rank)."""
+    if isinstance(mine, (StorageError, OSError)):
+        raise mine
+    if mine is not None:
+        failures = {rd.get_rank(): _failure(mine)}
+    for rank, failure in failures.items():
+        if failure is None:
+            continue
+        kind, reason, text = failure
+        if kind == "storage":
+            raise StorageError(
+                f"rank {rank} could not write its part of {where}: {text}",
+                url=where,
+                reason=reason,
+            )
+        raise OSError(f"rank {rank} could not write its part of {where}: {text}") from mine
+
+
+def _failure(error: BaseException | None) -> Failure | None:
+    if error is None:
+        return None
+    if isinstance(error, StorageError):
+        return ("storage", error.reason, str(error))
+    return ("other", "", f"{type(error).__name__}: {error}")
+
+
 def _no_dist() -> bool:
     """Whether DCP runs without a group (a world of one). DCP then warns, on every save and
     load, that it assumes a single process: that is rankwise's intent, so that one warning
@@ -211,40 +353,6 @@ def _no_dist() -> bool:
         category=UserWarning,
     )
     return True
-
-
-def _shared_tmp(final: Path) -> Path:
-    """A fresh temporary folder beside ``final``, named by rank 0 and known to every rank."""
-    tmp: Path | None = None
-    if rd.is_master():
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tmp_name(final)
-        tmp.mkdir()
-    if in_group():
-        tmp = Path(rd.broadcast_plain(None if tmp is None else str(tmp)))
-    assert tmp is not None  # rank 0 made it; the others received it
-    return tmp
-
-
-def publish(
-    tmp: Path,
-    final: Path,
-    rest: dict[str, Any],
-    meta: dict[str, Any],
-    key: str | bytes | None = None,
-) -> None:
-    """Rank 0, once every rank's shards are in ``tmp``: the rest, the manifest (last; signed
-    under ``key``, see ``manifests.resolve_key``), then ``tmp`` renamed to ``final`` and the
-    parent folder fsynced."""
-    write_atomic(tmp / REST, lambda f: torch.save(rest, f))
-    fault_point("before-manifest")
-    manifest = sign(new_manifest(file_entries(tmp), meta), final.name, key)
-    write_json_atomic(tmp / MANIFEST, manifest)
-    fault_point("before-rename")
-    if final.exists():  # the same step saved again: the old folder goes first (a kill in
-        remove_tree(final)  # between leaves neither, and the previous checkpoint is used)
-    os.replace(tmp, final)
-    fsync_dir(final.parent)
 
 
 def file_entries(folder: Path) -> dict[str, dict[str, Any]]:

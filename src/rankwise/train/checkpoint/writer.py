@@ -58,7 +58,6 @@ import rankwise.distributed as rd
 from rankwise.distributed.interrupt import owned_by
 from rankwise.storage import StorageError
 from rankwise.train.checkpoint.errors import CheckpointError, CheckpointWarning
-from rankwise.train.checkpoint.manager import RemoteCheckpointManager
 from rankwise.train.checkpoint.resume import Location, Manager, broadcast_path
 from rankwise.train.sigterm import Duty
 
@@ -188,11 +187,7 @@ class CheckpointWriter:
         store, whose silence must not hold the loop; under ``--on-failure continue`` too, while
         the rank that started the write is still the one that writes (see :meth:`_role_moved`).
         A local folder waits (its writes end); sharded saves are collectives of DCP's."""
-        return (
-            self.background
-            and isinstance(self.manager, RemoteCheckpointManager)
-            and not self.manager.sharded
-        )
+        return self.background and self.manager.may_stall and not self.manager.sharded
 
     def _role_moved(self) -> bool:
         """Under ``--on-failure continue``: this rank started a write that is not waited for

@@ -1,5 +1,5 @@
 """``rankwise launch --on-failure continue``: what it refuses before starting anything, and the
-job store its launchers share (one node here; two hosts: tests/launch/test_multihost.py)."""
+job store its launchers share (one node here; two hosts: tests/launch/test_launch_multihost.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Sharded (FSDP2) checkpoints: a DCP folder per checkpoint that every rank writes its shards
-to in the background, with the file checkpoints' manifest, pointer and fallback rules; a
-resume on the same world ends bit-identical, on another world size within 1e-4."""
+"""Sharded (FSDP2) checkpoints in a folder, on 2 ranks: a DCP folder per checkpoint that every
+rank writes its shards to in the background, with the file checkpoints' manifest and pointer; a
+resume on the same world ends bit-identical, on another world size within 1e-4. The one-process
+rules (saves, loads, torn and unfinished folders) run on every backend in
+``test_checkpoint_sharded.py``."""
 
 from __future__ import annotations
 
@@ -17,24 +19,15 @@ from torch import nn
 
 import rankwise.distributed as rd
 from helpers.trainer_stops import Stop, fit_starts, stop_in_step
+from helpers.training import ADAM, classification, make_trainer, mlp
 from rankwise.testing import run_distributed
-from rankwise.train import DistributedTrainer, DistributedTrainingConfig
+from rankwise.train import DistributedTrainingConfig
 from rankwise.train import checkpoint as ck
 from rankwise.train.checkpoint.sharded import MANIFEST, REST
-from rankwise.train.state import TrainState
-
-
-def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    return torch.randn(96, 16, generator=g), torch.randint(0, 4, (96,), generator=g)
 
 
 def _run(folder: Path, batch_size: int, stop_at: int | None = None, resume: Any = None) -> Any:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    trainer = DistributedTrainer(
-        model, nn.CrossEntropyLoss(), lambda p: torch.optim.Adam(p, lr=1e-2)
-    )
+    trainer = make_trainer(mlp(16, 32, 4, activation=nn.ReLU), ADAM)
     started = fit_starts(trainer)
     stop_in_step(trainer, stop_at)
     # 96 samples, a global batch of 16: 6 optimizer steps an epoch, a checkpoint every 4.
@@ -50,7 +43,7 @@ def _run(folder: Path, batch_size: int, stop_at: int | None = None, resume: Any 
         resume=resume,
     )
     with contextlib.suppress(Stop):
-        trainer.fit(*_data(), cfg)
+        trainer.fit(*classification(96, 16, 4, seed=7), cfg)
     full = ck.model_state_dict(trainer.model, all_ranks=True)  # gathered from the shards
     return {"params": full, "started_at": started[0], "stats": trainer.checkpoint_stats}
 
@@ -126,68 +119,3 @@ def test_resume_on_one_rank_matches_within_1e_4(two_ranks: tuple[Path, dict[str,
     assert ck.CheckpointManager(folder / "cut-for-one").latest().name == (
         "ckpt-e000002-s000000012.dcp"
     )
-
-
-@pytest.mark.timeout(300)
-def test_a_torn_shard_falls_back_to_the_previous_folder(
-    two_ranks: tuple[Path, dict[str, Any]], tmp_path: Path
-) -> None:
-    folder, _ = two_ranks
-    copy = tmp_path / "copy"
-    shutil.copytree(folder / "full", copy)
-    shard = copy / "ckpt-e000002-s000000012.dcp" / "__1_0.distcp"
-    data = shard.read_bytes()
-    shard.write_bytes(data[: len(data) // 2])  # torn: a crash mid-write
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        found = ck.CheckpointManager(copy).latest()
-    assert found == copy / "ckpt-e000001-s000000008.dcp"
-    messages = [str(w.message) for w in caught if issubclass(w.category, ck.CheckpointWarning)]
-    assert len(messages) == 1 and "__1_0.distcp is truncated (torn write)" in messages[0]
-    # a folder without its manifest (a save that did not finish) is never loaded either
-    (found / MANIFEST).unlink()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert ck.CheckpointManager(copy).latest() is None
-    assert f"{found} has no manifest (manifest.json)" in str(caught[-1].message)
-
-
-# -- one process: the manager's sharded saves without a group ------------------------------
-
-
-def test_sharded_saves_in_a_world_of_one(tmp_path: Path) -> None:
-    net = nn.Linear(3, 2)
-    optimizer = torch.optim.Adam(net.parameters(), lr=0.1)
-    state = TrainState(net, optimizer)
-    manager = ck.CheckpointManager(tmp_path, keep_last=2, sharded=True)
-    first = manager.save(state.state_dict(sharded=True), epoch=0, step=0)
-    assert first.is_dir() and (first / MANIFEST).is_file()
-    for step in (1, 2, 3):
-        net(torch.randn(4, 3)).sum().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        state.step = step
-        pending = manager.save_async(state.state_dict(sharded=True), epoch=0, step=step)
-        expected = net.weight.detach().clone()  # as staged: the next step changes it in place
-    assert manager.wait() == pending.result() == tmp_path / "ckpt-e000000-s000000003.dcp"
-    assert [p.name[-7:-4] for p in manager.checkpoints()] == ["002", "003"]
-    net(torch.randn(4, 3)).sum().backward()
-    optimizer.step()  # after the save: not in it
-    again = nn.Linear(3, 2)
-    other = torch.optim.Adam(again.parameters(), lr=0.5)
-    path, loaded = manager.load_latest() or (None, {})
-    TrainState(again, other).load_state_dict(loaded, path)
-    assert torch.equal(again.weight, expected)
-    assert other.param_groups[0]["lr"] == 0.1 and int(other.state[again.weight]["step"]) == 3
-
-
-def test_a_sharded_save_before_the_first_step_keeps_the_hyper_parameters(tmp_path: Path) -> None:
-    net = nn.Linear(3, 2)
-    state = TrainState(net, torch.optim.Adam(net.parameters(), lr=0.1))
-    path = ck.CheckpointManager(tmp_path, sharded=True).save(
-        state.state_dict(sharded=True), epoch=0, step=0
-    )
-    again = nn.Linear(3, 2)
-    other = torch.optim.Adam(again.parameters(), lr=0.5)
-    TrainState(again, other).load_state_dict(ck.read_checkpoint(path), path)
-    assert other.param_groups[0]["lr"] == 0.1 and not other.state  # no zero step

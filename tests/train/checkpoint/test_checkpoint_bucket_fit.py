@@ -1,15 +1,18 @@
 """``fit`` with ``checkpoint_dir`` in object storage, against a real S3 server (SeaweedFS):
 background uploads, retention after the pointer, resume from the bucket mid-epoch and
-bit-identical, the store lost and back mid-run, a last checkpoint that cannot be made durable,
+bit-identical, the store lost and back mid-run, a last checkpoint that cannot be made durable
+(and a save that gives up after its retries, naming the URL),
 failures at start named before the first step, credentials kept out of every dump, and
 ``trainer.load_checkpoint(URL)`` reaching the store with the storage options."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -23,13 +26,15 @@ import s3fs
 import torch
 import yaml
 
+from helpers.training import make_trainer, mlp, separable
 from rankwise.testing import free_port, run_distributed
 from rankwise.testing.s3server import S3_KEY, S3_SECRET, S3Server, start_server
-from rankwise.train import DistributedTrainer, DistributedTrainingConfig
+from rankwise.train import DistributedTrainingConfig
 from rankwise.train.checkpoint import (
     CheckpointError,
     CheckpointWarning,
     RemoteCheckpointManager,
+    RetryPolicy,
     Storage,
     StorageError,
     StorageWarning,
@@ -40,18 +45,7 @@ from rankwise.train.checks import RANK_LOCAL_FIELDS
 pytestmark = pytest.mark.timeout(90)
 
 
-def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(96, 8, generator=g)
-    return x, (x[:, :3].sum(1) > 0).long()
-
-
-def _trainer(callbacks: list[Any] | None = None) -> tuple[torch.nn.Module, DistributedTrainer]:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    loss = torch.nn.CrossEntropyLoss()
-    return model, DistributedTrainer(model, loss, opt, callbacks=callbacks or [])
+_MOMENTUM = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9)
 
 
 def _cfg(url: str, **kw: Any) -> DistributedTrainingConfig:
@@ -92,13 +86,16 @@ class _StopAt:
 
 def test_fit_saves_to_the_bucket_and_resumes_mid_epoch_bit_identical(s3_bucket: str):
     url = f"{s3_bucket}/run"
-    x, y = _data()
-    model, trainer = _trainer()
+    x, y = separable(96, 8)
+    model = mlp(8, 16, 2)
+    trainer = make_trainer(model, _MOMENTUM)
     trainer.fit(x, y, _cfg(f"{s3_bucket}/reference"))
     reference = _params(model)
 
     saved = _Saved()
-    _, trainer = _trainer([saved, _StopAt(step=8)])  # epoch 1, after the save at step 6
+    trainer = make_trainer(
+        mlp(8, 16, 2), _MOMENTUM, callbacks=[saved, _StopAt(step=8)]
+    )  # epoch 1, after the save at step 6
     with pytest.raises(KeyboardInterrupt):
         trainer.fit(x, y, _cfg(url))
     # reported only once known durable, in order (a save that finds the last write running
@@ -112,7 +109,9 @@ def test_fit_saves_to_the_bucket_and_resumes_mid_epoch_bit_identical(s3_bucket: 
     assert "ckpt-e000001-s000000006.pt" in names and len(names) <= 2, names  # keep_last=2
     assert json.loads(store.read("ckpt-latest.json"))["step"] == 6
 
-    model, trainer = _trainer()
+    model = mlp(8, 16, 2)
+
+    trainer = make_trainer(model, _MOMENTUM)
     trainer.fit(x, y, _cfg(url, resume="auto"))
     for name, value in reference.items():
         assert torch.equal(model.state_dict()[name], value), name
@@ -120,7 +119,8 @@ def test_fit_saves_to_the_bucket_and_resumes_mid_epoch_bit_identical(s3_bucket: 
         f"{url}/ckpt-e000002-s000000012.pt"
     )
     # an explicit URL resumes too (from step 12: nothing left to train)
-    model, trainer = _trainer()
+    model = mlp(8, 16, 2)
+    trainer = make_trainer(model, _MOMENTUM)
     trainer.fit(x, y, _cfg(url, resume=f"{url}/ckpt-e000002-s000000012.pt"))
     for name, value in reference.items():
         assert torch.equal(model.state_dict()[name], value), name
@@ -134,13 +134,15 @@ def test_load_checkpoint_from_a_url_uses_the_storage_options(
         monkeypatch.delenv(name)
     options = {"endpoint_url": s3_server.endpoint, "key": S3_KEY, "secret": S3_SECRET}
     url = f"{s3_bucket}/options"
-    x, y = _data()
-    model, trainer = _trainer()
+    x, y = separable(96, 8)
+    model = mlp(8, 16, 2)
+    trainer = make_trainer(model, _MOMENTUM)
     trainer.fit(x, y, _cfg(url, checkpoint_storage_options=options, epochs=1))
     saved = f"{url}/ckpt-e000001-s000000006.pt"
     trainer.load_checkpoint(saved)  # the last fit's options
     assert trainer.global_step == 6
-    fresh_model, fresh = _trainer()
+    fresh_model = mlp(8, 16, 2)
+    fresh = make_trainer(fresh_model, _MOMENTUM(fresh_model.parameters()))  # loads it too
     fresh.load_checkpoint(saved, storage_options=options)  # no fit yet: given here
     assert fresh.global_step == 6
     for name, value in _params(model).items():
@@ -152,7 +154,7 @@ def test_load_checkpoint_from_a_url_uses_the_storage_options(
 
 
 def test_fit_fails_before_the_first_step_when_the_store_cannot_be_used(s3_bucket: str):
-    x, y = _data()
+    x, y = separable(96, 8)
     steps: list[int] = []
 
     class Count:
@@ -167,7 +169,7 @@ def test_fit_fails_before_the_first_step_when_the_store_cannot_be_used(s3_bucket
         "bad-url": ("s3:/bucket/run", None),
     }
     for reason, (url, options) in cases.items():
-        _, trainer = _trainer([Count()])
+        trainer = make_trainer(mlp(8, 16, 2), _MOMENTUM, callbacks=[Count()])
         with pytest.raises(StorageError) as e:
             trainer.fit(x, y, _cfg(url, checkpoint_storage_options=options))
         assert e.value.reason == reason and url in str(e.value)
@@ -177,8 +179,8 @@ def test_fit_fails_before_the_first_step_when_the_store_cannot_be_used(s3_bucket
 
 def test_missing_s3fs_is_named_before_the_first_step(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(sys.modules, "s3fs", None)  # import s3fs now raises ImportError
-    x, y = _data()
-    _, trainer = _trainer()
+    x, y = separable(96, 8)
+    trainer = make_trainer(mlp(8, 16, 2), _MOMENTUM)
     with pytest.raises(StorageError, match=r'pip install "rankwise\[s3\]"'):
         trainer.fit(x, y, _cfg("s3://bucket/run"))
     assert trainer.state.step == 0
@@ -198,8 +200,8 @@ def test_credentials_never_reach_yaml_checkpoints_or_the_start_check(
     assert cfg.with_overrides(["epochs=1"]).checkpoint_storage_options == options  # kept
     with pytest.raises(ValueError, match=r"\[.key.\] is .\*\*\*."):
         DistributedTrainingConfig.from_yaml(tmp_path / "run.yaml")
-    x, y = _data()
-    _, trainer = _trainer()
+    x, y = separable(96, 8)
+    trainer = make_trainer(mlp(8, 16, 2), _MOMENTUM)
     trainer.fit(x, y, cfg)
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
     for path in fs.find(f"{s3_bucket[5:]}/run"):
@@ -212,29 +214,47 @@ def test_credentials_never_reach_yaml_checkpoints_or_the_start_check(
     assert "object" in str(e.value)
 
 
-@pytest.fixture
-def own_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A server of its own (the test stops it), any key accepted, one bucket ``lost``."""
-    server = start_server(tmp_path / "s3")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
-    s3fs.S3FileSystem(skip_instance_cache=True).mkdir("lost")
+@pytest.fixture(scope="module")
+def _lost_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One server for this module's tests that stop it (each test restarts it as it needs)."""
+    server = start_server(tmp_path_factory.mktemp("s3-lost"))
     try:
         yield server
     finally:
-        server.stop()
+        server.kill()  # its data is a temporary folder: no orderly shutdown to wait for
+
+
+@pytest.fixture
+def own_server(_lost_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A server of this test's own to stop (running, any key accepted), holding one empty
+    bucket ``lost``."""
+    if _lost_server.process is None:  # the previous test left it killed
+        _lost_server.start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", _lost_server.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    if fs.exists("lost"):
+        fs.rm("lost", recursive=True)
+    fs.mkdir("lost")
+    return _lost_server
 
 
 class _LoseStore:
-    """Kills the server inside step ``at`` and starts it again ``back_after`` seconds later
-    (never, for None)."""
+    """Kills the server inside step ``at`` (then calls ``then``) and starts it again
+    ``back_after`` seconds later (never, for None)."""
 
     def __init__(
-        self, server: S3Server, at: int, back_after: float | None, after_step: int | None = None
+        self,
+        server: S3Server,
+        at: int,
+        back_after: float | None,
+        after_step: int | None = None,
+        then: Any = None,
     ) -> None:
         self.server, self.at, self.back_after = server, at, back_after
         self.after_step = after_step  # first wait until the pointer names this step
+        self.then = then
         self.timer: threading.Timer | None = None
 
     def on_batch(self, trainer: Any, epoch: int, step: int, ids: Any) -> None:
@@ -244,16 +264,19 @@ class _LoseStore:
             pointer = json.loads(Storage.for_url("s3://lost/run").read("ckpt-latest.json"))
             if pointer["step"] == self.after_step:
                 break
+            time.sleep(0.02)  # not a busy loop beside the writer and the server
         self.server.kill()
+        if self.then is not None:
+            self.then()
         if self.back_after is not None:
             self.timer = threading.Timer(self.back_after, self.server.start)
             self.timer.start()
 
 
 def test_a_store_lost_mid_run_is_retried_and_training_goes_on(own_server: S3Server):
-    x, y = _data()
+    x, y = separable(96, 8)
     lose = _LoseStore(own_server, at=3, back_after=1.0)  # the save at step 4 meets it down
-    _, trainer = _trainer([lose])
+    trainer = make_trainer(mlp(8, 16, 2), _MOMENTUM, callbacks=[lose])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(x, y, _cfg("s3://lost/run"))
@@ -303,9 +326,9 @@ def test_a_frozen_store_never_holds_the_loop_and_the_end_waits_a_bounded_time(
     # flight (421 s between two steps, nothing logged). Now each save snapshots and queues
     # behind it (the newest state wins), one warning names the store, the end of fit waits.
     monkeypatch.setattr(writer, "SILENT_S", 1.0)  # announced after 1 s of silence, not 5
-    x, y = _data()
+    x, y = separable(96, 8)
     freeze, saved = _Freeze(own_server, at=3, thaw_after=4.0), _Saved()
-    _, trainer = _trainer([saved, freeze])
+    trainer = make_trainer(mlp(8, 16, 2), _MOMENTUM, callbacks=[saved, freeze])
     cfg = _cfg("s3://lost/run", checkpoint_every_n_steps=1)  # 12 steps, a save after each
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -328,7 +351,7 @@ def test_a_frozen_store_never_holds_the_loop_and_the_end_waits_a_bounded_time(
 
     # The end of fit waits checkpoint_final_wait_s at most, then says so.
     freeze = _Freeze(own_server, at=12, thaw_after=None, step_s=0.0)
-    _, trainer = _trainer([freeze])
+    trainer = make_trainer(mlp(8, 16, 2), _MOMENTUM, callbacks=[freeze])
     cfg = _cfg("s3://lost/end", checkpoint_every_n_steps=1, checkpoint_final_wait_s=1.5)
     try:
         with warnings.catch_warnings():
@@ -347,10 +370,17 @@ def test_a_frozen_store_never_holds_the_loop_and_the_end_waits_a_bounded_time(
 
 
 def test_fit_ends_with_a_clear_error_when_the_last_checkpoint_is_not_durable(
-    own_server: S3Server,
+    own_server: S3Server, monkeypatch: pytest.MonkeyPatch
 ):
-    x, y = _data()
-    _, trainer = _trainer([_LoseStore(own_server, at=12, back_after=None, after_step=10)])
+    def fast() -> None:  # the store never comes back: the same 5 attempts, no seconds between
+        monkeypatch.setattr(RetryPolicy, "delays", lambda self: [0.01] * (self.attempts - 1))
+
+    x, y = separable(96, 8)
+    trainer = make_trainer(
+        mlp(8, 16, 2),
+        _MOMENTUM,
+        callbacks=[_LoseStore(own_server, at=12, back_after=None, after_step=10, then=fast)],
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", StorageWarning)
         with pytest.raises(CheckpointError, match="could not be made durable") as e:
@@ -358,6 +388,10 @@ def test_fit_ends_with_a_clear_error_when_the_last_checkpoint_is_not_durable(
     said = str(e.value)
     assert "s3://lost/run/ckpt-e000002-s000000012.pt" in said and "resume='auto'" in said
     assert trainer.state.step == 12  # training itself finished
+    # The store gone for good: the store's call (an upload, or a prune's delete: whichever met
+    # it down) gave up after its retries, naming the URL and the fix.
+    assert re.search(r"s3://lost/run/\S+ failed after 5 attempts: EndpointConnectionError", said)
+    assert "check the endpoint (AWS_ENDPOINT_URL" in said
     own_server.start()
     found = RemoteCheckpointManager(Storage.for_url("s3://lost/run")).latest()
     assert found == "s3://lost/run/ckpt-e000001-s000000010.pt"  # the previous one holds

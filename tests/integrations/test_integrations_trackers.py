@@ -153,7 +153,7 @@ def test_a_new_rank_0_after_a_lost_rank_goes_on_with_the_same_runs(mlflow_server
         launch_args=("--on-failure", "continue"),
     )
     # Step 5 was finished by the survivor while no process was rank 0: nobody logged it (as
-    # in the CSV, tests/train/test_continue.py); every other step once, in order.
+    # in the CSV, tests/train/test_train_continue.py); every other step once, in order.
     expected = [s for s in range(1, STEPS + 1) if s != 5]
     run, steps = mlflow_run(mlflow_server, "continue")
     assert run.info.run_id == ids["mlflow"] and run.info.status == "FINISHED"

@@ -22,22 +22,10 @@ from typing import Any
 import pytest
 import torch
 
+from helpers.training import classification, make_trainer, mlp
 from rankwise.testing import child_env, run_distributed
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import CheckpointManager, set_fault_hook, verify_file
-
-
-def _trainer(**kwargs: Any) -> DistributedTrainer:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
-    return DistributedTrainer(
-        model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), **kwargs
-    )
-
-
-def _data(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
 def _config(folder: Path, **kwargs: Any) -> DistributedTrainingConfig:
@@ -68,7 +56,7 @@ def _pointer_step(folder: Path) -> int:
 def test_the_loop_goes_on_while_the_writer_writes(tmp_path, fault_hook) -> None:
     # The first write (step 2) is held before its rename until the loop builds step 4; a
     # synchronous save would hold the loop there and the wait would time out.
-    trainer = _trainer()
+    trainer = make_trainer(mlp(6, 8, 3))
     steps_seen: list[int] = []
     moved_on = threading.Event()
     writer_threads: set[str] = set()
@@ -85,7 +73,7 @@ def test_the_loop_goes_on_while_the_writer_writes(tmp_path, fault_hook) -> None:
 
     trainer.on_batch = on_batch
     fault_hook(hold_first_write)
-    trainer.fit(*_data(), _config(tmp_path, checkpoint_every_n_steps=2))
+    trainer.fit(*classification(64, 6, 3, seed=1), _config(tmp_path, checkpoint_every_n_steps=2))
     assert threading.current_thread().name not in writer_threads  # written off the loop
     assert _pointer_step(tmp_path) == 8  # the last save (end of fit) is durable
     stats = trainer.checkpoint_stats
@@ -96,9 +84,9 @@ def test_the_loop_goes_on_while_the_writer_writes(tmp_path, fault_hook) -> None:
 def test_synchronous_saves_write_on_the_training_thread(tmp_path, fault_hook) -> None:
     threads: set[str] = set()
     fault_hook(lambda point: threads.add(threading.current_thread().name))
-    trainer = _trainer()
+    trainer = make_trainer(mlp(6, 8, 3))
     cfg = _config(tmp_path, checkpoint_every_n_steps=4, async_checkpoints=False)
-    trainer.fit(*_data(), cfg)
+    trainer.fit(*classification(64, 6, 3, seed=1), cfg)
     assert threads == {threading.current_thread().name}
     assert _pointer_step(tmp_path) == 8
     assert trainer.checkpoint_stats is not None and trainer.checkpoint_stats.waits == 0
@@ -119,8 +107,10 @@ def test_fit_returns_only_once_the_last_checkpoint_is_durable(tmp_path, fault_ho
             time.sleep(0.5)
 
     fault_hook(slow_pointer)
-    trainer = _trainer(callbacks=[Saved()])
-    trainer.fit(*_data(), _config(tmp_path, epochs=2, checkpoint_every_n_epochs=1))
+    trainer = make_trainer(mlp(6, 8, 3), callbacks=[Saved()])
+    trainer.fit(
+        *classification(64, 6, 3, seed=1), _config(tmp_path, epochs=2, checkpoint_every_n_epochs=1)
+    )
     assert _pointer_step(tmp_path) == 16
     assert [p.name for p in saved] == ["ckpt-e000001-s000000008.pt", "ckpt-e000002-s000000016.pt"]
 
@@ -147,8 +137,10 @@ def test_on_epoch_saved_comes_once_the_epochs_checkpoint_is_durable(tmp_path, fa
             time.sleep(0.3)
 
     fault_hook(slow_pointer)
-    trainer = _trainer(callbacks=[Reporter()])
-    trainer.fit(*_data(), _config(tmp_path, epochs=3, checkpoint_every_n_epochs=2))
+    trainer = make_trainer(mlp(6, 8, 3), callbacks=[Reporter()])
+    trainer.fit(
+        *classification(64, 6, 3, seed=1), _config(tmp_path, epochs=3, checkpoint_every_n_epochs=2)
+    )
     assert events == [
         ("epoch 0", None),
         ("saved", "ckpt-e000002-s000000016.pt"),
@@ -169,10 +161,12 @@ def test_an_exception_in_the_loop_still_lets_the_write_in_flight_land(tmp_path, 
             raise KeyboardInterrupt  # what a Ctrl-C in the loop raises
 
     fault_hook(slow_pointer)
-    trainer = _trainer()
+    trainer = make_trainer(mlp(6, 8, 3))
     trainer.on_batch = fail_after_the_save
     with pytest.raises(KeyboardInterrupt):
-        trainer.fit(*_data(), _config(tmp_path, checkpoint_every_n_steps=4))
+        trainer.fit(
+            *classification(64, 6, 3, seed=1), _config(tmp_path, checkpoint_every_n_steps=4)
+        )
     assert _pointer_step(tmp_path) == 4  # the save at step 4 was drained, not abandoned
 
 
@@ -183,7 +177,9 @@ def test_a_failed_background_write_is_raised_by_fit(tmp_path, fault_hook) -> Non
 
     fault_hook(disk_full)
     with pytest.raises(OSError, match="No space left on device"):
-        _trainer().fit(*_data(), _config(tmp_path, checkpoint_every_n_steps=4))
+        make_trainer(mlp(6, 8, 3)).fit(
+            *classification(64, 6, 3, seed=1), _config(tmp_path, checkpoint_every_n_steps=4)
+        )
 
 
 _SIGTERM_SCRIPT = """
@@ -236,9 +232,9 @@ def _two_ranks(folder: str, background: bool) -> dict[str, Any]:
         def on_checkpoint_saved(self, trainer: DistributedTrainer, path: Path) -> None:
             saved.append(Path(path).name)
 
-    trainer = _trainer(callbacks=[Saved()])
+    trainer = make_trainer(mlp(6, 8, 3), callbacks=[Saved()])
     cfg = _config(Path(folder), checkpoint_every_n_steps=2, async_checkpoints=background)
-    trainer.fit(*_data(), cfg)
+    trainer.fit(*classification(64, 6, 3, seed=1), cfg)
     weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     return {"rank": rd.get_rank(), "saved": saved, "weights": weights}
 

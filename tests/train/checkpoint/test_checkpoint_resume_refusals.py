@@ -8,28 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import rankwise.distributed as rd
 from helpers.trainer_stops import Stop, stop_in_step
+from helpers.training import classification, make_trainer, mlp
 from rankwise.data import DistributedSampler
 from rankwise.testing import run_distributed
-from rankwise.train import DistributedTrainer, DistributedTrainingConfig
+from rankwise.train import DistributedTrainingConfig
 
-
-def _trainer(stop_at: int | None = None) -> DistributedTrainer:
-    torch.manual_seed(0)
-    model = nn.Linear(8, 3)
-    trainer = DistributedTrainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters()))
-    stop_in_step(trainer, stop_at)
-    return trainer
-
-
-def _dataset(n: int = 48) -> TensorDataset:
-    g = torch.Generator().manual_seed(1)
-    return TensorDataset(torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g))
+DATASET = TensorDataset(*classification(48, 8, 3, seed=1))
 
 
 def _cfg(folder: Path | str | None, **fields: Any) -> DistributedTrainingConfig:
@@ -44,25 +32,31 @@ def _cfg(folder: Path | str | None, **fields: Any) -> DistributedTrainingConfig:
 
 def _stopped_mid_epoch(folder: Path, loader: DataLoader[Any]) -> None:
     # 48 samples x 16: 3 steps; a checkpoint at step 2 (mid-epoch), stopped in step 3.
+    trainer = make_trainer(mlp(8, 3))
+    stop_in_step(trainer, 2)
     with pytest.raises(Stop):
-        _trainer(stop_at=2).fit(loader, config=_cfg(folder, checkpoint_every_n_steps=2))
+        trainer.fit(loader, config=_cfg(folder, checkpoint_every_n_steps=2))
 
 
 def test_a_mid_epoch_resume_without_a_rankwise_sampler_is_refused(tmp_path: Path) -> None:
-    loader = DataLoader(_dataset(), batch_size=16)  # torch's SequentialSampler: no cursor
+    loader = DataLoader(DATASET, batch_size=16)  # torch's SequentialSampler: no cursor
     _stopped_mid_epoch(tmp_path, loader)
     with pytest.raises(ValueError, match=r"cannot resume mid-epoch \(epoch 0, optimizer step 2\)"):
-        _trainer().fit(loader, config=_cfg(tmp_path, resume="auto"))
+        make_trainer(mlp(8, 3)).fit(loader, config=_cfg(tmp_path, resume="auto"))
 
 
 def test_a_mid_epoch_resume_with_a_rankwise_sampler_in_the_loader_goes_on(
     tmp_path: Path,
 ) -> None:
     def loader() -> DataLoader[Any]:
-        return DataLoader(_dataset(), batch_size=16, sampler=DistributedSampler(48, seed=0))
+        return DataLoader(
+            DATASET,
+            batch_size=16,
+            sampler=DistributedSampler(48, seed=0),
+        )
 
     _stopped_mid_epoch(tmp_path, loader())
-    trainer = _trainer()
+    trainer = make_trainer(mlp(8, 3))
     trainer.fit(loader(), config=_cfg(tmp_path, resume="auto"))
     assert trainer.global_step == 3  # the one step left, not the epoch again
 
@@ -71,13 +65,16 @@ def test_a_mid_epoch_resume_with_a_rankwise_sampler_in_the_loader_goes_on(
 
 
 def test_load_checkpoint_before_fit_still_checks_the_global_batch(tmp_path: Path) -> None:
-    first = _trainer()
-    first.fit(_dataset(), config=_cfg(None))
+    first = make_trainer(mlp(8, 3))
+    first.fit(DATASET, config=_cfg(None))
     path = first.save_checkpoint(tmp_path / "saved.pt")  # global batch 16
-    again = _trainer()
+    again = make_trainer(mlp(8, 3))
     again.load_checkpoint(path)
     with pytest.raises(ValueError, match=r"saved global batch 16 cannot be split over 1 ranks x 3"):
-        again.fit(_dataset(), config=_cfg(tmp_path, batch_size=5, grad_accum_steps=3))
+        again.fit(
+            DATASET,
+            config=_cfg(tmp_path, batch_size=5, grad_accum_steps=3),
+        )
 
 
 # -- item: per-rank copies (save_on_master_only=False) ---------------------------------------
@@ -85,9 +82,9 @@ def test_load_checkpoint_before_fit_still_checks_the_global_batch(tmp_path: Path
 
 def _resume(folder: str, resume: str) -> str:
     cfg = _cfg(folder, save_on_master_only=False, resume=resume, epochs=2)
-    trainer = _trainer()
+    trainer = make_trainer(mlp(8, 3))
     try:
-        trainer.fit(_dataset(), config=cfg)
+        trainer.fit(DATASET, config=cfg)
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return f"resumed, step {trainer.global_step}"
@@ -96,8 +93,9 @@ def _resume(folder: str, resume: str) -> str:
 def _per_rank(tmp: str) -> dict[str, str]:
     rank = rd.get_rank()
     # 48 samples, 2 ranks x 16: 2 steps an epoch (the last one short); saves at steps 1, 2.
-    _trainer().fit(
-        _dataset(), config=_cfg(tmp, save_on_master_only=False, checkpoint_every_n_steps=1)
+    make_trainer(mlp(8, 3)).fit(
+        DATASET,
+        config=_cfg(tmp, save_on_master_only=False, checkpoint_every_n_steps=1),
     )
     own = Path(tmp, f"rank-{rank}")
     out = {"whole": _resume(tmp, "auto")}  # epoch 1 (steps 3, 4) from own copies

@@ -1,14 +1,16 @@
-"""Checkpoints in object storage, against a real S3 server (SeaweedFS, from conftest's
-``s3_server``): publish and verify, torn uploads never trusted, pruning after the pointer,
-stale multipart uploads aborted, each failure named with its URL and fix but never the secret,
-and retries with backoff across a server lost and back."""
+"""Checkpoint files in object storage, through the manager ``fit`` uses, against a real S3
+server (SeaweedFS, from conftest's ``s3_server``): multipart uploads whose manifest is a local
+one, stale multipart uploads aborted, each failure named with its URL and fix but never the
+secret (retries across a server lost and back, and giving up after them:
+``test_checkpoint_bucket_fit.py``, whose fits meet them). The manager's rules on every backend
+(a folder, ``memory://`` and S3: torn, corrupt and unfinished checkpoints never trusted,
+pruning manifest first after the pointer) are ``test_checkpoint_catalogue.py``'s."""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -16,19 +18,19 @@ from typing import Any
 
 import pytest
 import s3fs
+import torch
 
 from rankwise.storage import is_remote_url
 from rankwise.testing import free_port
-from rankwise.testing.s3server import S3_KEY, S3_SECRET, start_server
+from rankwise.testing.s3server import S3_KEY, S3_SECRET
 from rankwise.train import checkpoint as files
 from rankwise.train.checkpoint import (
-    CheckpointWarning,
+    RemoteCheckpointManager,
     RetryPolicy,
     Storage,
     StorageError,
-    StorageWarning,
 )
-from rankwise.train.checkpoint import remote as rc
+from rankwise.train.checkpoint.backends import verify_object
 from rankwise.train.checkpoint.catalogue import Catalogue
 
 pytestmark = pytest.mark.timeout(60)
@@ -37,10 +39,15 @@ MiB = 1 << 20
 FAST = RetryPolicy(attempts=1)
 
 
-def _latest(store: Storage) -> str | None:
-    """The newest checkpoint under ``store`` that verifies (what a resume takes)."""
-    found = Catalogue(store).first_valid(lambda name: rc.verify(store, name))
-    return None if found is None else found[0]
+def _manager(root: str, **kw: Any) -> Any:
+    """The manager ``fit`` builds for ``root`` (a folder, or a store's URL)."""
+    if is_remote_url(root):
+        return RemoteCheckpointManager(Storage.for_url(root), **kw)
+    return files.CheckpointManager(root, **kw)
+
+
+def _state(step: int, words: int = 4) -> dict[str, Any]:
+    return {"step": step, "epoch": 0, "w": torch.arange(words, dtype=torch.float32)}
 
 
 def _fs() -> s3fs.S3FileSystem:
@@ -48,106 +55,29 @@ def _fs() -> s3fs.S3FileSystem:
     return s3fs.S3FileSystem(skip_instance_cache=True)
 
 
-def test_a_published_checkpoint_is_the_latest_and_verifies(s3_bucket: str, tmp_path: Path):
+def test_a_multipart_checkpoint_verifies_with_a_local_manifest(s3_bucket: str, tmp_path: Path):
     store = Storage.for_url(f"{s3_bucket}/run", part_size=5 * MiB)
-    store.check_writable()
-    assert store.is_remote and _latest(store) is None
-    big = tmp_path / "state.pt"
-    big.write_bytes(bytes(range(256)) * (12 * MiB // 256))  # 3 parts of 5 MiB: a multipart upload
-    rc.publish(store, b"first", "ckpt-e000000-s000000001.pt", pointer={"step": 1})
-    manifest = rc.publish(
-        store, big, "ckpt-e000000-s000000002.pt", pointer={"step": 2}, meta={"epoch": 0}
-    )
+    manager = RemoteCheckpointManager(store, keep_last=None)
+    manager.start()
+    assert store.is_remote and manager.latest() is None
+    manager.save(_state(1), epoch=0, step=1)
+    big = _state(2, words=3 * MiB)  # 12 MiB of tensor: 3 parts of 5 MiB, a multipart upload
+    saved = manager.save(big, epoch=0, step=2)
 
-    assert _latest(store) == "ckpt-e000000-s000000002.pt"
-    assert rc.verify(store, "ckpt-e000000-s000000002.pt") == manifest
-    assert manifest["size"] == 12 * MiB and manifest["meta"] == {"epoch": 0}
-    assert json.loads(store.read("ckpt-latest.json")) == {
-        "file": "ckpt-e000000-s000000002.pt",
-        "step": 2,
-    }
-    got = rc.fetch(store, "ckpt-e000000-s000000002.pt", tmp_path / "got.pt")
-    assert got.read_bytes() == big.read_bytes()
+    name = "ckpt-e000000-s000000002.pt"
+    assert saved == manager.latest() == f"{s3_bucket}/run/{name}"
+    manifest = verify_object(store, name)
+    assert manifest["size"] == store.size(name) > 12 * MiB
+    assert manifest["meta"] == {"epoch": 0, "step": 2}
+    assert json.loads(store.read("ckpt-latest.json")) == {"file": name, "epoch": 0, "step": 2}
+    assert torch.equal(manager.read(saved)["w"], big["w"])
     # The manifest is a local one: the local verifier accepts the object and its manifest.
     local = files.save_file({"x": 1}, tmp_path / "local" / "ckpt.pt")
     local_manifest = json.loads(files.manifest_path(local).read_text())
     assert sorted(manifest) == sorted(local_manifest)
-    (tmp_path / "got.pt.sha256.json").write_bytes(
-        store.read("ckpt-e000000-s000000002.pt.sha256.json")
-    )
+    got = store.download(name, tmp_path / name)
+    (tmp_path / f"{name}.sha256.json").write_bytes(store.read(f"{name}.sha256.json"))
     assert files.verify_file(got)["xxh3_128"] == manifest["xxh3_128"]
-
-
-def test_a_torn_upload_is_never_the_latest(s3_bucket: str):
-    store = Storage.for_url(f"{s3_bucket}/run")
-    rc.publish(store, b"good one", "ckpt-e000000-s000000001.pt")
-    fs, root = _fs(), f"{s3_bucket[5:]}/run"
-    # A manifest whose digest does not match its data, named by the pointer.
-    rc.publish(store, b"will be corrupted", "ckpt-e000000-s000000003.pt")
-    fs.pipe(f"{root}/ckpt-e000000-s000000003.pt", b"WILL BE CORRUPTED")
-    # Data with no manifest (a save killed before it; written after s003's prune, which
-    # would have removed it as incomplete).
-    fs.pipe(f"{root}/ckpt-e000000-s000000002.pt", b"torn")
-    store.put(json.dumps({"file": "ckpt-e000000-s000000003.pt"}).encode(), "ckpt-latest.json")
-
-    with pytest.warns(CheckpointWarning) as caught:
-        assert _latest(store) == "ckpt-e000000-s000000001.pt"
-    said = "\n".join(str(w.message) for w in caught)
-    assert "ckpt-e000000-s000000003.pt is corrupt" in said
-    assert "ckpt-e000000-s000000002.pt has no manifest" in said
-    assert (
-        f"{s3_bucket}/run/ckpt-e000000-s000000003.pt" in said
-    )  # the message names the object's URL
-    with pytest.raises(files.CheckpointError, match="corrupt"):
-        rc.verify(store, "ckpt-e000000-s000000003.pt")
-    rc.publish(store, b"will be cut", "ckpt-e000000-s000000004.pt")
-    fs.pipe(f"{root}/ckpt-e000000-s000000004.pt", b"will")
-    with pytest.raises(
-        files.CheckpointError, match=r"truncated \(torn write\): 4 bytes, expected 11"
-    ):
-        rc.verify(store, "ckpt-e000000-s000000004.pt")
-
-
-def test_pruning_happens_after_the_pointer_and_keeps_the_newest(s3_bucket: str):
-    order: list[str] = []
-
-    class Recording(Storage):  # the real store, with its writes and deletes recorded
-        def put(self, source: Any, key: str, **kw: Any) -> int:
-            order.append(f"put {key}")
-            return super().put(source, key, **kw)
-
-        def delete(self, *keys: str) -> None:
-            order.extend(f"delete {k}" for k in keys)
-            super().delete(*keys)
-
-    plain = Storage.for_url(f"{s3_bucket}/run")
-    store = Recording(plain.url, plain.protocol, plain.path, plain.fs)
-    for step in (1, 2, 3):
-        rc.publish(store, f"state {step}".encode(), f"ckpt-e000000-s{step:09d}.pt")
-    _fs().pipe(f"{s3_bucket[5:]}/run/ckpt-e000000-s000000000.pt", b"torn, older")  # no manifest
-    order.clear()
-    rc.publish(
-        store, b"state 4", "ckpt-e000000-s000000004.pt", catalogue=Catalogue(store, keep_last=2)
-    )
-
-    assert order[:3] == [
-        "put ckpt-e000000-s000000004.pt",
-        "put ckpt-e000000-s000000004.pt.sha256.json",
-        "put ckpt-latest.json",
-    ]
-    deleted = order[3:]
-    assert deleted == [
-        "delete ckpt-e000000-s000000000.pt.sha256.json",
-        "delete ckpt-e000000-s000000000.pt",
-        "delete ckpt-e000000-s000000001.pt.sha256.json",
-        "delete ckpt-e000000-s000000001.pt",
-        "delete ckpt-e000000-s000000002.pt.sha256.json",
-        "delete ckpt-e000000-s000000002.pt",
-    ]
-    assert Catalogue(store).names() == ["ckpt-e000000-s000000003.pt", "ckpt-e000000-s000000004.pt"]
-    assert _latest(store) == "ckpt-e000000-s000000004.pt"
-    with pytest.raises(ValueError, match="keep_last"):
-        Catalogue(store, keep_last=0)
 
 
 def test_stale_multipart_uploads_are_aborted(s3_bucket: str):
@@ -163,13 +93,13 @@ def test_stale_multipart_uploads_are_aborted(s3_bucket: str):
     store = Storage.for_url(f"{s3_bucket}/run")
     assert Catalogue(store).names() == []  # an unfinished upload is never an object
 
-    assert rc.clean_partial_uploads(store, older_than=3600) == []  # too young: may be in flight
-    assert rc.clean_partial_uploads(store) == ["ckpt-e000000-s000000009.pt"]
+    assert store.abort_uploads(older_than=3600) == []  # too young: may be in flight
+    assert RemoteCheckpointManager(store).start() == ["ckpt-e000000-s000000009.pt"]
     remaining = fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])
     assert [(u["Key"], u["UploadId"]) for u in remaining] == [
         ("other/ckpt-e000000-s000000001.pt", elsewhere["UploadId"])
     ]
-    assert rc.clean_partial_uploads(Storage.for_url("memory://rankwise-test/run")) == []
+    assert RemoteCheckpointManager(Storage.for_url("memory://rankwise-test/run")).start() == []
 
 
 @pytest.mark.parametrize(
@@ -293,43 +223,3 @@ def test_a_secret_never_appears_in_errors_warnings_or_logs(
     assert any("retrying" in m for m in messages)  # the retry warning was seen
     assert all(secret not in m for m in messages), [m for m in messages if secret in m]
     assert secret not in caplog.text
-
-
-def test_a_server_lost_mid_run_is_retried_with_backoff(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
-    server = start_server(tmp_path / "s3")  # its own server: this test kills it
-    try:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)  # no identities: any key
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
-        _fs().mkdir("lost-and-back")
-        patient = RetryPolicy(attempts=10, first_delay=0.2, max_delay=1.0)
-        store = Storage.for_url("s3://lost-and-back/run", retry=patient)
-        rc.publish(store, b"before", "ckpt-e000000-s000000001.pt")
-
-        server.kill()
-        back = threading.Timer(0.5, server.start)
-        back.start()
-        started = time.monotonic()
-        with pytest.warns(
-            StorageWarning, match=r"s3://lost-and-back/run/ckpt-e000000-s000000002\.pt failed"
-        ):
-            rc.publish(store, b"during", "ckpt-e000000-s000000002.pt")
-        back.join()
-        assert time.monotonic() - started >= 0.5  # it waited for the server, then went on
-        assert _latest(store) == "ckpt-e000000-s000000002.pt"
-
-        server.kill()  # and gone for good: the upload gives up, naming the URL
-        store.retry = RetryPolicy(attempts=3, first_delay=0.05)
-        with pytest.warns(StorageWarning), pytest.raises(StorageError) as e:
-            rc.publish(store, b"never", "ckpt-e000000-s000000003.pt")
-        assert e.value.reason == "unreachable"
-        said = str(e.value)
-        assert (
-            "upload to s3://lost-and-back/run/ckpt-e000000-s000000003.pt failed after 3 attempts"
-            in said
-        )
-        assert "check the endpoint (AWS_ENDPOINT_URL" in said
-    finally:
-        server.stop()

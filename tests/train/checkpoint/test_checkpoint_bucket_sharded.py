@@ -1,10 +1,10 @@
 """Checkpoints in object storage beyond one writer, against a real S3 server (SeaweedFS):
-FSDP2's sharded (DCP) folders in a bucket, each rank uploading its shards, with the guarantees
-of a bucket's checkpoint files (manifest last, pointer after it, pruning after the pointer, a
-torn or unfinished folder never trusted); a run saved by 2 ranks mid-epoch and resumed from
-the bucket on 1 rank, the global batch kept, every sample trained exactly once (ddp and fsdp);
-per-rank folders (``save_on_master_only=False``), each rank resuming from its own; and
-``trainer.load_checkpoint(URL)`` with the storage options the endpoint is reached by."""
+FSDP2's sharded (DCP) folders in a bucket, each rank uploading its shards (a rank's failed
+upload fails the save on every rank); a run saved by 2 ranks mid-epoch and resumed from the
+bucket on 1 rank, the global batch kept, every sample trained exactly once (ddp and fsdp);
+per-rank folders (``save_on_master_only=False``), each rank resuming from its own; a real kill
+mid-upload. The one-process rules of sharded folders run on every backend in
+``test_checkpoint_sharded.py``."""
 
 from __future__ import annotations
 
@@ -20,43 +20,24 @@ import torch
 from torch import nn
 
 import rankwise.distributed as rd
-from helpers.states import state_after
 from helpers.trainer_stops import Stop, fit_starts, stop_in_step
+from helpers.training import ADAM, classification, make_trainer, mlp
 from rankwise.distributed.config import MemberConfig
 from rankwise.testing import RankFailedError, assert_exactly_once, run_distributed
 from rankwise.testing.s3server import S3_KEY, S3_SECRET, S3Server
 from rankwise.train import AuditLog, DistributedTrainer, DistributedTrainingConfig
 from rankwise.train import checkpoint as ck
 from rankwise.train.checkpoint import (
-    CheckpointError,
-    CheckpointWarning,
     RemoteCheckpointManager,
     Storage,
     StorageError,
     load_resume,
     manager_for,
-    set_fault_hook,
 )
 from rankwise.train.checkpoint.sharded import MANIFEST, REST
-from rankwise.train.state import TrainState
 
 pytestmark = pytest.mark.timeout(120)
 N, EPOCHS = 96, 2  # samples, epochs: a global batch of 16 makes 6 optimizer steps an epoch
-
-
-def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    return torch.randn(N, 16, generator=g), torch.randint(0, 4, (N,), generator=g)
-
-
-def _trainer(audit: Path | None = None) -> tuple[DistributedTrainer, list[int]]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    callbacks = [] if audit is None else [AuditLog(audit)]
-    trainer = DistributedTrainer(
-        model, nn.CrossEntropyLoss(), lambda p: torch.optim.Adam(p, lr=1e-2), callbacks=callbacks
-    )
-    return trainer, fit_starts(trainer)
 
 
 def _cfg(url: str | None, **kw: Any) -> DistributedTrainingConfig:
@@ -73,10 +54,12 @@ def _cfg(url: str | None, **kw: Any) -> DistributedTrainingConfig:
 
 
 def _fit(url: str | None, audit: Path | None = None, stop_at: int | None = None, **kw: Any) -> Any:
-    trainer, started = _trainer(audit)
+    callbacks = [] if audit is None else [AuditLog(audit)]
+    trainer = make_trainer(mlp(16, 32, 4, activation=nn.ReLU), ADAM, callbacks=callbacks)
+    started = fit_starts(trainer)
     stop_in_step(trainer, stop_at)
     with contextlib.suppress(Stop):
-        trainer.fit(*_data(), _cfg(url, **kw))
+        trainer.fit(*classification(N, 16, 4, seed=7), _cfg(url, **kw))
     trainer.started_at = started[0]  # type: ignore[attr-defined]
     return trainer
 
@@ -251,79 +234,6 @@ def test_a_rank_s_failed_upload_fails_the_save_on_every_rank(
     assert MANIFEST not in store.names() and "__0_0.distcp" in store.names()
 
 
-# -- one process: a bucket's sharded folders without a group ---------------------------------
-
-
-def test_sharded_saves_to_the_bucket_in_a_world_of_one(s3_bucket: str) -> None:
-    url = f"{s3_bucket}/one"
-    net = nn.Linear(3, 2)
-    optimizer = torch.optim.Adam(net.parameters(), lr=0.1)
-    manager = RemoteCheckpointManager(Storage.for_url(url), keep_last=2, sharded=True)
-    assert manager.save(TrainState(net, optimizer).state_dict(sharded=True), epoch=0, step=0) == (
-        f"{url}/ckpt-e000000-s000000000.dcp"
-    )
-    for step in (1, 2, 3):
-        state = state_after(net, optimizer, step)
-        pending = manager.save_async(state.state_dict(sharded=True), epoch=0, step=step)
-        expected = net.weight.detach().clone()  # as staged: the next step changes it in place
-    assert manager.wait() == pending.result() == f"{url}/ckpt-e000000-s000000003.dcp"
-    assert manager.checkpoints() == ["ckpt-e000000-s000000002.dcp", "ckpt-e000000-s000000003.dcp"]
-    state_after(net, optimizer, 4)  # after the save: not in it
-    again = nn.Linear(3, 2)
-    other = torch.optim.Adam(again.parameters(), lr=0.5)
-    found, loaded = manager.load_latest() or ("", {})
-    local = Path(loaded["dcp"]["folder"])
-    assert found == f"{url}/ckpt-e000000-s000000003.dcp" and local.is_dir()
-    TrainState(again, other).load_state_dict(loaded, found)
-    assert torch.equal(again.weight, expected) and not local.exists()  # loaded, then deleted
-    assert other.param_groups[0]["lr"] == 0.1 and int(other.state[again.weight]["step"]) == 3
-    # an explicit URL of a folder reads it too (trailing slash or not)
-    assert ck.read_checkpoint(f"{url}/ckpt-e000000-s000000002.dcp/")["step"] == 2
-
-
-def test_a_torn_or_unfinished_folder_in_the_bucket_is_never_trusted(s3_bucket: str) -> None:
-    url = f"{s3_bucket}/torn"
-    net = nn.Linear(3, 2)
-    optimizer = torch.optim.Adam(net.parameters(), lr=0.1)
-    store = Storage.for_url(url)
-    manager = RemoteCheckpointManager(store, keep_last=3, sharded=True)
-    for step in (1, 2):
-        manager.save(state_after(net, optimizer, step).state_dict(sharded=True), epoch=0, step=step)
-    newest = store.child("ckpt-e000000-s000000002.dcp")
-    shard = newest.read("__0_0.distcp")
-    newest.put(shard[: len(shard) // 2], "__0_0.distcp")  # torn: a crash mid-upload
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert manager.latest() == f"{url}/ckpt-e000000-s000000001.dcp"
-    said = [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)]
-    assert (
-        len(said) == 1
-        and f"{url}/ckpt-e000000-s000000002.dcp: __0_0.distcp is truncated" in (said[0])
-    )
-    with pytest.raises(CheckpointError, match="is truncated"):
-        ck.read_checkpoint(newest.display_url)
-    # a save killed before its manifest: the folder is never loaded, and the next save's
-    # pruning removes it (older than the new one, no manifest)
-    set_fault_hook(_raise_at("before-manifest"))
-    try:
-        with pytest.raises(OSError, match="killed at before-manifest"):
-            manager.save(state_after(net, optimizer, 3).state_dict(sharded=True), epoch=0, step=3)
-    finally:
-        set_fault_hook(None)
-    unfinished = "ckpt-e000000-s000000003.dcp"
-    assert (
-        REST in store.child(unfinished).names() and MANIFEST not in store.child(unfinished).names()
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CheckpointWarning)  # the torn one, again
-        assert manager.latest() == f"{url}/ckpt-e000000-s000000001.dcp"
-    with pytest.raises(CheckpointError, match=f"{url}/{unfinished} has no manifest"):
-        ck.read_checkpoint(f"{url}/{unfinished}")
-    manager.save(state_after(net, optimizer, 4).state_dict(sharded=True), epoch=0, step=4)
-    assert unfinished not in manager.checkpoints()
-    assert manager.latest() == f"{url}/ckpt-e000000-s000000004.dcp"
-
-
 @pytest.mark.slow  # a process of its own, killed
 def test_a_kill_mid_shard_upload_leaves_the_previous_folder_and_is_cleaned(
     s3_bucket: str,
@@ -349,14 +259,6 @@ def _save_twice_killed_mid_shard(url: str) -> None:
     manager.save({**plain, "model": {"w": torch.zeros(4)}}, epoch=0, step=1)
     kill_at_checkpoint("mid-upload", after=1)  # .metadata goes up, the shard is cut
     manager.save({**plain, "model": {"w": torch.zeros(3 << 20)}}, epoch=0, step=2)  # 12 MiB
-
-
-def _raise_at(point: str) -> Any:
-    def hook(at: str) -> None:
-        if at == point:
-            raise RuntimeError(f"killed at {at}")
-
-    return hook
 
 
 def test_per_rank_bucket_folders_follow_the_slot_under_continue(s3_bucket: str) -> None:

@@ -3,7 +3,7 @@ function the supervising loop carries out (``rankwise.launch.supervisor.Ledger``
 sequences: the issue's two findings, then every sequence hypothesis draws of up to 3 slots,
 0-2 restarts, exits 0 / 1 / SIGKILL in any order, training finishing at any point (or never),
 processes the launcher ended itself. The one real launch of the finding is
-tests/train/test_continue_failures.py::test_an_early_exit_0_is_restarted_and_the_job_ends_0_only_once_training_finished.
+tests/train/test_train_continue_failures.py::test_an_early_exit_0_is_restarted_and_the_job_ends_0_only_once_training_finished.
 
 The contract (docs/continue.md, "When the job is done"): the exit code is 0 only if training
 finished (a rank recorded that its fit completed) and nothing failed after; before that every

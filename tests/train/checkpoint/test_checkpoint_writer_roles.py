@@ -29,6 +29,7 @@ class _Manager:
     """A CheckpointManager's background side: each save_async leaves a future the test ends."""
 
     sharded = False
+    may_stall = False  # a folder's: a save waits for the write before it
     directory = Path("/ckpt")
 
     def __init__(self) -> None:

@@ -1,7 +1,7 @@
 """Uneven shares of the global batch under ``--on-failure continue`` (no processes): which
 positions each rank takes (GlobalBatchShares, TrainBatches), how the cursor moves, the loss
 weights that make DDP's average the global mean, and which worlds are refused.
-tests/train/test_continue.py runs the same end to end on real ranks."""
+tests/train/test_train_continue.py runs the same end to end on real ranks."""
 
 from __future__ import annotations
 

@@ -17,15 +17,13 @@ from torch import nn
 import rankwise.distributed as rd
 import rankwise.parallel as rp
 import rankwise.train.checkpoint as ck
+from helpers.training import mlp
 from rankwise.testing import run_distributed
 
 Tensors = dict[str, dict[str, torch.Tensor]]
 
 
-def _mlp(seed: int) -> nn.Sequential:
-    torch.manual_seed(seed)
-    # 10 rows: uneven FSDP2 shards on 3 ranks.
-    return nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3))
+SIZES = (6, 10, 3)  # 10 rows: uneven FSDP2 shards on 3 ranks
 
 
 def _wrap(model: nn.Module, strategy: str) -> nn.Module:
@@ -61,7 +59,7 @@ def _live(model: nn.Module, optimizer: torch.optim.Optimizer) -> Tensors:
 
 
 def _save(directory: str, strategy: str) -> dict[str, Any]:
-    model = _wrap(_mlp(seed=0), strategy)
+    model = _wrap(mlp(*SIZES, seed=0), strategy)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     for step in range(3):
         g = torch.Generator().manual_seed(100 * step + rd.get_rank())
@@ -78,7 +76,7 @@ def _save(directory: str, strategy: str) -> dict[str, Any]:
 
 
 def _load(directory: str, strategy: str, from_rank0: bool) -> dict[str, Any]:
-    model = _wrap(_mlp(seed=7), strategy)  # other weights: the load must overwrite them
+    model = _wrap(mlp(*SIZES, seed=7), strategy)  # other weights: the load must overwrite them
     optimizer = torch.optim.Adam(model.parameters(), lr=0.5)
     state: dict[str, Any] = {"model": {}, "optimizer": {}}
     if rd.get_rank() == 0 or not from_rank0:
@@ -160,7 +158,7 @@ def test_fsdp2_checkpoint_loads_into_a_plain_model(fsdp_checkpoint: tuple[Path, 
 
 
 def _sharded_state_on_all_ranks() -> list[str]:
-    model = _wrap(_mlp(seed=0), "fsdp")
+    model = _wrap(mlp(*SIZES, seed=0), "fsdp")
     state = ck.model_state_dict(model, all_ranks=True)
     assert all(type(v) is torch.Tensor and v.device.type == "cpu" for v in state.values())
     return sorted(state)
@@ -171,12 +169,12 @@ def test_all_ranks_option_gives_every_rank_the_full_state() -> None:
 
 
 def test_a_never_stepped_optimizer_is_saved_without_a_fake_step() -> None:
-    model = _mlp(seed=0)
+    model = mlp(*SIZES, seed=0)
     fresh = torch.optim.Adam(model.parameters(), lr=0.01)
     state = ck.optimizer_state_dict(model, fresh)
     assert state["state"] == {} and not fresh.state  # DCP alone would run a zero step here
     assert state["param_groups"][0]["params"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
-    other_model = _mlp(seed=0)
+    other_model = mlp(*SIZES, seed=0)
     other = torch.optim.Adam(other_model.parameters(), lr=0.9)
     ck.load_optimizer_state_dict(other_model, other, state)
     assert other.param_groups[0]["lr"] == 0.01 and not other.state
@@ -186,15 +184,15 @@ def test_a_never_stepped_optimizer_is_saved_without_a_fake_step() -> None:
         opt.step()
     for a, b in zip(model.parameters(), other_model.parameters(), strict=True):
         assert torch.equal(a, b)
-    wrong = torch.optim.Adam(_mlp(seed=0)[0].parameters())
+    wrong = torch.optim.Adam(mlp(*SIZES, seed=0)[0].parameters())
     with pytest.raises(ValueError, match="not the model's"):
         ck.optimizer_state_dict(model, wrong)
 
 
 def test_module_prefix_from_a_plain_ddp_state_dict_is_accepted() -> None:
-    source = _mlp(seed=0)
+    source = mlp(*SIZES, seed=0)
     prefixed = {f"module.{k}": v for k, v in source.state_dict().items()}
-    target = _mlp(seed=5)
+    target = mlp(*SIZES, seed=5)
     ck.load_model_state_dict(target, prefixed)
     assert all(
         torch.equal(a, b) for a, b in zip(target.parameters(), source.parameters(), strict=True)
@@ -221,5 +219,5 @@ def test_rng_state_round_trip_reproduces_the_same_draws(tmp_path: Path) -> None:
 
 
 def test_no_process_group_is_needed_or_created() -> None:
-    ck.model_state_dict(_mlp(seed=0))
+    ck.model_state_dict(mlp(*SIZES, seed=0))
     assert not dist.is_initialized()

@@ -193,7 +193,7 @@ def finished(results: list[tuple[int | None, str]], out: Path) -> dict[str, torc
 @pytest.fixture
 def reference(fault_reference: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The same job (2 ranks of batch 8) on one machine (tests/conftest.py: one launch, shared
-    with test_faults.py)."""
+    with test_train_faults.py)."""
     return fault_reference
 
 
