@@ -131,7 +131,8 @@ class SaveStats:
 
     saves: int = 0
     blocked_seconds: float = 0.0  # the loop held: state dict, copy, and any wait below
-    waited_seconds: float = 0.0  # of which: waiting for the previous write to finish
+    # of which: waiting for a write in flight (at the next save, a settle or the end of fit)
+    waited_seconds: float = 0.0
     waits: int = 0  # saves that found the previous write still in flight
     # per save, seconds from its start until file, manifest and pointer were on disk
     durable_after: list[float] = field(default_factory=list)
@@ -265,7 +266,9 @@ class CheckpointWriter:
         self._redo_lost_write(state)
         if self._in_flight is None:
             return
-        self._agree(self._wait_for_write(time.perf_counter(), final=True))  # all learn it
+        started = time.perf_counter()
+        self._agree(self._wait_for_write(started, final=True))  # all learn it
+        self.stats.blocked_seconds += time.perf_counter() - started  # fit held: as settle's
         self._report_in_flight()
         self._in_flight, self._stalled = None, False
 
