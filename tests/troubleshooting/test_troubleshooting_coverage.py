@@ -149,6 +149,10 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
         "names the dtype, the shape and the rule (an object or 0-d .npy); no row yet"
     ),
     ("data/source_layout.py", "is truncated: its header says"): _RARE_FILE,
+    ("data/table_source.py", "its Parquet footer cannot be read"): _RARE_FILE,
+    ("data/sources.py", "is an empty list of files"): (
+        "only open_source([]) reaches it: FetchDataset([]) is an empty in-memory source"
+    ),
     ("data/source_layout.py", "that split its rows"): (
         "names the chunks and the fix; h5py and anndata chunk along axis 0 unless told otherwise"
     ),
