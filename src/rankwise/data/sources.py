@@ -331,15 +331,23 @@ def open_shards(
             f"FetchDataset source {given!r} mixes files of suffixes {suffixes}; its shards "
             "must be of one format: put other files under another prefix, or pass a list."
         )
-    shards = [
-        open_file(u, dataset=dataset, columns=columns, storage_options=storage_options, retry=retry)
-        for u in urls
-    ]
+    folders: dict[str, Storage] = {}  # one client per folder: a prefix's shards share one
+    shards = []
+    for u in urls:
+        folder = u.rstrip("/").rpartition("/")[0] or "."
+        if folder not in folders:
+            folders[folder] = Storage.for_url(folder, storage_options, retry=retry)
+        shards.append(
+            open_file(
+                u,
+                dataset=dataset,
+                columns=columns,
+                storage_options=storage_options,
+                retry=retry,
+                storage=folders[folder],
+            )
+        )
     check_shards(shards, urls)
-    if isinstance(given, str):
-        folder = shards[0].storage
-        for shard in shards:  # a prefix's shards: one client
-            shard.share_storage(folder)
     joined = ShardedSource(given if isinstance(given, str) else "\n".join(urls), storage_options)
     joined.init_shards(shards, [int(shard.file_size) for shard in shards])
     return joined
@@ -352,8 +360,10 @@ def open_file(
     columns: Sequence[str] | None,
     storage_options: dict[str, Any] | None,
     retry: RetryPolicy | None,
+    storage: Storage | None = None,
 ) -> RangeSource:
-    """One file's source (see :func:`open_source`)."""
+    """One file's source (see :func:`open_source`), read through ``storage`` (its folder's,
+    already made) where given."""
     suffix = os.path.splitext(url.rstrip("/"))[1].lower()
     if suffix not in SUFFIXES:
         raise ValueError(
@@ -376,6 +386,8 @@ def open_file(
             "(drop columns=)."
         )
     probe = RangeSource(url, storage_options, retry)
+    if storage is not None:
+        probe.share_storage(storage)
     where = probe.storage.url_of(probe.key)
     try:
         size = probe.size()
