@@ -38,7 +38,7 @@ _TESTING = "rankwise.testing reports a test's failure, not a user's"
 _GUARD = "guards a private helper's arguments, which rankwise's own callers always pass valid"
 
 INTERNAL: dict[tuple[str, str], str] = {
-    ("data/sources.py", "rows must be sorted, unique and in [0, "): _GUARD,
+    ("data/range_source.py", "rows must be sorted, unique and in [0, "): _GUARD,
     ("data/prefetch.py", "must be >= 0 (0: no read-ahead)"): (
         "FetchDataset checks prefetch_bytes first (row fetch-prefetch-negative)"
     ),

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rankwise.data.sources import ArraySource, CsrSource, H5adSource, RangeSource
+from rankwise.data.range_source import RangeSource, sorted_rows
 from rankwise.storage import Storage
 
 __all__ = ["ShardedSource", "check_shards"]
@@ -91,8 +91,6 @@ class ShardedSource(RangeSource):
         return out
 
     def read_rows(self, rows: Any, read: Any = None, page_rows: int = 0) -> Any:
-        from rankwise.data.sources import sorted_rows
-
         rows = sorted_rows(rows, len(self))
         per_shard = self.shard_ranges(rows, page_rows)
         pieces = (read or self.fetch_ranges)(self.byte_ranges(rows, page_rows))
@@ -133,20 +131,9 @@ def join(parts: list[Any]) -> Any:
 def check_shards(shards: list[RangeSource], urls: list[str]) -> None:
     """Refuse shards that are not one table: another kind of file, other columns, another
     row shape or dtype; the error names the first shard that differs and how."""
-    first = shards[0]
-
-    def signature(source: RangeSource) -> Any:
-        if isinstance(source, H5adSource):
-            return ("h5ad", source.shape[1:], signature(source.x)[2:])
-        if isinstance(source, ArraySource):
-            return ("array", source.shape[1:], str(source.dtype))
-        if isinstance(source, CsrSource):
-            return ("csr", source.shape[1:], str(source.data[0]))
-        return (type(source).__name__, source.shape[1:], getattr(source, "columns", None))
-
-    want = signature(first)
+    want = shards[0].form()
     for url, source in zip(urls[1:], shards[1:], strict=True):
-        got = signature(source)
+        got = source.form()
         if got != want:
             raise ValueError(
                 f"shard {url} does not match {urls[0]}: {got} against {want} (kind, row shape, "

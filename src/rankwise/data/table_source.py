@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rankwise.data.sources import RangeSource
+from rankwise.data.range_source import RangeSource
 
 __all__ = ["ParquetSource", "TableRows"]
 
@@ -150,6 +150,10 @@ class ParquetSource(RangeSource):
     @property
     def shape(self) -> tuple[int, ...]:
         return (int(self.group_starts[-1]), len(self.columns))
+
+    def form(self) -> tuple[Any, ...]:
+        schema = self.metadata.schema.to_arrow_schema()
+        return ("parquet", tuple((c, str(schema.field(c).type)) for c in self.columns))
 
     def groups_of(self, rows: IntArray) -> IntArray:
         """The row groups holding ``rows`` (sorted), each once."""
