@@ -206,7 +206,8 @@ class Storage:
             bucket, timeout = path.split("/", 1)[0], float(options["config_kwargs"]["read_timeout"])
 
             def make_ranged() -> Any:
-                return fast_ranges.s3_store(bucket, user_options, aws_region(), timeout)
+                store = fast_ranges.s3_store(bucket, user_options, aws_region(), timeout)
+                return fast_ranges.RangedClient(store)
 
         return cls(
             url,
@@ -379,7 +380,7 @@ class Storage:
 
         def read() -> list[bytes]:
             if store is not None:
-                return fast_ranges.get_ranges(store, path.split("/", 1)[1], merged, in_flight)
+                return store.get_ranges(path.split("/", 1)[1], merged, in_flight)
             starts, stops = [m[0] for m in merged], [m[1] for m in merged]
             return list(fs.cat_ranges([path] * len(merged), starts, stops, **extra))
 
