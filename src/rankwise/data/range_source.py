@@ -88,7 +88,8 @@ class RangeSource:
 
     def fetch_ranges(self, ranges: list[tuple[int, int]]) -> list[bytes]:
         """The bytes of ``ranges`` of the file, from the store (merged, retried)."""
-        return self.storage.read_ranges(self.key, ranges, fork_safe=not in_worker())
+        # buffers: a piece may be a memoryview; every parse joins or decodes it, copying once
+        return self.storage.read_ranges(self.key, ranges, fork_safe=not in_worker(), buffers=True)
 
     def __getitem__(self, rows: Any) -> Any:
         return self.read_rows(rows)

@@ -98,10 +98,11 @@ class RangedClient:
             return self._loop
 
     def get_ranges(
-        self, path: str, ranges: Sequence[tuple[int, int]], in_flight: int
-    ) -> list[bytes]:
+        self, path: str, ranges: Sequence[tuple[int, int]], in_flight: int, copy: bool = True
+    ) -> list[Any]:
         """The bytes of each ``[start, stop)`` of ``path``, one GET each, ``in_flight`` at
-        once. A store that stops answering ends in obstore's read timeout (the client's)."""
+        once; ``copy=False``: read-only buffers over obstore's own memory (no copy of a
+        large range). A store that stops answering ends in obstore's read timeout."""
         import obstore
 
         store = self.store
@@ -116,4 +117,4 @@ class RangedClient:
             return await asyncio.gather(*(one(a, b) for a, b in ranges))
 
         done = asyncio.run_coroutine_threadsafe(all_ranges(), self._running_loop())
-        return [bytes(b) for b in done.result()]
+        return [bytes(b) if copy else memoryview(b) for b in done.result()]
