@@ -33,6 +33,15 @@ def _write(tmp_path: Path, fmt: str) -> tuple[Path, dict[str, Any]]:
         path = tmp_path / "x.npy"
         np.save(path, values)
         return path, {}
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = tmp_path / "x.parquet"
+        table = {f"c{j}": values[:, j] for j in range(COLS)}
+        table["name"] = [f"cell{i}" for i in range(ROWS)]  # a column a fetch may leave unread
+        pq.write_table(pa.table(table), path, row_group_size=16)
+        return path, {"columns": [f"c{j}" for j in range(COLS)]}
     if fmt == "h5":
         import h5py
 
@@ -51,16 +60,50 @@ def _write(tmp_path: Path, fmt: str) -> tuple[Path, dict[str, Any]]:
     return path, {}
 
 
-def _upload(bucket: str, path: Path) -> str:
-    Storage.for_url(bucket).put(path, path.name)
-    return f"{bucket}/{path.name}"
+FORMATS = ("npy", "h5", "h5ad-csr", "h5ad-dense", "parquet")
+
+
+@pytest.fixture(scope="module")
+def files(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Each format's file written once for the module, on disk and uploaded to a bucket of its
+    own: ``{fmt: (path, url, options)}`` (a test reaches the bucket through the ``AWS_*``
+    variables its ``s3_bucket`` sets)."""
+    import uuid
+
+    from rankwise.testing.s3server import S3_KEY, S3_SECRET
+
+    folder = tmp_path_factory.mktemp("fetch-remote")
+    bucket = f"s3://rankwise-{uuid.uuid4().hex[:16]}"
+    options = {"endpoint_url": s3_server.endpoint, "key": S3_KEY, "secret": S3_SECRET}
+    store = Storage.for_url(bucket, options)
+    import s3fs
+
+    s3fs.S3FileSystem(
+        skip_instance_cache=True,
+        key=S3_KEY,
+        secret=S3_SECRET,
+        endpoint_url=s3_server.endpoint,
+    ).mkdir(bucket)
+    out = {}
+    for fmt in FORMATS:
+        path, fmt_options = _write(folder, fmt)
+        store.put(path, path.name)
+        out[fmt] = (path, f"{bucket}/{path.name}", fmt_options)
+    # shards: the .npy's rows in three files of 40, 1 and 55 rows under a prefix, keys sorted
+    values = np.load(out["npy"][0])
+    cuts = {"part-0": (0, 40), "part-1": (40, 41), "part-2": (41, ROWS)}
+    for name, (a, b) in cuts.items():
+        np.save(folder / f"{name}.npy", values[a:b])
+        store.put(folder / f"{name}.npy", f"shards/{name}.npy")
+    out["shards"] = (out["npy"][0], f"{bucket}/shards/", {})
+    return out
 
 
 def _as_rows(batch: Any) -> list[list[float]]:
     return dense_tensor(batch).tolist()
 
 
-def _rank_batches(source: Any, rank: int, workers: int, **options: Any) -> list[Any]:
+def _rank_dataset(source: Any, rank: int, **options: Any) -> FetchDataset:
     ds = FetchDataset(
         source,
         BlockShuffling(block_size=4),
@@ -72,45 +115,76 @@ def _rank_batches(source: Any, rank: int, workers: int, **options: Any) -> list[
         **options,
     )
     ds.set_epoch(1)
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
-    return [_as_rows(b) for b in loader]
+    return ds
 
 
-@pytest.mark.parametrize("fmt", ["npy", "h5", "h5ad-csr", "h5ad-dense"])
-def test_url_batches_equal_the_local_files_on_two_ranks_and_two_workers(
-    s3_bucket: str, tmp_path: Path, fmt: str
-):
-    path, options = _write(tmp_path, fmt)
-    url = _upload(s3_bucket, path)
+def _rank_batches(source: Any, rank: int, **options: Any) -> list[Any]:
+    return [_as_rows(b) for b in _rank_dataset(source, rank, **options)]
+
+
+class _Tagged(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """A dataset's batches as ``(tag, rows)``: several datasets chained through one DataLoader
+    (one start of its workers) stay apart."""
+
+    def __init__(self, tag: str, dataset: FetchDataset) -> None:
+        self.tag, self.dataset = tag, dataset
+
+    def __iter__(self) -> Any:
+        return ((self.tag, _as_rows(b)) for b in self.dataset)
+
+
+def _local(fmt: str, path: Path, options: dict[str, Any]) -> Any:
+    """The source users pass today for the same file."""
     if fmt.startswith("h5ad"):
         import anndata
 
-        local: Any = anndata.read_h5ad(path, backed="r")  # what users pass today
-    elif fmt == "h5":
+        return anndata.read_h5ad(path, backed="r")
+    if fmt == "h5":
         import h5py
 
-        local = h5py.File(path, "r")[options["dataset"]]
-    else:
-        local = np.load(path)
-    seen = []
-    for rank in range(2):
-        expected = _rank_batches(local, rank, workers=0)
-        assert _rank_batches(str(path), rank, workers=0, **options) == expected  # a local path
-        # Two workers read the same fetches into the same batches; the DataLoader interleaves
-        # them (worker 0's first, worker 1's first, ...), which sorting the batches undoes.
-        # rank 1's workers read through the local cache: it changes no row either
-        cache = {"cache_dir": tmp_path / "cache", "cache_bytes": 1 << 20} if rank else {}
-        got = _rank_batches(url, rank, workers=2, **options, **cache)
-        assert sorted(got) == sorted(expected)
-        seen += [row[0] for batch in expected for row in batch]
-    assert sorted(seen) == list(range(ROWS))
+        return h5py.File(path, "r")[options["dataset"]]
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path, columns=options["columns"]).to_pandas().to_numpy()
+    return np.load(path)  # "shards": the file they were cut from
 
 
-def test_an_h5ad_fetch_is_the_backed_anndatas_to_memory(s3_bucket: str, tmp_path: Path):
+def test_url_batches_equal_the_local_files_on_two_ranks_and_two_workers(
+    s3_bucket: str, files: dict[str, Any], tmp_path: Path
+):
+    expected: dict[str, list[Any]] = {}
+    chained = []
+    for fmt, (path, url, options) in files.items():
+        seen = []
+        for rank in range(2):
+            want = _rank_batches(_local(fmt, path, options), rank)
+            if fmt != "shards":
+                assert _rank_batches(str(path), rank, **options) == want  # a local path
+            expected[f"{fmt}/{rank}"] = want
+            seen += [row[0] for batch in want for row in batch]
+            # rank 1's workers read through the local cache: it changes no row either
+            cache = {"cache_dir": tmp_path / f"cache-{fmt}", "cache_bytes": 1 << 20} if rank else {}
+            chained.append(_Tagged(f"{fmt}/{rank}", _rank_dataset(url, rank, **options, **cache)))
+        assert sorted(seen) == list(range(ROWS))
+    # One DataLoader start for every format and rank: two forked workers, each with its own
+    # client, read the same fetches into the same batches; the DataLoader interleaves them
+    # (worker 0's first, worker 1's first, ...), which sorting the batches undoes.
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.ChainDataset(chained), batch_size=None, num_workers=2
+    )
+    got: dict[str, list[Any]] = {tag: [] for tag in expected}
+    for tag, rows in loader:
+        got[tag].append(rows)
+    for tag, want in expected.items():
+        assert sorted(got[tag]) == sorted(want), tag
+
+
+def test_an_h5ad_fetch_is_the_backed_anndatas_to_memory(s3_bucket: str, files: dict[str, Any]):
     import anndata
 
-    path, _ = _write(tmp_path, "h5ad-csr")
-    ds = FetchDataset(_upload(s3_bucket, path), Streaming(), batch_size=5, fetch_factor=3)
+    path, url, _ = files["h5ad-csr"]
+    ds = FetchDataset(url, Streaming(), batch_size=5, fetch_factor=3)
     backed = anndata.read_h5ad(path, backed="r")
     rows = np.array([3, 4, 5, 40, 95])
     got, want = ds.source[rows], backed[rows].to_memory()
@@ -118,9 +192,8 @@ def test_an_h5ad_fetch_is_the_backed_anndatas_to_memory(s3_bucket: str, tmp_path
     assert got.obs.equals(want.obs) and got.var.equals(want.var)
 
 
-def test_resume_from_two_ranks_to_three_is_exactly_once(s3_bucket: str, tmp_path: Path):
-    path, _ = _write(tmp_path, "npy")
-    url = _upload(s3_bucket, path)
+def test_resume_from_two_ranks_to_three_is_exactly_once(s3_bucket: str, files: dict[str, Any]):
+    _, url, _ = files["npy"]
 
     def dataset(rank: int, world: int) -> FetchDataset:
         ds = FetchDataset(url, BlockShuffling(block_size=4), 4, 2, rank=rank, world_size=world)
@@ -146,10 +219,9 @@ def test_resume_from_two_ranks_to_three_is_exactly_once(s3_bucket: str, tmp_path
 
 
 def test_the_prefetch_holds_its_byte_cap_and_reads_about_one_get_per_block(
-    s3_bucket: str, tmp_path: Path
+    s3_bucket: str, files: dict[str, Any]
 ):
-    path, _ = _write(tmp_path, "h5ad-csr")
-    url = _upload(s3_bucket, path)
+    path, url, _ = files["h5ad-csr"]
     local = FetchDataset(str(path), BlockShuffling(block_size=4), 8, fetch_factor=2, seed=1)
     fetch_bytes = max(local.source.nbytes(np.arange(i, i + 16)) for i in range(0, ROWS, 16))
     cap = 3 * fetch_bytes
@@ -170,13 +242,12 @@ def test_a_missing_object_fails_when_the_dataset_is_made_naming_the_url(s3_bucke
         FetchDataset(f"{s3_bucket}/absent.h5ad", Streaming(), batch_size=8)
 
 
-def test_wrong_keys_fail_naming_the_url_and_never_the_secret(s3_bucket: str, tmp_path: Path):
-    path, _ = _write(tmp_path, "npy")
-    url = _upload(s3_bucket, path)
+def test_wrong_keys_fail_naming_the_url_and_never_the_secret(s3_bucket: str, files: dict[str, Any]):
+    _, url, _ = files["npy"]
     wrong = {"key": "rankwise-wrong-key", "secret": "rankwise-wrong-secret-123"}
     with pytest.raises(StorageError, match="refused the credentials") as caught:
         FetchDataset(url, Streaming(), 8, storage_options=wrong, retry=RetryPolicy(attempts=1))
-    assert s3_bucket in str(caught.value) and "rankwise-wrong-secret-123" not in str(caught.value)
+    assert url in str(caught.value) and "rankwise-wrong-secret-123" not in str(caught.value)
 
 
 def test_a_store_that_never_answers_is_a_timeout_naming_the_url(s3_bucket: str, silent_endpoint):
@@ -197,9 +268,10 @@ def test_a_store_that_never_answers_is_a_timeout_naming_the_url(s3_bucket: str, 
     assert time.monotonic() - started < 20
 
 
-def test_the_local_cache_holds_its_cap_and_serves_a_second_epoch(s3_bucket: str, tmp_path: Path):
-    path, _ = _write(tmp_path, "h5ad-csr")
-    url = _upload(s3_bucket, path)
+def test_the_local_cache_holds_its_cap_and_serves_a_second_epoch(
+    s3_bucket: str, files: dict[str, Any], tmp_path: Path
+):
+    path, url, _ = files["h5ad-csr"]
     local = FetchDataset(str(path), BlockShuffling(block_size=4), 8, fetch_factor=2, seed=1)
     total = local.source.nbytes(np.arange(ROWS))
 
@@ -230,3 +302,37 @@ def test_the_local_cache_holds_its_cap_and_serves_a_second_epoch(s3_bucket: str,
     assert gets[0] > 0 and gets[1] == 0  # the whole file cached: epoch 1 reads from disk
     small, gets, _ = epochs(total // 3)
     assert small.cache is not None and small.cache.hits > 0 and 0 < gets[1] < gets[0]
+
+
+def test_a_parquet_fetch_reads_only_its_row_groups_column_chunks(
+    s3_bucket: str, files: dict[str, Any]
+):
+    import pyarrow.parquet as pq
+
+    path, url, _ = files["parquet"]
+    ds = FetchDataset(url, Streaming(), 8, columns=["c0", "c1"])
+    store = ds.source.storage
+    assert store.requests == 1  # the footer, once
+    before, bytes_before = store.requests, store.bytes_read
+    rows = np.array([3, 4, 40])  # row groups 0 and 2 of 16 rows each
+    got = ds.source[rows]
+    want = pq.read_table(path).take(rows)
+    assert got["c0"].tolist() == want["c0"].to_pylist() == [3, 4, 40]
+    assert got["c1"].tolist() == want["c1"].to_pylist() and list(got.columns) == ["c0", "c1"]
+    meta = pq.ParquetFile(path).metadata
+    chunks = [meta.row_group(g).column(c).total_compressed_size for g in (0, 2) for c in (0, 1)]
+    assert store.bytes_read - bytes_before == sum(chunks)  # c2.., name and group 1 unread
+    assert store.requests - before == 2  # each group's two chunks lie side by side: one GET
+
+
+def test_a_prefix_of_shards_reads_as_one_source_in_key_order(s3_bucket: str, files: dict[str, Any]):
+    path, url, _ = files["shards"]
+    ds = FetchDataset(url, Streaming(), 8)
+    source, values = ds.source, np.load(path)
+    assert source.shape == values.shape
+    assert source.storage.requests == 3  # an .npy header per shard, through one client
+    before = source.storage.requests
+    rows = np.array([0, 39, 40, 41, 95])  # all three shards: part-1 holds row 40 alone
+    assert source[rows].tolist() == values[rows].tolist()
+    assert source.storage.requests - before == 5  # one GET per run of rows, in its shard
+    assert [r[0] for b in ds for r in b.tolist()] == list(range(ROWS))

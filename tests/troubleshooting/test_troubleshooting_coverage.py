@@ -38,7 +38,7 @@ _TESTING = "rankwise.testing reports a test's failure, not a user's"
 _GUARD = "guards a private helper's arguments, which rankwise's own callers always pass valid"
 
 INTERNAL: dict[tuple[str, str], str] = {
-    ("data/sources.py", "rows must be sorted, unique and in [0, "): _GUARD,
+    ("data/range_source.py", "rows must be sorted, unique and in [0, "): _GUARD,
     ("data/prefetch.py", "must be >= 0 (0: no read-ahead)"): (
         "FetchDataset checks prefetch_bytes first (row fetch-prefetch-negative)"
     ),
@@ -148,6 +148,10 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
         "names the dtype, the shape and the rule (an object or 0-d .npy); no row yet"
     ),
     ("data/source_layout.py", "is truncated: its header says"): _RARE_FILE,
+    ("data/table_source.py", "its Parquet footer cannot be read"): _RARE_FILE,
+    ("data/sources.py", "is an empty list of files"): (
+        "only open_source([]) reaches it: FetchDataset([]) is an empty in-memory source"
+    ),
     ("data/source_layout.py", "that split its rows"): (
         "names the chunks and the fix; h5py and anndata chunk along axis 0 unless told otherwise"
     ),

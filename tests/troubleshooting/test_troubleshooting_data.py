@@ -146,7 +146,42 @@ def _csc_h5ad(path: Path) -> None:
     anndata.AnnData(X=scipy.sparse.csc_matrix(np.eye(4, dtype=np.float32))).write_h5ad(path)
 
 
+def _parquet(path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"a": np.arange(4), "name": list("wxyz")}), path)
+
+
+def _parquet_not_numeric() -> BaseException:
+    folder = Path(tempfile.mkdtemp(prefix="rankwise-ts-"))
+    _parquet(folder / "t.parquet")
+    ds = rdata.FetchDataset(str(folder / "t.parquet"), rdata.Streaming(), 2)
+    return raised(rdata.dense_tensor, next(iter(ds)))
+
+
+def _shards(*files: tuple[str, Any]) -> BaseException:
+    folder = Path(tempfile.mkdtemp(prefix="rankwise-ts-"))
+    for name, rows in files:
+        if isinstance(rows, bytes):
+            (folder / name).write_bytes(rows)
+        else:
+            np.save(folder / name, rows)
+    return raised(rdata.FetchDataset, f"{folder}/", rdata.Streaming(), 2)
+
+
 TRIGGERS: dict[str, Callable[[], BaseException]] = {
+    "fetch-parquet-no-column": lambda: _file_source("t.parquet", _parquet, columns=["b"]),
+    "fetch-parquet-not-parquet": lambda: _file_source(
+        "t.parquet", lambda p: p.write_bytes(b"a,b\n1,2\n")
+    ),
+    "fetch-parquet-not-numeric": _parquet_not_numeric,
+    "fetch-columns-not-parquet": lambda: _file_source(
+        "p.npy", lambda p: np.save(p, np.zeros(4)), columns=["a"]
+    ),
+    "fetch-shards-none": lambda: _shards(),
+    "fetch-shards-mixed": lambda: _shards(("a.npy", np.zeros(2)), ("b.csv", b"1\n")),
+    "fetch-shards-differ": lambda: _shards(("a.npy", np.zeros((2, 3))), ("b.npy", np.zeros(2))),
     "fetch-url-suffix": lambda: raised(rdata.FetchDataset, "cells.csv", rdata.Streaming(), 2),
     "fetch-url-missing": lambda: _file_source("absent.npy"),
     "fetch-url-h5-no-dataset": lambda: raised(

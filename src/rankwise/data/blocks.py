@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +79,11 @@ class FetchDataset(IterableDataset[Any]):
 
     ``source``: a numpy array, h5py dataset, backed AnnData, or anything indexable by a sorted
     int array; or a path or URL (local, ``file://``, ``s3://``, ``gs://``, ``az://``,
-    ``memory://``) of an ``.npy``, ``.h5`` / ``.hdf5`` (the array named by ``dataset``) or
-    ``.h5ad`` file (its ``X``, dense or CSR, with ``obs`` and ``var``), read in place
+    ``memory://``) of an ``.npy``, ``.h5`` / ``.hdf5`` (the array named by ``dataset``),
+    ``.h5ad`` (its ``X``, dense or CSR, with ``obs`` and ``var``) or ``.parquet`` file (the
+    columns named by ``columns``, all by default; a fetch yields
+    :class:`~rankwise.data.table_source.TableRows`), or a list of such files or a prefix
+    ending in ``/`` read as one source, rows in key order (:mod:`.shard_source`), read in place
     (:mod:`rankwise.data.sources`): metadata once when the dataset is made, then per fetch only
     its rows' byte ranges, merged. ``storage_options`` (fsspec keyword arguments, beside the
     ``AWS_*`` variables) and ``retry`` reach the storage layer; each DataLoader worker reads
@@ -122,6 +125,7 @@ class FetchDataset(IterableDataset[Any]):
         seed: int | None = 0,
         *,
         dataset: str | None = None,
+        columns: Sequence[str] | None = None,
         storage_options: dict[str, Any] | None = None,
         retry: RetryPolicy | None = None,
         prefetch_bytes: int = PREFETCH_BYTES,
@@ -133,13 +137,17 @@ class FetchDataset(IterableDataset[Any]):
                 f"strategy ({strategy!r}) must be a Strategy such as rankwise.data.Streaming() "
                 "or rankwise.data.BlockShuffling(block_size=64)."
             )
-        if isinstance(source, (str, os.PathLike)):
+        if is_location(source):
             source = open_source(
-                source, dataset=dataset, storage_options=storage_options, retry=retry
+                source,
+                dataset=dataset,
+                columns=columns,
+                storage_options=storage_options,
+                retry=retry,
             )
-        elif dataset is not None or storage_options is not None:
+        elif dataset is not None or storage_options is not None or columns is not None:
             raise ValueError(
-                f"dataset= and storage_options= apply to a source given as a path or URL, not "
+                f"dataset=, columns= and storage_options= apply to a source given as a path or URL, not "
                 f"to a {type(source).__name__}; pass the file's path or URL as the source."
             )
         self.source = source
@@ -467,6 +475,18 @@ class FetchDataset(IterableDataset[Any]):
             f"{self.batch_size}, fetch_factor={self.fetch_factor}, rank={self.rank}, "
             f"world_size={self.world_size})"
         )
+
+
+def is_location(source: Any) -> bool:
+    """Whether ``source`` names files (a path or URL, or a non-empty list of them) rather
+    than holding rows."""
+    if isinstance(source, (str, os.PathLike)):
+        return True
+    return (
+        isinstance(source, (list, tuple))
+        and len(source) > 0
+        and all(isinstance(s, (str, os.PathLike)) for s in source)
+    )
 
 
 def fetch_permutation(size: int, seed: int, epoch: int, start: int) -> Permutation:

@@ -57,17 +57,25 @@ def prefetched(
     upcoming = iter(plan)
     following = next(upcoming, None)
     pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="rankwise-fetch")
+    started = False  # the first fetch is read alone: the read-ahead must not delay it
+
+    def fill() -> None:
+        nonlocal following
+        ahead = sum(n for _, n in pending)
+        while following is not None and (not pending or (started and ahead + following[1] <= cap)):
+            pending.append((pool.submit(read, following[0]), following[1]))
+            ahead += following[1]
+            following = next(upcoming, None)
+        if len(pending) > 1:
+            stats.peak_ahead = max(stats.peak_ahead, ahead)
+
     try:
         while following is not None or pending:
-            ahead = sum(n for _, n in pending)
-            while following is not None and (not pending or ahead + following[1] <= cap):
-                pending.append((pool.submit(read, following[0]), following[1]))
-                ahead += following[1]
-                following = next(upcoming, None)
-            if len(pending) > 1:
-                stats.peak_ahead = max(stats.peak_ahead, ahead)
+            fill()
             future, _ = pending.popleft()
             result = future.result()
+            started = True
+            fill()  # the next fetches go on the wire before this one is handed out
             stats.reads += 1
             yield result
     finally:

@@ -26,18 +26,28 @@ client, and no handle or client is ever in a ``state_dict``.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from rankwise.data.range_source import RangeSource, sorted_rows
 from rankwise.data.source_layout import RangeFile, RowLayout, hdf5_layout, npy_layout
 from rankwise.storage import RetryPolicy, Storage
 
-__all__ = ["ArraySource", "CsrSource", "H5adSource", "RangeSource", "open_source", "row_runs"]
+__all__ = [
+    "ArraySource",
+    "CsrSource",
+    "H5adSource",
+    "RangeSource",
+    "open_source",
+    "row_runs",
+    "sorted_rows",
+]
 
 IntArray = npt.NDArray[np.int64]
-SUFFIXES = (".npy", ".h5", ".hdf5", ".h5ad")
+SUFFIXES = (".npy", ".h5", ".hdf5", ".h5ad", ".parquet")
 
 
 def row_runs(rows: IntArray) -> list[tuple[int, int]]:
@@ -54,79 +64,6 @@ def row_runs(rows: IntArray) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(starts, stops, strict=True)]
 
 
-class RangeSource:
-    """What every source here shares: the file's storage (made anew in each process), its
-    key, and :meth:`nbytes` (what reading some rows costs, for the prefetch's byte cap)."""
-
-    def __init__(
-        self,
-        url: str,
-        storage_options: dict[str, Any] | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> None:
-        self.url = url
-        self.storage_options = dict(storage_options or {})
-        self.retry = retry
-        folder, _, self.key = url.rstrip("/").rpartition("/")
-        self._folder = folder or "."
-        self._storage: Storage | None = None
-
-    @property
-    def storage(self) -> Storage:
-        """The file's storage. Its client is this process's own: a forked DataLoader worker's
-        first call builds a new one (:class:`~rankwise.storage.Storage` sees the fork), and a
-        pickled source (a spawned worker's) carries none."""
-        if self._storage is None:
-            self._storage = Storage.for_url(self._folder, self.storage_options, retry=self.retry)
-        return self._storage
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_storage"] = None  # a client never crosses processes
-        return state
-
-    def read(self, start: int, stop: int) -> bytes:
-        return self.storage.read_ranges(self.key, [(start, stop)])[0]
-
-    def size(self) -> int:
-        """The object's size (a missing object: FileNotFoundError naming the URL)."""
-        return self.storage.size(self.key)
-
-    def nbytes(self, rows: IntArray) -> int:
-        raise NotImplementedError
-
-    def byte_ranges(self, rows: IntArray, page_rows: int = 0) -> list[tuple[int, int]]:
-        """The byte ranges holding ``rows`` (sorted, unique), in the order :meth:`parse`
-        takes them; with ``page_rows``, cut at multiples of it, so a range is the same
-        whichever fetch reads it (what a cache keys by)."""
-        raise NotImplementedError
-
-    def parse(self, rows: IntArray, pieces: list[bytes]) -> Any:
-        """What a fetch of ``rows`` yields, from the bytes of :meth:`byte_ranges`."""
-        raise NotImplementedError
-
-    def read_rows(self, rows: Any, read: Any = None, page_rows: int = 0) -> Any:
-        """Rows ``rows`` read through ``read(ranges) -> pieces`` (default: the storage)."""
-        rows = _sorted_rows(rows, len(self))
-        if read is None:
-            read = self.fetch_ranges
-        return self.parse(rows, read(self.byte_ranges(rows, page_rows)))
-
-    def fetch_ranges(self, ranges: list[tuple[int, int]]) -> list[bytes]:
-        """The bytes of ``ranges`` of the file, from the store (merged, retried)."""
-        return self.storage.read_ranges(self.key, ranges, fork_safe=not in_worker())
-
-    def __getitem__(self, rows: Any) -> Any:
-        return self.read_rows(rows)
-
-    def __len__(self) -> int:
-        return int(self.shape[0])
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        raise NotImplementedError
-
-
 class ArraySource(RangeSource):
     """Rows of a dense array stored as bytes (an ``.npy``, an HDF5 dataset, a dense h5ad X)."""
 
@@ -139,6 +76,9 @@ class ArraySource(RangeSource):
 
     def nbytes(self, rows: IntArray) -> int:
         return int(rows.size) * self.layout.row_bytes
+
+    def form(self) -> tuple[Any, ...]:
+        return ("array", self._shape[1:], str(self.dtype))
 
     def byte_ranges(self, rows: IntArray, page_rows: int = 0) -> list[tuple[int, int]]:
         return self.layout.ranges(paged(row_runs(rows), page_rows))
@@ -163,6 +103,9 @@ class CsrSource(RangeSource):
     @property
     def shape(self) -> tuple[int, ...]:
         return self._shape
+
+    def form(self) -> tuple[Any, ...]:
+        return ("csr", self._shape[1:], str(self.data[0]))
 
     def nbytes(self, rows: IntArray) -> int:
         per = self.data[0].itemsize + self.indices[0].itemsize
@@ -201,8 +144,14 @@ class H5adSource(RangeSource):
     def storage(self) -> Storage:
         return self.x.storage  # one client per process, X's
 
+    def share_storage(self, storage: Storage) -> None:
+        self.x.share_storage(storage)
+
     def nbytes(self, rows: IntArray) -> int:
         return self.x.nbytes(rows)
+
+    def form(self) -> tuple[Any, ...]:
+        return ("h5ad", *self.x.form())
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -238,33 +187,100 @@ def paged(runs: list[tuple[int, int]], page_rows: int) -> list[tuple[int, int]]:
     return out
 
 
-def in_worker() -> bool:
-    """Whether this is a DataLoader worker: a process that never forks, so the storage may use
-    its fastest ranged client (obstore's runtime does not survive a fork)."""
-    from torch.utils.data import get_worker_info
-
-    return get_worker_info() is not None
-
-
-def _sorted_rows(rows: Any, n: int) -> IntArray:
-    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-    if rows.size and (np.any(np.diff(rows) <= 0) or rows[0] < 0 or rows[-1] >= n):
-        raise IndexError(f"rows must be sorted, unique and in [0, {n}); got {rows[:8]}...")
-    return rows
-
-
 def open_source(
-    url: str | os.PathLike[str],
+    url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     dataset: str | None = None,
+    columns: Sequence[str] | None = None,
     storage_options: dict[str, Any] | None = None,
     retry: RetryPolicy | None = None,
-) -> ArraySource | CsrSource | H5adSource:
+) -> RangeSource:
     """Open the file ``url`` (a local path or an fsspec URL) by its suffix (see the module):
-    ``.npy``, ``.h5`` / ``.hdf5`` (``dataset`` names the array) or ``.h5ad``. Reads its
-    metadata now; a missing object raises FileNotFoundError naming the URL, a store that
-    cannot be read :class:`~rankwise.storage.StorageError` naming it and the fix."""
+    ``.npy``, ``.h5`` / ``.hdf5`` (``dataset`` names the array), ``.h5ad`` or ``.parquet``
+    (``columns`` names the columns, all by default). A list of them, or a prefix ending in
+    ``/`` (every file under it, in sorted key order), opens as one source
+    (:mod:`rankwise.data.shard_source`). Reads its metadata now; a missing object raises
+    FileNotFoundError naming the URL, a store that cannot be read
+    :class:`~rankwise.storage.StorageError` naming it and the fix."""
+    options: dict[str, Any] = {"dataset": dataset, "columns": columns}
+    options["storage_options"] = storage_options
+    if not isinstance(url, (str, os.PathLike)):
+        return open_shards([os.fspath(u) for u in url], url, retry=retry, **options)
     url = os.fspath(url)
+    if url.endswith("/"):
+        return open_shards(shard_urls(url, storage_options, retry), url, retry=retry, **options)
+    return open_file(url, retry=retry, **options)
+
+
+def shard_urls(
+    prefix: str, storage_options: dict[str, Any] | None, retry: RetryPolicy | None
+) -> list[str]:
+    """The URLs of the files directly under ``prefix`` (sorted by key)."""
+    folder = Storage.for_url(prefix.rstrip("/"), storage_options, retry=retry)
+    names = folder.names()
+    if not names:
+        raise FileNotFoundError(
+            f"FetchDataset source {folder.display_url}/ holds no files; check the prefix (a "
+            "source ending in '/' reads every file under it) and that the shards were uploaded."
+        )
+    return [f"{prefix.rstrip('/')}/{name}" for name in names]
+
+
+def open_shards(
+    urls: list[str],
+    given: Any,
+    *,
+    dataset: str | None,
+    columns: Sequence[str] | None,
+    storage_options: dict[str, Any] | None,
+    retry: RetryPolicy | None,
+) -> RangeSource:
+    from rankwise.data.shard_source import ShardedSource, check_shards
+
+    if not urls:
+        raise ValueError(
+            "FetchDataset source is an empty list of files; pass one path or URL, a list of "
+            "them, or a prefix ending in '/'."
+        )
+    suffixes = sorted({os.path.splitext(u)[1].lower() for u in urls})
+    if len(suffixes) > 1:
+        raise ValueError(
+            f"FetchDataset source {given!r} mixes files of suffixes {suffixes}; its shards "
+            "must be of one format: put other files under another prefix, or pass a list."
+        )
+    folders: dict[str, Storage] = {}  # one client per folder: a prefix's shards share one
+    shards = []
+    for u in urls:
+        folder = u.rstrip("/").rpartition("/")[0] or "."
+        if folder not in folders:
+            folders[folder] = Storage.for_url(folder, storage_options, retry=retry)
+        shards.append(
+            open_file(
+                u,
+                dataset=dataset,
+                columns=columns,
+                storage_options=storage_options,
+                retry=retry,
+                storage=folders[folder],
+            )
+        )
+    check_shards(shards, urls)
+    joined = ShardedSource(given if isinstance(given, str) else "\n".join(urls), storage_options)
+    joined.init_shards(shards, [int(shard.file_size) for shard in shards])
+    return joined
+
+
+def open_file(
+    url: str,
+    *,
+    dataset: str | None,
+    columns: Sequence[str] | None,
+    storage_options: dict[str, Any] | None,
+    retry: RetryPolicy | None,
+    storage: Storage | None = None,
+) -> RangeSource:
+    """One file's source (see :func:`open_source`), read through ``storage`` (its folder's,
+    already made) where given."""
     suffix = os.path.splitext(url.rstrip("/"))[1].lower()
     if suffix not in SUFFIXES:
         raise ValueError(
@@ -281,7 +297,14 @@ def open_source(
             f"source {url!r} is an HDF5 file: name the array to read, e.g. "
             "FetchDataset(url, strategy, batch_size, dataset='features')."
         )
+    if columns is not None and suffix != ".parquet":
+        raise ValueError(
+            f"columns={list(columns)!r} is for .parquet files; {url!r} is a {suffix} file "
+            "(drop columns=)."
+        )
     probe = RangeSource(url, storage_options, retry)
+    if storage is not None:
+        probe.share_storage(storage)
     where = probe.storage.url_of(probe.key)
     try:
         size = probe.size()
@@ -290,18 +313,38 @@ def open_source(
             f"FetchDataset source {where} does not exist; check the URL (bucket, prefix and "
             "file name) and that the file was uploaded."
         ) from None
+    source = read_metadata(probe, suffix, size, where, dataset, columns)
+    source.file_size = size
+    source.share_storage(probe.storage)
+    return source
+
+
+def read_metadata(
+    probe: RangeSource,
+    suffix: str,
+    size: int,
+    where: str,
+    dataset: str | None,
+    columns: Sequence[str] | None,
+) -> RangeSource:
+    url, storage_options, retry = probe.url, probe.storage_options, probe.retry
     if suffix == ".npy":
         source = ArraySource(url, storage_options, retry)
         source.init_array(*npy_layout(probe.read, size, where))
-        source._storage = probe._storage
         return source
+    if suffix == ".parquet":
+        from rankwise.data.table_source import ParquetSource, parquet_metadata
+
+        table = ParquetSource(url, storage_options, retry)
+        wanted = None if columns is None else [str(c) for c in columns]
+        table.init_parquet(parquet_metadata(probe.read, size, where), wanted, where, size)
+        return table
     import h5py
 
     with h5py.File(RangeFile(probe.read, size), "r") as f:
         if suffix == ".h5ad":
             h5ad = H5adSource(url, storage_options, retry)
             h5ad.init_h5ad(_h5ad_x(f, url, storage_options, retry, where), *_h5ad_frames(f))
-            h5ad.x._storage = probe._storage
             return h5ad
         assert dataset is not None
         if dataset not in f or not isinstance(f[dataset], h5py.Dataset):
@@ -312,7 +355,6 @@ def open_source(
         array = ArraySource(url, storage_options, retry)
         ds = f[dataset]
         array.init_array(ds.dtype, tuple(ds.shape), hdf5_layout(ds, where))
-        array._storage = probe._storage
         return array
 
 

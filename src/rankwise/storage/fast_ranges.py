@@ -17,7 +17,11 @@ Credentials and endpoint: obstore reads the ``AWS_*`` variables itself (as botoc
 ``endpoint_url`` / ``region_name``) override them; a read timeout of ``config_kwargs``'
 ``read_timeout`` (30 s by default); no retries of its own (rankwise retries, with backoff).
 
-Module state: none (each storage holds its own obstore store, per process).
+One event loop per client, in a daemon thread of the process that made it, runs every read:
+an ``asyncio.run`` per read (a new loop each time) cost ~0.2 s a call here, measured: 25 reads
+of 4 x 1 MiB took 5.4-7.5 s that way, 0.63-0.84 s on one loop kept.
+
+Module state: none (each storage holds its own :class:`RangedClient`, per process).
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ from __future__ import annotations
 import asyncio
 import datetime
 import importlib.util
+import threading
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["available", "get_ranges", "s3_store"]
+__all__ = ["RangedClient", "available", "s3_store"]
 
 # storage_options (s3fs's names) that obstore cannot be told: with one of them set, s3fs reads.
 _UNMAPPED = {"anon", "profile", "requester_pays", "use_ssl", "session", "default_block_size"}
@@ -72,19 +77,44 @@ def s3_store(bucket: str, options: dict[str, Any], region: str | None, read_time
     )
 
 
-def get_ranges(
-    store: Any, path: str, ranges: Sequence[tuple[int, int]], in_flight: int
-) -> list[bytes]:
-    """The bytes of each ``[start, stop)`` of ``path``, one GET each, ``in_flight`` at once."""
-    import obstore
+class RangedClient:
+    """An obstore store and the event loop its reads run on: a daemon thread started on the
+    first read, in the process that reads (a storage makes its client per process, so a loop
+    never crosses a fork). Thread-safe: a worker's prefetch threads share it."""
 
-    async def all_ranges() -> list[Any]:
-        gate = asyncio.Semaphore(in_flight)
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
 
-        async def one(start: int, stop: int) -> Any:
-            async with gate:
-                return await obstore.get_range_async(store, path, start=start, end=stop)
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=loop.run_forever, name="rankwise-ranges", daemon=True
+                ).start()
+                self._loop = loop
+            return self._loop
 
-        return await asyncio.gather(*(one(a, b) for a, b in ranges))
+    def get_ranges(
+        self, path: str, ranges: Sequence[tuple[int, int]], in_flight: int, copy: bool = True
+    ) -> list[Any]:
+        """The bytes of each ``[start, stop)`` of ``path``, one GET each, ``in_flight`` at
+        once; ``copy=False``: read-only buffers over obstore's own memory (no copy of a
+        large range). A store that stops answering ends in obstore's read timeout."""
+        import obstore
 
-    return [bytes(b) for b in asyncio.run(all_ranges())]
+        store = self.store
+
+        async def all_ranges() -> list[Any]:
+            gate = asyncio.Semaphore(in_flight)
+
+            async def one(start: int, stop: int) -> Any:
+                async with gate:
+                    return await obstore.get_range_async(store, path, start=start, end=stop)
+
+            return await asyncio.gather(*(one(a, b) for a, b in ranges))
+
+        done = asyncio.run_coroutine_threadsafe(all_ranges(), self._running_loop())
+        return [bytes(b) if copy else memoryview(b) for b in done.result()]

@@ -10,6 +10,7 @@ merged answers back into the ranges asked for. Pure functions, no I/O.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["merge_ranges", "split_merged"]
 
@@ -29,16 +30,20 @@ def merge_ranges(ranges: Sequence[tuple[int, int]], max_gap: int = 0) -> list[tu
 
 
 def split_merged(
-    ranges: Sequence[tuple[int, int]], merged: Sequence[tuple[int, int]], data: Sequence[bytes]
-) -> list[bytes]:
-    """The bytes of each of ``ranges``, cut out of ``data``, the bytes of ``merged`` (which
-    :func:`merge_ranges` made from them).
+    ranges: Sequence[tuple[int, int]],
+    merged: Sequence[tuple[int, int]],
+    data: Sequence[Any],
+    copy: bool = True,
+) -> list[Any]:
+    """The bytes of each of ``ranges``, cut out of ``data``, the bytes (or buffers) of
+    ``merged`` (which :func:`merge_ranges` made from them); ``copy=False``: read-only views
+    into ``data`` where a range is part of a merged one, never a copy.
 
     >>> split_merged([(2, 4), (0, 2)], [(0, 4)], [b"abcd"])
     [b'cd', b'ab']
     """
     starts = [m[0] for m in merged]
-    out = []
+    out: list[Any] = []
     for start, stop in ranges:
         if stop <= start:
             out.append(b"")
@@ -50,7 +55,8 @@ def split_merged(
             lo, hi = (mid, hi) if starts[mid] <= start else (lo, mid)
         base, whole = merged[lo][0], data[lo]
         if start == base and stop - base == len(whole):
-            out.append(bytes(whole) if not isinstance(whole, bytes) else whole)  # no copy
+            out.append(bytes(whole) if copy and not isinstance(whole, bytes) else whole)
         else:
-            out.append(bytes(memoryview(whole)[start - base : stop - base]))
+            view = memoryview(whole)[start - base : stop - base]
+            out.append(bytes(view) if copy else view)
     return out
