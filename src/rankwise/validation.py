@@ -10,11 +10,12 @@ process group all word their errors the same way. :func:`did_you_mean` is the on
 from __future__ import annotations
 
 import difflib
+import importlib.util
 from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["MAX_EPOCH", "check_epoch", "check_int", "check_rank", "did_you_mean"]
+__all__ = ["MAX_EPOCH", "check_epoch", "check_int", "check_rank", "did_you_mean", "installed"]
 
 # Epochs are shared with DataLoader workers through int64 tensors (see check_epoch).
 MAX_EPOCH = 2**63 - 1
@@ -43,6 +44,18 @@ def did_you_mean(
     word = str(given).lower() if ignore_case else str(given)
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
     return text.format(close[0]) if close else ""
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported, looked up without importing it (cheap on every rank).
+
+    >>> installed("numpy"), installed("no_such_package_here")
+    (True, False)
+    """
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a module set to None in sys.modules, a bad parent
+        return False
 
 
 def check_int(name: str, value: object, *, minimum: int = 0, maximum: int | None = None) -> int:

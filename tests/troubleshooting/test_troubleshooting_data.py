@@ -4,6 +4,7 @@ tests/troubleshooting/test_troubleshooting.py checks that these rows and trigger
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -170,7 +171,19 @@ def _shards(*files: tuple[str, Any]) -> BaseException:
     return raised(rdata.FetchDataset, f"{folder}/", rdata.Streaming(), 2)
 
 
+def _without_pyarrow() -> BaseException:
+    # As where pyarrow is not installed: an import of a module set to None in sys.modules fails.
+    saved = {m: sys.modules.pop(m) for m in list(sys.modules) if m.split(".")[0] == "pyarrow"}
+    sys.modules["pyarrow"] = None  # type: ignore[assignment]
+    try:
+        return raised(rdata.FetchDataset, "s3://bucket/cells.parquet", rdata.Streaming(), 2)
+    finally:
+        del sys.modules["pyarrow"]
+        sys.modules.update(saved)
+
+
 TRIGGERS: dict[str, Callable[[], BaseException]] = {
+    "fetch-package-missing": _without_pyarrow,
     "fetch-parquet-no-column": lambda: _file_source("t.parquet", _parquet, columns=["b"]),
     "fetch-parquet-not-parquet": lambda: _file_source(
         "t.parquet", lambda p: p.write_bytes(b"a,b\n1,2\n")

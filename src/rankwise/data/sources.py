@@ -35,6 +35,7 @@ import numpy.typing as npt
 from rankwise.data.range_source import RangeSource, sorted_rows
 from rankwise.data.source_layout import RangeFile, RowLayout, hdf5_layout, npy_layout
 from rankwise.storage import RetryPolicy, Storage
+from rankwise.validation import installed
 
 __all__ = [
     "ArraySource",
@@ -48,6 +49,14 @@ __all__ = [
 
 IntArray = npt.NDArray[np.int64]
 SUFFIXES = (".npy", ".h5", ".hdf5", ".h5ad", ".parquet")
+#: The packages each suffix is read with (all in the ``io`` extra; ``.npy`` needs only numpy).
+PACKAGES: dict[str, tuple[str, ...]] = {
+    ".npy": (),
+    ".h5": ("h5py",),
+    ".hdf5": ("h5py",),
+    ".h5ad": ("h5py", "anndata"),
+    ".parquet": ("pyarrow",),
+}
 
 
 def row_runs(rows: IntArray) -> list[tuple[int, int]]:
@@ -288,6 +297,12 @@ def open_file(
             "rename it, or open it yourself and pass the array (or h5py dataset, or backed "
             "AnnData) as the source."
         )
+    for module in PACKAGES[suffix]:
+        if not installed(module):
+            raise ImportError(
+                f"FetchDataset reads {suffix} files with {module}, which is not installed: "
+                f"pip install 'rankwise[io]' (or pip install {module})."
+            )
     if suffix == ".h5ad" and dataset is not None:
         raise ValueError(
             f"dataset={dataset!r} is for .h5 / .hdf5 files; an .h5ad source reads its X."

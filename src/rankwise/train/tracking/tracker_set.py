@@ -33,7 +33,6 @@ are not sent to it (rows at a global step are sent only past that step).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -47,6 +46,7 @@ from rankwise.train.tracking.history import DistributedTrainingHistory
 from rankwise.train.tracking.mlflow_tracker import MlflowTracker
 from rankwise.train.tracking.sink import EpochRow, StepRow, Tracker, tracker_metrics
 from rankwise.train.tracking.wandb_tracker import TrackerOptionError, WandbTracker
+from rankwise.validation import installed
 
 __all__ = [
     "EXTRAS",
@@ -78,11 +78,7 @@ def require(names: Iterable[str]) -> None:
         if name not in EXTRAS:
             continue
         module, extra = EXTRAS[name]
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):  # a module set to None in sys.modules, a bad parent
-            found = False
-        if not found:
+        if not installed(module):
             raise ImportError(
                 f"DistributedTrainingConfig.loggers lists {name!r}, but the {module} package is "
                 f"not installed: pip install 'rankwise[{extra}]' (or pip install {module}), or "
