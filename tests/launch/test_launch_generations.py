@@ -12,6 +12,7 @@ generation 2; the job then waited out the members' joiner wait."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rankwise.launch import JobStore
-from rankwise.launch.supervisor import _Slot, _watch_members
+from rankwise.launch.supervisor import _end_joiners, _Slot, _watch_members
 
 NSLOTS = 2  # enough for every interleaving of two starts; more only dilutes the search
 
@@ -132,6 +133,9 @@ def test_the_launcher_ends_exactly_the_starts_a_generation_left_out(processes, e
                     ended = before[i] and slot.ended
                     expected = before[i] and model.should_end(i, seen)
                     assert ended == expected, (i, model, slot)
+                    assert (
+                        slot.left_out == ended
+                    )  # its exit is recorded as having stopped answering
                     if ended:  # the launcher's restart, as the supervising loop does
                         slot.proc.wait()
                         model.incarnation[i] += 1
@@ -141,3 +145,16 @@ def test_the_launcher_ends_exactly_the_starts_a_generation_left_out(processes, e
             slot.proc.kill()
             slot.proc.wait()
         jobs.close()
+
+
+def test_a_joiner_ended_because_training_finished_is_not_recorded_as_left_out() -> None:
+    # The survivors' "a peer was lost" line says LEFT_OUT only for a start that stopped
+    # answering; one still waiting to join when training finished was simply not needed.
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        slot = _Slot(0, proc, incarnation=1, member_inc=None)  # a restart, not let in yet
+        _end_joiners([slot], seen_first=True)
+        assert slot.ended and not slot.left_out
+    finally:
+        proc.kill()
+        proc.wait()

@@ -67,10 +67,11 @@ class _Slot:
     member_inc: int | None = 0
     exit_codes: list[int] = field(default_factory=list)
     ended: bool = False  # the launcher ended this start (SIGKILL) itself
+    left_out: bool = False  # ... because a generation left it out (it had stopped answering)
 
     def restarted(self, proc: subprocess.Popen[bytes], incarnation: int) -> None:
         """The slot's next start: which generation it is in is read from the lists to come."""
-        self.proc, self.incarnation, self.ended = proc, incarnation, False
+        self.proc, self.incarnation, self.ended, self.left_out = proc, incarnation, False, False
 
     @property
     def member_seen(self) -> bool:
@@ -256,7 +257,7 @@ def _supervise(
             # How it ended, for the survivors' "a peer was lost" line (before the mark they
             # regroup on, so it is there when they read it). One this launcher ended itself
             # had stopped answering: its SIGKILL is the launcher's, not its cause.
-            how = LEFT_OUT if slot.ended else f"ended with {_describe(code)}"
+            how = LEFT_OUT if slot.left_out else f"ended with {_describe(code)}"
             jobs.set(Keys.exit(slot.index, slot.incarnation), how)
             # The survivors regroup now (a lost store: nothing to tell, said once).
             jobs.call(mark_dead, jobs.signed, slot.index, slot.incarnation)
@@ -506,7 +507,7 @@ def _note_generation(
                 _say(f"slot {slot.index} was left out of generation {gen} (frozen or stalled); "
                      "ending it")  # fmt: skip
                 _kill(slot.proc)
-                slot.ended = True
+                slot.ended = slot.left_out = True
             slot.member_inc = None
 
 

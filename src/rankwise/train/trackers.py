@@ -5,6 +5,7 @@ now. Names only."""
 from rankwise.train.tracking import (
     EXTRAS,
     PROBE_SECONDS,
+    STEP_KEY,
     WANDB_FLUSH_SECONDS,
     MlflowTracker,
     Tracker,
@@ -14,14 +15,17 @@ from rankwise.train.tracking import (
     TrackerWarning,
     WandbTracker,
     build_trackers,
+    probe,
     require,
     run_artifacts,
     share_run_ids,
+    shown_url,
 )
 
 __all__ = [
     "EXTRAS",
     "PROBE_SECONDS",
+    "STEP_KEY",
     "WANDB_FLUSH_SECONDS",
     "MlflowTracker",
     "Tracker",
@@ -31,7 +35,9 @@ __all__ = [
     "TrackerWarning",
     "WandbTracker",
     "build_trackers",
+    "probe",
     "require",
     "run_artifacts",
     "share_run_ids",
+    "shown_url",
 ]
