@@ -70,7 +70,11 @@ def s3_store(bucket: str, options: dict[str, Any], region: str | None, read_time
         **config,
         client_options={
             "allow_http": True,  # an http:// endpoint the user configured, as s3fs allows
-            "timeout": f"{read_timeout}s",
+            # A stall limit that resets after each successful read, never a whole-request
+            # limit: a large healthy merged download is not cut off ("timeout", obstore's
+            # whole-request limit, 30 s by default, is set out of reach).
+            "read_timeout": f"{read_timeout}s",
+            "timeout": "365d",
             "connect_timeout": "5s",
         },
         retry_config={"max_retries": 0, "retry_timeout": datetime.timedelta(seconds=read_timeout)},
