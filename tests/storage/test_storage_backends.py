@@ -151,3 +151,28 @@ def test_obstore_ranged_reads_equal_s3fs_ones(s3_bucket: str):
     assert store.requests == 3
     with pytest.raises(FileNotFoundError, match=r"/fast/nothing\.bin does not exist"):
         store.read_ranges("nothing.bin", [(0, 4)], fork_safe=False)
+
+
+def test_obstore_reads_only_where_it_authenticates_as_s3fs_would(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+):
+    pytest.importorskip("obstore")
+    from rankwise.storage import fast_ranges
+
+    # The real server's set-up (keys and endpoint in the environment): obstore reads.
+    assert Storage.for_url(f"{s3_bucket}/run")._make_ranged is not None
+    keys = {"key": "k", "secret": "s"}
+    env = {"AWS_REGION": "eu-west-1"}
+    assert fast_ranges.available("s3", {**keys, "config_kwargs": {"read_timeout": 5}}, env)
+    assert fast_ranges.available("s3", {**keys, "endpoint_url": "http://h:1"}, {})
+    # Anything only botocore knows how to follow: s3fs reads.
+    assert not fast_ranges.available("s3", keys, {})  # no region, no endpoint
+    assert not fast_ranges.available("s3", {**keys, "session": object()}, env)
+    assert not fast_ranges.available("s3", {**keys, "profile": "p"}, env)
+    assert not fast_ranges.available("s3", {**keys, "client_kwargs": {"verify": False}}, env)
+    assert not fast_ranges.available("s3", {**keys, "config_kwargs": {"retries": {}}}, env)
+    assert not fast_ranges.available("s3", {}, {"AWS_PROFILE": "p", **env})  # ~/.aws, SSO
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_PROFILE", "rankwise-profile")
+    assert Storage.for_url(f"{s3_bucket}/run")._make_ranged is None
