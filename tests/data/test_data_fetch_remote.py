@@ -304,6 +304,41 @@ def test_the_local_cache_holds_its_cap_and_serves_a_second_epoch(
     assert small.cache is not None and small.cache.hits > 0 and 0 < gets[1] < gets[0]
 
 
+def test_a_truncated_cache_file_is_not_served(
+    s3_bucket: str, files: dict[str, Any], tmp_path: Path
+):
+    path, url, _ = files["h5ad-csr"]
+    local = FetchDataset(str(path), BlockShuffling(block_size=4), 8, fetch_factor=2, seed=1)
+    want = [_as_rows(b) for b in local]
+
+    def dataset() -> FetchDataset:
+        return FetchDataset(
+            url,
+            BlockShuffling(block_size=4),
+            8,
+            2,
+            seed=1,
+            cache_dir=tmp_path / "c",
+            cache_bytes=1 << 20,
+        )
+
+    ds = dataset()
+    assert [_as_rows(b) for b in ds] == want
+    assert ds.cache is not None
+    entries = sorted(ds.cache.folder.iterdir())
+    cut, other = entries[0], entries[1]
+    cut.write_bytes(cut.read_bytes()[:-3])  # a write a killed run left short
+    before = ds.source.storage.requests
+    assert [_as_rows(b) for b in ds] == want  # read again from the store, not the short file
+    assert ds.source.storage.requests > before
+    assert cut.stat().st_size == int(cut.name.split("-")[1]) - int(cut.name.split("-")[0])
+
+    other.write_bytes(other.read_bytes()[:-1])
+    again = dataset()
+    assert [_as_rows(b) for b in again] == want  # a new run drops it at start-up
+    assert again.source.storage.requests > 1
+
+
 def test_a_parquet_fetch_reads_only_its_row_groups_column_chunks(
     s3_bucket: str, files: dict[str, Any]
 ):
