@@ -339,6 +339,33 @@ def test_a_truncated_cache_file_is_not_served(
     assert again.source.storage.requests > 1
 
 
+def test_a_rewritten_file_or_an_added_shard_is_never_served_from_the_old_cache(
+    s3_bucket: str, tmp_path: Path
+):
+    store = Storage.for_url(s3_bucket)
+    cache = {"cache_dir": tmp_path / "c", "cache_bytes": 1 << 20}
+
+    def rows_of(source: str, **options: Any) -> list[Any]:
+        ds = FetchDataset(source, BlockShuffling(block_size=4), 8, seed=1, **options)
+        return [_as_rows(b) for b in ds]
+
+    def put(name: str, rows: int, first: float) -> Path:
+        path = tmp_path / name
+        np.save(path, first + np.arange(rows * 3, dtype=np.float32).reshape(rows, 3))
+        store.put(path, f"d/{name}")
+        return path
+
+    old = put("x.npy", 40, 0.0)
+    assert rows_of(f"{s3_bucket}/d/x.npy", **cache) == rows_of(str(old))
+    new = put("x.npy", 52, 1000.0)  # the same key, other rows and size
+    assert rows_of(f"{s3_bucket}/d/x.npy", **cache) == rows_of(str(new))
+
+    assert rows_of(f"{s3_bucket}/d/", **cache) == rows_of([str(new)])
+    put("y.npy", 8, 5000.0)  # a shard added under the prefix
+    local = [str(tmp_path / "x.npy"), str(tmp_path / "y.npy")]
+    assert rows_of(f"{s3_bucket}/d/", **cache) == rows_of(local)
+
+
 def test_a_parquet_fetch_reads_only_its_row_groups_column_chunks(
     s3_bucket: str, files: dict[str, Any]
 ):
