@@ -74,3 +74,21 @@ def test_parquet_rows_by_column_and_as_one_array_and_as_shards(tmp_path: Path) -
     assert shards.source.shape == (21, 3)
     seen = [(int(i), str(n)) for b in shards for i, n in zip(b["id"], b["name"], strict=True)]
     assert sorted(seen) == [(i, f"r{i}") for i in range(21)]
+
+
+def test_h5ad_shards_of_other_genes_or_gene_order_are_refused(tmp_path: Path) -> None:
+    anndata = pytest.importorskip("anndata")
+    import pandas as pd
+
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    genes = {"a": ["g1", "g2", "g3"], "b": ["g2", "g1", "g3"], "c": ["g1", "g2", "g4"]}
+    for name, names in genes.items():
+        var = pd.DataFrame(index=names)
+        anndata.AnnData(X=values, var=var).write_h5ad(tmp_path / f"{name}.h5ad")
+    same = FetchDataset([str(tmp_path / "a.h5ad")] * 2, Streaming(), 4)
+    assert same.source.shape == (8, 3)
+    for other in ("b", "c"):  # the same genes in another order; another gene
+        with pytest.raises(ValueError, match=rf"shard .*{other}\.h5ad does not match .*a\.h5ad"):
+            FetchDataset(
+                [str(tmp_path / "a.h5ad"), str(tmp_path / f"{other}.h5ad")], Streaming(), 4
+            )

@@ -25,6 +25,7 @@ client, and no handle or client is ever in a ``state_dict``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -160,7 +161,11 @@ class H5adSource(RangeSource):
         return self.x.nbytes(rows)
 
     def form(self) -> tuple[Any, ...]:
-        return ("h5ad", *self.x.form())
+        """X's form, the genes (a digest of ``var``'s index: their names and order) and
+        ``obs``'s columns: shards of other genes or gene order are not one table."""
+        genes = hashlib.sha256("\0".join(map(str, self.var.index)).encode()).hexdigest()[:16]
+        columns = tuple((str(c), str(t)) for c, t in self.obs.dtypes.items())
+        return ("h5ad", *self.x.form(), f"var {len(self.var)} genes {genes}", columns)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
