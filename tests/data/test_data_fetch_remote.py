@@ -192,6 +192,26 @@ def test_an_h5ad_fetch_is_the_backed_anndatas_to_memory(s3_bucket: str, files: d
     assert got.obs.equals(want.obs) and got.var.equals(want.var)
 
 
+def test_a_fetched_batch_may_be_changed_in_place(s3_bucket: str, files: dict[str, Any]):
+    rows = np.array([3, 4, 5, 40, 95])
+    for fmt in ("npy", "h5ad-dense", "h5ad-csr"):
+        url = files[fmt][1]
+        got = FetchDataset(url, Streaming(), batch_size=5).source[rows]
+        x = got if fmt == "npy" else got.X
+        if fmt == "h5ad-csr":
+            assert x.data.flags.writeable and x.indices.flags.writeable
+            x.data /= 2  # a callback normalising in place, as on a backed AnnData
+            assert dense_tensor(x).tolist() == (_as_rows(np.load(_npy(files))[rows] / 2))
+        else:
+            assert x.flags.writeable
+            np.log1p(x, out=x)
+            assert x.tolist() == np.log1p(np.load(_npy(files))[rows]).tolist()
+
+
+def _npy(files: dict[str, Any]) -> Path:
+    return Path(files["npy"][0])
+
+
 def test_resume_from_two_ranks_to_three_is_exactly_once(s3_bucket: str, files: dict[str, Any]):
     _, url, _ = files["npy"]
 

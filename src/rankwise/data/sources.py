@@ -94,7 +94,9 @@ class ArraySource(RangeSource):
         return self.layout.ranges(paged(row_runs(rows), page_rows))
 
     def parse(self, rows: IntArray, pieces: list[bytes]) -> np.ndarray[Any, Any]:
-        return np.frombuffer(b"".join(pieces), dtype=self.dtype).reshape(-1, *self._shape[1:])
+        # a bytearray: a writable array (a callback may work in place, as on a backed AnnData)
+        joined = bytearray().join(pieces)
+        return np.frombuffer(joined, dtype=self.dtype).reshape(-1, *self._shape[1:])
 
 
 class CsrSource(RangeSource):
@@ -132,7 +134,9 @@ class CsrSource(RangeSource):
         import scipy.sparse
 
         counts = self.indptr[rows + 1] - self.indptr[rows]
-        joined, split = b"".join(pieces), int(counts.sum()) * self.data[0].itemsize
+        # one writable copy (a callback may work in place: adata.X.data /= s), viewed twice
+        joined = memoryview(bytearray().join(pieces))
+        split = int(counts.sum()) * self.data[0].itemsize
         values = np.frombuffer(joined[:split], dtype=self.data[0])
         columns = np.frombuffer(joined[split:], dtype=self.indices[0])
         indptr = np.concatenate([[0], np.cumsum(counts)]).astype(self.indptr.dtype)
