@@ -92,3 +92,16 @@ def test_h5ad_shards_of_other_genes_or_gene_order_are_refused(tmp_path: Path) ->
             FetchDataset(
                 [str(tmp_path / "a.h5ad"), str(tmp_path / f"{other}.h5ad")], Streaming(), 4
             )
+
+
+def test_a_pickled_source_of_shards_keeps_one_storage_per_folder(tmp_path: Path) -> None:
+    import pickle
+
+    paths, values = _csr_shards(tmp_path)
+    source = FetchDataset(paths, Streaming(), 4).source
+    assert len({id(shard.storage) for shard in source.shards}) == 1
+    copy = pickle.loads(pickle.dumps(source))  # a spawned worker's
+    assert len({id(shard.storage) for shard in copy.shards}) == 1
+    assert copy.storage is copy.shards[1].storage
+    rows = np.array([2, 11, 12, 19])
+    assert dense_tensor(copy[rows]).tolist() == values[rows].tolist()

@@ -51,6 +51,9 @@ class RangeSource:
         state["_storage"] = None  # a client never crosses processes
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     def share_storage(self, storage: Storage) -> None:
         """Read through ``storage`` (this process's, already made) instead of a new one."""
         self._storage = storage
