@@ -105,3 +105,37 @@ def test_a_pickled_source_of_shards_keeps_one_storage_per_folder(tmp_path: Path)
     assert copy.storage is copy.shards[1].storage
     rows = np.array([2, 11, 12, 19])
     assert dense_tensor(copy[rows]).tolist() == values[rows].tolist()
+
+
+def test_prefetch_threads_make_one_storage_and_a_pickle_carries_no_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pickle
+    import threading
+    import time
+
+    from rankwise.data.range_source import RangeSource
+    from rankwise.storage import Storage
+
+    made = Storage.for_url
+
+    def slow(*args: object, **kwargs: object) -> Storage:
+        time.sleep(0.05)  # a remote client takes this long to make: the threads overlap
+        return made(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Storage, "for_url", slow)
+    source = RangeSource(str(tmp_path / "x.npy"))
+    gate, got = threading.Barrier(8), []
+
+    def first_read() -> None:
+        gate.wait()
+        got.append(source.storage)
+
+    threads = [threading.Thread(target=first_read) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(s) for s in got}) == 1
+    copy = pickle.loads(pickle.dumps(source))
+    assert copy._storage is None and copy.storage is copy.storage

@@ -176,3 +176,26 @@ def test_obstore_reads_only_where_it_authenticates_as_s3fs_would(
         monkeypatch.delenv(name)
     monkeypatch.setenv("AWS_PROFILE", "rankwise-profile")
     assert Storage.for_url(f"{s3_bucket}/run")._make_ranged is None
+
+
+def test_prefetch_threads_make_one_ranged_client(s3_bucket: str):
+    import copy
+    import threading
+
+    pytest.importorskip("obstore")
+    store = Storage.for_url(f"{s3_bucket}/run")
+    gate, got = threading.Barrier(8), []
+
+    def first_read() -> None:
+        gate.wait()
+        got.append(store._ranged_store())
+
+    threads = [threading.Thread(target=first_read) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got[0] is not None and len({id(c) for c in got}) == 1
+    child = store.child("sub")  # a copy: a lock of its own, never the same one
+    assert child._ranged_lock is not store._ranged_lock
+    assert copy.copy(store)._ranged_store() is got[0]
