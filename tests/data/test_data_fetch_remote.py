@@ -192,6 +192,26 @@ def test_an_h5ad_fetch_is_the_backed_anndatas_to_memory(s3_bucket: str, files: d
     assert got.obs.equals(want.obs) and got.var.equals(want.var)
 
 
+def test_a_fetched_batch_may_be_changed_in_place(s3_bucket: str, files: dict[str, Any]):
+    rows = np.array([3, 4, 5, 40, 95])
+    for fmt in ("npy", "h5ad-dense", "h5ad-csr"):
+        url = files[fmt][1]
+        got = FetchDataset(url, Streaming(), batch_size=5).source[rows]
+        x = got if fmt == "npy" else got.X
+        if fmt == "h5ad-csr":
+            assert x.data.flags.writeable and x.indices.flags.writeable
+            x.data /= 2  # a callback normalising in place, as on a backed AnnData
+            assert dense_tensor(x).tolist() == (_as_rows(np.load(_npy(files))[rows] / 2))
+        else:
+            assert x.flags.writeable
+            np.log1p(x, out=x)
+            assert x.tolist() == np.log1p(np.load(_npy(files))[rows]).tolist()
+
+
+def _npy(files: dict[str, Any]) -> Path:
+    return Path(files["npy"][0])
+
+
 def test_resume_from_two_ranks_to_three_is_exactly_once(s3_bucket: str, files: dict[str, Any]):
     _, url, _ = files["npy"]
 
@@ -302,6 +322,68 @@ def test_the_local_cache_holds_its_cap_and_serves_a_second_epoch(
     assert gets[0] > 0 and gets[1] == 0  # the whole file cached: epoch 1 reads from disk
     small, gets, _ = epochs(total // 3)
     assert small.cache is not None and small.cache.hits > 0 and 0 < gets[1] < gets[0]
+
+
+def test_a_truncated_cache_file_is_not_served(
+    s3_bucket: str, files: dict[str, Any], tmp_path: Path
+):
+    path, url, _ = files["h5ad-csr"]
+    local = FetchDataset(str(path), BlockShuffling(block_size=4), 8, fetch_factor=2, seed=1)
+    want = [_as_rows(b) for b in local]
+
+    def dataset() -> FetchDataset:
+        return FetchDataset(
+            url,
+            BlockShuffling(block_size=4),
+            8,
+            2,
+            seed=1,
+            cache_dir=tmp_path / "c",
+            cache_bytes=1 << 20,
+        )
+
+    ds = dataset()
+    assert [_as_rows(b) for b in ds] == want
+    assert ds.cache is not None
+    entries = sorted(ds.cache.folder.iterdir())
+    cut, other = entries[0], entries[1]
+    cut.write_bytes(cut.read_bytes()[:-3])  # a write a killed run left short
+    before = ds.source.storage.requests
+    assert [_as_rows(b) for b in ds] == want  # read again from the store, not the short file
+    assert ds.source.storage.requests > before
+    assert cut.stat().st_size == int(cut.name.split("-")[1]) - int(cut.name.split("-")[0])
+
+    other.write_bytes(other.read_bytes()[:-1])
+    again = dataset()
+    assert [_as_rows(b) for b in again] == want  # a new run drops it at start-up
+    assert again.source.storage.requests > 1
+
+
+def test_a_rewritten_file_or_an_added_shard_is_never_served_from_the_old_cache(
+    s3_bucket: str, tmp_path: Path
+):
+    store = Storage.for_url(s3_bucket)
+    cache = {"cache_dir": tmp_path / "c", "cache_bytes": 1 << 20}
+
+    def rows_of(source: str, **options: Any) -> list[Any]:
+        ds = FetchDataset(source, BlockShuffling(block_size=4), 8, seed=1, **options)
+        return [_as_rows(b) for b in ds]
+
+    def put(name: str, rows: int, first: float) -> Path:
+        path = tmp_path / name
+        np.save(path, first + np.arange(rows * 3, dtype=np.float32).reshape(rows, 3))
+        store.put(path, f"d/{name}")
+        return path
+
+    old = put("x.npy", 40, 0.0)
+    assert rows_of(f"{s3_bucket}/d/x.npy", **cache) == rows_of(str(old))
+    new = put("x.npy", 52, 1000.0)  # the same key, other rows and size
+    assert rows_of(f"{s3_bucket}/d/x.npy", **cache) == rows_of(str(new))
+
+    assert rows_of(f"{s3_bucket}/d/", **cache) == rows_of([str(new)])
+    put("y.npy", 8, 5000.0)  # a shard added under the prefix
+    local = [str(tmp_path / "x.npy"), str(tmp_path / "y.npy")]
+    assert rows_of(f"{s3_bucket}/d/", **cache) == rows_of(local)
 
 
 def test_a_parquet_fetch_reads_only_its_row_groups_column_chunks(

@@ -74,3 +74,68 @@ def test_parquet_rows_by_column_and_as_one_array_and_as_shards(tmp_path: Path) -
     assert shards.source.shape == (21, 3)
     seen = [(int(i), str(n)) for b in shards for i, n in zip(b["id"], b["name"], strict=True)]
     assert sorted(seen) == [(i, f"r{i}") for i in range(21)]
+
+
+def test_h5ad_shards_of_other_genes_or_gene_order_are_refused(tmp_path: Path) -> None:
+    anndata = pytest.importorskip("anndata")
+    import pandas as pd
+
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    genes = {"a": ["g1", "g2", "g3"], "b": ["g2", "g1", "g3"], "c": ["g1", "g2", "g4"]}
+    for name, names in genes.items():
+        var = pd.DataFrame(index=names)
+        anndata.AnnData(X=values, var=var).write_h5ad(tmp_path / f"{name}.h5ad")
+    same = FetchDataset([str(tmp_path / "a.h5ad")] * 2, Streaming(), 4)
+    assert same.source.shape == (8, 3)
+    for other in ("b", "c"):  # the same genes in another order; another gene
+        with pytest.raises(ValueError, match=rf"shard .*{other}\.h5ad does not match .*a\.h5ad"):
+            FetchDataset(
+                [str(tmp_path / "a.h5ad"), str(tmp_path / f"{other}.h5ad")], Streaming(), 4
+            )
+
+
+def test_a_pickled_source_of_shards_keeps_one_storage_per_folder(tmp_path: Path) -> None:
+    import pickle
+
+    paths, values = _csr_shards(tmp_path)
+    source = FetchDataset(paths, Streaming(), 4).source
+    assert len({id(shard.storage) for shard in source.shards}) == 1
+    copy = pickle.loads(pickle.dumps(source))  # a spawned worker's
+    assert len({id(shard.storage) for shard in copy.shards}) == 1
+    assert copy.storage is copy.shards[1].storage
+    rows = np.array([2, 11, 12, 19])
+    assert dense_tensor(copy[rows]).tolist() == values[rows].tolist()
+
+
+def test_prefetch_threads_make_one_storage_and_a_pickle_carries_no_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pickle
+    import threading
+    import time
+
+    from rankwise.data.range_source import RangeSource
+    from rankwise.storage import Storage
+
+    made = Storage.for_url
+
+    def slow(*args: object, **kwargs: object) -> Storage:
+        time.sleep(0.05)  # a remote client takes this long to make: the threads overlap
+        return made(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Storage, "for_url", slow)
+    source = RangeSource(str(tmp_path / "x.npy"))
+    gate, got = threading.Barrier(8), []
+
+    def first_read() -> None:
+        gate.wait()
+        got.append(source.storage)
+
+    threads = [threading.Thread(target=first_read) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(s) for s in got}) == 1
+    copy = pickle.loads(pickle.dumps(source))
+    assert copy._storage is None and copy.storage is copy.storage

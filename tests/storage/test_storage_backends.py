@@ -151,3 +151,51 @@ def test_obstore_ranged_reads_equal_s3fs_ones(s3_bucket: str):
     assert store.requests == 3
     with pytest.raises(FileNotFoundError, match=r"/fast/nothing\.bin does not exist"):
         store.read_ranges("nothing.bin", [(0, 4)], fork_safe=False)
+
+
+def test_obstore_reads_only_where_it_authenticates_as_s3fs_would(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+):
+    pytest.importorskip("obstore")
+    from rankwise.storage import fast_ranges
+
+    # The real server's set-up (keys and endpoint in the environment): obstore reads.
+    assert Storage.for_url(f"{s3_bucket}/run")._make_ranged is not None
+    keys = {"key": "k", "secret": "s"}
+    env = {"AWS_REGION": "eu-west-1"}
+    assert fast_ranges.available("s3", {**keys, "config_kwargs": {"read_timeout": 5}}, env)
+    assert fast_ranges.available("s3", {**keys, "endpoint_url": "http://h:1"}, {})
+    # Anything only botocore knows how to follow: s3fs reads.
+    assert not fast_ranges.available("s3", keys, {})  # no region, no endpoint
+    assert not fast_ranges.available("s3", {**keys, "session": object()}, env)
+    assert not fast_ranges.available("s3", {**keys, "profile": "p"}, env)
+    assert not fast_ranges.available("s3", {**keys, "client_kwargs": {"verify": False}}, env)
+    assert not fast_ranges.available("s3", {**keys, "config_kwargs": {"retries": {}}}, env)
+    assert not fast_ranges.available("s3", {}, {"AWS_PROFILE": "p", **env})  # ~/.aws, SSO
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_PROFILE", "rankwise-profile")
+    assert Storage.for_url(f"{s3_bucket}/run")._make_ranged is None
+
+
+def test_prefetch_threads_make_one_ranged_client(s3_bucket: str):
+    import copy
+    import threading
+
+    pytest.importorskip("obstore")
+    store = Storage.for_url(f"{s3_bucket}/run")
+    gate, got = threading.Barrier(8), []
+
+    def first_read() -> None:
+        gate.wait()
+        got.append(store._ranged_store())
+
+    threads = [threading.Thread(target=first_read) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got[0] is not None and len({id(c) for c in got}) == 1
+    child = store.child("sub")  # a copy: a lock of its own, never the same one
+    assert child._ranged_lock is not store._ranged_lock
+    assert copy.copy(store)._ranged_store() is got[0]

@@ -408,7 +408,7 @@ class FetchDataset(IterableDataset[Any]):
         pass's plan (ranges cut at block boundaries, so the same block is the same entry in
         every epoch), prefetched under the same byte cap."""
         page = int(getattr(self.strategy, "block_size", self.batch_size))
-        name = hashlib.sha256(str(source.url).encode()).hexdigest()[:16]
+        name = cache_name(source)
         folders = [
             Path(str(self.cache_dir)) / name / f"rank{self.rank}-worker{w}"
             for w in range(num_workers)
@@ -502,3 +502,17 @@ def fetch_permutation(size: int, seed: int, epoch: int, start: int) -> Permutati
     [2, 0, 1, 3]
     """
     return Permutation(size, seed=((start + 1) << 64) + seed, epoch=epoch)
+
+
+def cache_name(source: RangeSource) -> str:
+    """The cache folder of ``source``: keyed by its URL, each file's URL and size (every shard
+    of a prefix) and what a row is, so a rewritten file or an added shard never serves the
+    ranges (byte offsets) of the old one."""
+    files = getattr(source, "shards", None) or [source]
+    key = (
+        str(source.url),
+        [(str(f.url), int(f.file_size)) for f in files],
+        source.form(),
+        files[0].form(),  # a prefix's shards agree (check_shards)
+    )
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:16]

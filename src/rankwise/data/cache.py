@@ -13,7 +13,9 @@ A range is a file ``START-STOP`` under the cache folder: one folder per source, 
 worker, each worker writing and evicting only its own (its share of the cap), and reading its
 peers' folders too, since the next epoch deals the rows to the workers afresh. A cache left by
 an earlier epoch or run is found again on start, so a second epoch reads what it can from
-disk. The bytes on disk never exceed the cap.
+disk. A range is written under a temporary name and renamed, and a file is taken only when its
+length is the range's (anything else is missing, and read from the store again). The bytes
+on disk never exceed the cap (of one rank's workers, per worker count).
 
 >>> import tempfile
 >>> cache = PlanCache(tempfile.mkdtemp(), cap=8)
@@ -60,7 +62,13 @@ class PlanCache:
         for entry in self.folder.iterdir():  # what an earlier epoch or run left
             start, _, stop = entry.name.partition("-")
             if start.isdigit() and stop.isdigit() and int(stop) > int(start):
-                self.sizes[(int(start), int(stop))] = entry.stat().st_size
+                size = entry.stat().st_size
+                if size == int(stop) - int(start):
+                    self.sizes[(int(start), int(stop))] = size
+                else:  # cut short (a run killed mid-write before writes were atomic)
+                    entry.unlink(missing_ok=True)
+            elif ".tmp" in stop and stop.partition(".tmp")[0].isdigit():
+                entry.unlink(missing_ok=True)  # a write a killed run left unfinished
         self.held = sum(self.sizes.values())
         while self.held > self.cap:  # a smaller cap than the last run's
             self._drop(next(iter(self.sizes)))
@@ -100,10 +108,16 @@ class PlanCache:
         for r in ranges:
             for folder in [self.folder] if r in cached else self.peers:
                 try:
-                    out[r] = (folder / f"{r[0]}-{r[1]}").read_bytes()
-                    break
+                    data = (folder / f"{r[0]}-{r[1]}").read_bytes()
                 except FileNotFoundError:  # not there, or evicted meanwhile
                     continue
+                if len(data) == r[1] - r[0]:
+                    out[r] = data
+                    break
+                if folder == self.folder:  # not the range's bytes: missing, read again
+                    with self._lock:
+                        if r in self.sizes:
+                            self._drop(r)
         missing = [r for r in ranges if r not in out]
         self.hits += len(out)
         if missing:
@@ -122,7 +136,12 @@ class PlanCache:
                 if self._next_use(victim, index) <= mine:
                     return  # every cached range is needed sooner than this one: skip it
                 self._drop(victim)
-            (self.folder / f"{r[0]}-{r[1]}").write_bytes(data)
+            # Peers read this folder while it is written: a temporary name, then one rename,
+            # so a reader finds the whole range or none of it.
+            final = self.folder / f"{r[0]}-{r[1]}"
+            temporary = final.with_name(f"{final.name}.tmp{os.getpid()}")
+            temporary.write_bytes(data)
+            os.replace(temporary, final)
             self.sizes[r] = len(data)
             self.held += len(data)
 

@@ -7,6 +7,7 @@ importing the opener that imports them.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ class RangeSource:
         folder, _, self.key = url.rstrip("/").rpartition("/")
         self._folder = folder or "."
         self._storage: Storage | None = None
+        self._storage_lock = threading.Lock()  # a worker's prefetch threads make it once
         self.file_size = 0  # the object's bytes, once opened
 
     @property
@@ -42,14 +44,22 @@ class RangeSource:
         """The file's storage. Its client is this process's own: a forked DataLoader worker's
         first call builds a new one (:class:`~rankwise.storage.Storage` sees the fork), and a
         pickled source (a spawned worker's) carries none."""
-        if self._storage is None:
-            self._storage = Storage.for_url(self._folder, self.storage_options, retry=self.retry)
-        return self._storage
+        with self._storage_lock:
+            if self._storage is None:
+                self._storage = Storage.for_url(
+                    self._folder, self.storage_options, retry=self.retry
+                )
+            return self._storage
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_storage"] = None  # a client never crosses processes
+        state.pop("_storage_lock", None)  # nor a lock
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._storage_lock = threading.Lock()
 
     def share_storage(self, storage: Storage) -> None:
         """Read through ``storage`` (this process's, already made) instead of a new one."""

@@ -46,6 +46,17 @@ class ShardedSource(RangeSource):
     def storage(self) -> Storage:
         return self.shards[0].storage  # a prefix's shards share it
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A pickled source (a spawned or forkserver worker's) carries no client: the shards of
+        # one folder share one storage again, as open_source made them.
+        super().__setstate__(state)
+        folders: dict[str, Storage] = {}
+        for shard in self.shards:
+            if shard._folder in folders:
+                shard.share_storage(folders[shard._folder])
+            else:
+                folders[shard._folder] = shard.storage
+
     @property
     def requests(self) -> int:
         """GETs this process made, over every shard's storage."""

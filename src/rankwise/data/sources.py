@@ -25,6 +25,7 @@ client, and no handle or client is ever in a ``state_dict``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -93,7 +94,9 @@ class ArraySource(RangeSource):
         return self.layout.ranges(paged(row_runs(rows), page_rows))
 
     def parse(self, rows: IntArray, pieces: list[bytes]) -> np.ndarray[Any, Any]:
-        return np.frombuffer(b"".join(pieces), dtype=self.dtype).reshape(-1, *self._shape[1:])
+        # a bytearray: a writable array (a callback may work in place, as on a backed AnnData)
+        joined = bytearray().join(pieces)
+        return np.frombuffer(joined, dtype=self.dtype).reshape(-1, *self._shape[1:])
 
 
 class CsrSource(RangeSource):
@@ -131,7 +134,9 @@ class CsrSource(RangeSource):
         import scipy.sparse
 
         counts = self.indptr[rows + 1] - self.indptr[rows]
-        joined, split = b"".join(pieces), int(counts.sum()) * self.data[0].itemsize
+        # one writable copy (a callback may work in place: adata.X.data /= s), viewed twice
+        joined = memoryview(bytearray().join(pieces))
+        split = int(counts.sum()) * self.data[0].itemsize
         values = np.frombuffer(joined[:split], dtype=self.data[0])
         columns = np.frombuffer(joined[split:], dtype=self.indices[0])
         indptr = np.concatenate([[0], np.cumsum(counts)]).astype(self.indptr.dtype)
@@ -160,7 +165,11 @@ class H5adSource(RangeSource):
         return self.x.nbytes(rows)
 
     def form(self) -> tuple[Any, ...]:
-        return ("h5ad", *self.x.form())
+        """X's form, the genes (a digest of ``var``'s index: their names and order) and
+        ``obs``'s columns: shards of other genes or gene order are not one table."""
+        genes = hashlib.sha256("\0".join(map(str, self.var.index)).encode()).hexdigest()[:16]
+        columns = tuple((str(c), str(t)) for c, t in self.obs.dtypes.items())
+        return ("h5ad", *self.x.form(), f"var {len(self.var)} genes {genes}", columns)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

@@ -16,6 +16,8 @@ Credentials and endpoint: obstore reads the ``AWS_*`` variables itself (as botoc
 ``storage_options`` (``endpoint_url``, ``key``, ``secret``, ``token``, ``client_kwargs``'
 ``endpoint_url`` / ``region_name``) override them; a read timeout of ``config_kwargs``'
 ``read_timeout`` (30 s by default); no retries of its own (rankwise retries, with backoff).
+Only where that is all it takes (:func:`available`): credentials from a profile, ``~/.aws``,
+SSO or a session, and any other client option, are read through s3fs, as botocore reads them.
 
 One event loop per client, in a daemon thread of the process that made it, runs every read:
 an ``asyncio.run`` per read (a new loop each time) cost ~0.2 s a call here, measured: 25 reads
@@ -29,21 +31,51 @@ from __future__ import annotations
 import asyncio
 import datetime
 import importlib.util
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["RangedClient", "available", "s3_store"]
 
 # storage_options (s3fs's names) that obstore cannot be told: with one of them set, s3fs reads.
 _UNMAPPED = {"anon", "profile", "requester_pays", "use_ssl", "session", "default_block_size"}
+# The client_kwargs / config_kwargs keys :func:`s3_store` gives obstore; any other one, s3fs.
+_MAPPED_CLIENT = {"endpoint_url", "region_name"}
+_MAPPED_CONFIG = {"read_timeout"}
 
 
-def available(protocol: str, options: dict[str, Any]) -> bool:
-    """Whether obstore is installed and can reach this S3 storage as its options describe."""
-    if not protocol.startswith("s3") or importlib.util.find_spec("obstore") is None:
+def available(protocol: str, options: dict[str, Any], env: Mapping[str, str] | None = None) -> bool:
+    """Whether obstore is installed and authenticates to this S3 storage exactly as s3fs would.
+
+    Only where nothing but what obstore reads itself is needed: the credentials in ``options``
+    (``key``/``secret``) or in ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``; no option or
+    ``client_kwargs``/``config_kwargs`` key obstore cannot be given; a region known
+    (``AWS_REGION``, ``AWS_DEFAULT_REGION``, an option) or an endpoint given. Otherwise s3fs
+    reads (botocore's ``~/.aws`` files, profiles, SSO, region redirects).
+
+    >>> keys = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "x"}
+    >>> available("s3", {}, keys) == _installed(), available("s3", {}, {"AWS_PROFILE": "p"})
+    (True, False)
+    """
+    if not protocol.startswith("s3") or not _installed():
         return False
-    return not any(name in options for name in _UNMAPPED - {"session"})
+    env = os.environ if env is None else env
+    client, config = options.get("client_kwargs") or {}, options.get("config_kwargs") or {}
+    if any(name in options for name in _UNMAPPED):
+        return False
+    if set(client) - _MAPPED_CLIENT or set(config) - _MAPPED_CONFIG:
+        return False
+    keys = options.get("key") and options.get("secret")
+    if not keys and not (env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY")):
+        return False
+    region = client.get("region_name") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    endpoint = options.get("endpoint_url") or client.get("endpoint_url")
+    return bool(region or endpoint or env.get("AWS_ENDPOINT_URL"))
+
+
+def _installed() -> bool:
+    return importlib.util.find_spec("obstore") is not None
 
 
 def s3_store(bucket: str, options: dict[str, Any], region: str | None, read_timeout: float) -> Any:
@@ -70,7 +102,11 @@ def s3_store(bucket: str, options: dict[str, Any], region: str | None, read_time
         **config,
         client_options={
             "allow_http": True,  # an http:// endpoint the user configured, as s3fs allows
-            "timeout": f"{read_timeout}s",
+            # A stall limit that resets after each successful read, never a whole-request
+            # limit: a large healthy merged download is not cut off ("timeout", obstore's
+            # whole-request limit, 30 s by default, is set out of reach).
+            "read_timeout": f"{read_timeout}s",
+            "timeout": "365d",
             "connect_timeout": "5s",
         },
         retry_config={"max_retries": 0, "retry_timeout": datetime.timedelta(seconds=read_timeout)},

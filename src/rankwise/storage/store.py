@@ -33,6 +33,7 @@ import datetime
 import functools
 import importlib
 import os
+import threading
 import time
 import uuid
 import warnings
@@ -123,6 +124,7 @@ class Storage:
         # obstore's store for ranged reads where it may be used (fast_ranges.py), per process
         self._make_ranged = make_ranged
         self._ranged: tuple[int, Any] | None = None
+        self._ranged_lock = threading.Lock()  # a worker's prefetch threads make it once
         self.retry = retry or RetryPolicy()
         self._secrets = list(secrets)
         self._in_outage = False  # a retry was announced and no call has succeeded since
@@ -406,9 +408,17 @@ class Storage:
         """This process's obstore store, or None where obstore does not serve this storage."""
         if self._make_ranged is None:
             return None
-        if self._ranged is None or self._ranged[0] != os.getpid():
-            self._ranged = (os.getpid(), self._make_ranged())
-        return self._ranged[1]
+        with self._ranged_lock:
+            if self._ranged is None or self._ranged[0] != os.getpid():
+                self._ranged = (os.getpid(), self._make_ranged())
+            return self._ranged[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_ranged_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._ranged_lock = threading.Lock()  # a lock is never copied or pickled
 
     def open_read(self, key: str) -> Any:
         """A binary file object reading ``key`` (for streaming large objects)."""
