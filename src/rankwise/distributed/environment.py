@@ -468,3 +468,25 @@ def checkpoint_key(env: Mapping[str, str] | None = None) -> str | None:
     """
     env = os.environ if env is None else env
     return env.get(CHECKPOINT_KEY)
+
+
+#: The standard variables an S3 client reads itself (botocore and obstore alike).
+AWS_CLIENT_VARS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+)
+
+
+def aws_client_variables(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Those of :data:`AWS_CLIENT_VARS` that are set, for the storage layer's choice of S3
+    client (obstore only where it would authenticate as botocore does); the clients read them
+    again themselves.
+
+    >>> aws_client_variables({"AWS_REGION": "eu-west-1", "HOME": "/root"})
+    {'AWS_REGION': 'eu-west-1'}
+    """
+    env = os.environ if env is None else env
+    return {name: env[name] for name in AWS_CLIENT_VARS if name in env}

@@ -31,10 +31,11 @@ from __future__ import annotations
 import asyncio
 import datetime
 import importlib.util
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from rankwise.distributed.environment import aws_client_variables
 
 __all__ = ["RangedClient", "available", "s3_store"]
 
@@ -60,7 +61,7 @@ def available(protocol: str, options: dict[str, Any], env: Mapping[str, str] | N
     """
     if not protocol.startswith("s3") or not _installed():
         return False
-    env = os.environ if env is None else env
+    env = aws_client_variables() if env is None else env
     client, config = options.get("client_kwargs") or {}, options.get("config_kwargs") or {}
     if any(name in options for name in _UNMAPPED):
         return False
