@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RangeFile", "RowLayout", "hdf5_layout", "npy_layout"]
+__all__ = ["RangeFile", "RowLayout", "SeekableFile", "hdf5_layout", "npy_layout"]
 
 # The first read of an .npy: its header (v1: at most 64 KiB, in practice 128 bytes).
 NPY_HEAD = 4096
@@ -133,16 +133,13 @@ def hdf5_layout(dataset: Any, where: str) -> RowLayout:
     return RowLayout(extents, row_bytes)
 
 
-class RangeFile(io.RawIOBase):
-    """A read-only file over ``read(start, stop)`` for h5py to parse metadata from: blocks of
-    ``block`` bytes, each read once and kept (metadata is small), so opening an HDF5 file and
-    its chunk index costs a few ranged reads, not the file."""
+class SeekableFile(io.RawIOBase):
+    """The position of a read-only file of ``size`` bytes that a parser (h5py, pyarrow) seeks
+    in; a subclass reads."""
 
-    def __init__(self, read: Callable[[int, int], bytes], size: int, block: int = 1 << 18):
+    def __init__(self, size: int) -> None:
         super().__init__()
-        self._read, self._size, self._block = read, size, block
-        self._blocks: dict[int, bytes] = {}
-        self._pos = 0
+        self._size, self._pos = size, 0
 
     def readable(self) -> bool:
         return True
@@ -157,6 +154,17 @@ class RangeFile(io.RawIOBase):
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
         self._pos = base + offset
         return self._pos
+
+
+class RangeFile(SeekableFile):
+    """A read-only file over ``read(start, stop)`` for h5py to parse metadata from: blocks of
+    ``block`` bytes, each read once and kept (metadata is small), so opening an HDF5 file and
+    its chunk index costs a few ranged reads, not the file."""
+
+    def __init__(self, read: Callable[[int, int], bytes], size: int, block: int = 1 << 18):
+        super().__init__(size)
+        self._read, self._block = read, block
+        self._blocks: dict[int, bytes] = {}
 
     def readinto(self, buffer: Any) -> int:
         want = min(len(buffer), max(0, self._size - self._pos))

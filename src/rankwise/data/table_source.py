@@ -25,13 +25,13 @@ side (what ``dense_tensor`` gives).
 from __future__ import annotations
 
 import bisect
-import io
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from rankwise.data.range_source import RangeSource
+from rankwise.data.source_layout import SeekableFile
 
 __all__ = ["ParquetSource", "TableRows"]
 
@@ -198,33 +198,18 @@ def column_array(column: Any, rows: IntArray) -> np.ndarray[Any, Any]:
     return np.asarray(taken.to_numpy(zero_copy_only=False))
 
 
-class PiecesFile(io.RawIOBase):
+class PiecesFile(SeekableFile):
     """A read-only file holding only the bytes of ``ranges`` (their ``pieces``): what pyarrow
     decodes a fetch's column chunks from. A read outside them (pyarrow reading more than the
     chunk the metadata gives, as some writers' files need) goes to ``read(start, stop)``."""
 
     def __init__(self, ranges: list[tuple[int, int]], pieces: list[bytes], read: Any, size: int):
-        super().__init__()
+        # SEEK_END is never used with metadata given; the size is the metadata's, as a bound
+        super().__init__(size)
         order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
         self._starts = [ranges[i][0] for i in order]
         self._pieces = [pieces[i] for i in order]
-        self._read, self._size, self._pos = read, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        # SEEK_END is never used with metadata given; the size is the metadata's, as a bound
-        self._pos = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[
-            whence
-        ] + offset
-        return self._pos
+        self._read = read
 
     def readinto(self, buffer: Any) -> int:
         want = len(memoryview(buffer).cast("B"))
