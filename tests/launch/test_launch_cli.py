@@ -194,19 +194,22 @@ def test_env_without_launcher_says_so(capsys: pytest.CaptureFixture[str]) -> Non
 # -- real launches (torchrun underneath) --------------------------------------------------------
 
 
-def test_script_arguments_reach_every_rank_and_a_job_without_finalize_exits_0() -> None:
-    # One launch for two happy paths: the script's arguments reach every rank as given, and a
-    # job that never calls finalize() is torn down by rankwise's exit hook with exit code 0.
-    args = ["--echo", "two words", "--no-finalize", "--steps=5"]
+def test_script_arguments_reach_every_rank_and_an_adopted_group_without_finalize_exits_0() -> None:
+    # One launch for three happy paths: the script's arguments reach every rank as given; the
+    # seed guides call torch.distributed.init_process_group themselves and rankwise.init()
+    # then adopts that group; and a job that never calls finalize() is torn down by
+    # rankwise's exit hook with exit code 0.
+    args = ["--echo", "two words", "--init=adopt", "--no-finalize", "--steps=5"]
     proc = run_script(WORKER, 2, script_args=args, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("attempt 0: ok two words") == 2
     assert "rank 0/2" in proc.stdout and "rank 1/2" in proc.stdout
 
 
-def test_a_world_of_one_under_the_launcher_has_a_process_group() -> None:
-    # torchrun --nproc-per-node 1: the worker calls torch.distributed.get_rank() itself.
-    proc = run_script(WORKER, 1, timeout=120)
+def test_a_world_of_one_under_the_launcher_has_a_process_group_torn_down_at_exit() -> None:
+    # torchrun --nproc-per-node 1: the worker calls torch.distributed.get_rank() itself. The
+    # group rankwise.init() made is torn down by the exit hook (the launch above adopts one).
+    proc = run_script(WORKER, 1, script_args=["--no-finalize"], timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 0/1 attempt 0: ok" in proc.stdout
 
@@ -263,14 +266,6 @@ def test_restart_under_plain_torchrun_static_rendezvous() -> None:
     proc = run_isolated(cmd, env=child_env(), timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("attempt 1: ok") == 2
-
-
-def test_a_group_built_with_torch_is_adopted_and_torn_down_at_exit() -> None:
-    # The seed guides call torch.distributed.init_process_group themselves; rankwise.init()
-    # then adopts that group, and its exit hook tears it down cleanly without finalize().
-    proc = run_script(WORKER, 2, script_args=["--init=adopt", "--no-finalize"], timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("attempt 0: ok") == 2
 
 
 def test_quickstart_example_runs_on_one_process_and_on_two() -> None:

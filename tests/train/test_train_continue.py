@@ -115,10 +115,11 @@ def test_a_frozen_rank_is_removed_after_the_collective_timeout(reference, tmp_pa
 
 def test_fewer_survivors_than_min_nproc_stop_naming_why(tmp_path):
     result = launch(
-        tmp_path, "--kill-slot", "2", "--kill-step", "3", launch_args=("--min-nproc", "3")
-    )
+        tmp_path, "--kill-slot", "1", "--kill-step", "3", launch_args=("--min-nproc", "2"),
+        nproc=2,
+    )  # fmt: skip
     assert result.returncode != 0
-    assert "--min-nproc is 3: the job stops" in result.stderr
+    assert "--min-nproc is 2: the job stops" in result.stderr
     assert "every process has ended" in result.stderr
 
 
