@@ -19,7 +19,6 @@ the driver's console) hold none of Ray Train's "Failed to query Ray Train Contro
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -88,8 +87,9 @@ def ray_cluster() -> Iterator[Path]:
     processes gone at the end."""
     # Short: Ray's unix sockets live under it (a socket path has at most 107 characters).
     folder = tempfile.mkdtemp(prefix="rw-ray-", dir="/tmp")
-    saved = {name: os.environ.get(name) for name in RAY_SETTINGS}
-    os.environ.update(RAY_SETTINGS)
+    env = pytest.MonkeyPatch()  # undone when the cluster stops
+    for name, value in RAY_SETTINGS.items():
+        env.setenv(name, value)
     paths = [str(REPO / "tests"), str(EXAMPLES), str(REPO / "src")]
     ray.init(
         num_cpus=2,
@@ -104,11 +104,7 @@ def ray_cluster() -> Iterator[Path]:
         yield Path(folder)
     finally:
         ray.shutdown()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        env.undo()
         deadline = time.monotonic() + 20
         while (left := _ray_processes(folder)) and time.monotonic() < deadline:
             time.sleep(0.5)
