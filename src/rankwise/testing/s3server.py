@@ -118,13 +118,31 @@ class S3Server(ServerProcess):
         return args
 
     def answers(self) -> bool:
+        """The gateway answers and, on a restart over earlier data, the master knows every
+        volume on disk again (until then a read of an older object is an "internal error")."""
         try:
             urllib.request.urlopen(self.endpoint, timeout=1).close()
         except urllib.error.HTTPError:  # it answered: 403 when identities are configured
-            return True
+            pass
         except OSError:
             return False
-        return True
+        on_disk = sum(1 for _ in (self.directory / "data").rglob("*.dat"))
+        return on_disk == 0 or self._registered_volumes() >= on_disk
+
+    def _registered_volumes(self) -> int:
+        """How many volumes the master's topology lists (0 while it cannot say)."""
+        status = f"http://127.0.0.1:{self.ports['master']}/dir/status"
+        try:
+            with urllib.request.urlopen(status, timeout=1) as answer:
+                topology = json.loads(answer.read())["Topology"]
+        except (OSError, ValueError, KeyError):
+            return 0
+        return sum(
+            int(node.get("Volumes", 0))
+            for centre in topology.get("DataCenters") or []
+            for rack in centre.get("Racks") or []
+            for node in rack.get("DataNodes") or []
+        )
 
     def start(self, timeout: float = START_TIMEOUT) -> S3Server:
         (self.directory / "data").mkdir(parents=True, exist_ok=True)
