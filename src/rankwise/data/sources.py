@@ -331,14 +331,14 @@ def open_file(
         probe.share_storage(storage)
     where = probe.storage.url_of(probe.key)
     try:
-        size = probe.size()
+        stat = probe.storage.stat(probe.key)  # size and version, read once, here
     except FileNotFoundError:
         raise FileNotFoundError(
             f"FetchDataset source {where} does not exist; check the URL (bucket, prefix and "
             "file name) and that the file was uploaded."
         ) from None
-    source = read_metadata(probe, suffix, size, where, dataset, columns)
-    source.file_size = size
+    source = read_metadata(probe, suffix, stat.size, where, dataset, columns)
+    source.file_size, source.file_version = stat.size, stat.version
     source.share_storage(probe.storage)
     return source
 
