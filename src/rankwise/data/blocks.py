@@ -435,11 +435,14 @@ class FetchDataset(IterableDataset[Any]):
         )
         self.cache = cache
         cache.plan([source.byte_ranges(unique, page) for unique, _ in fetches])
+        joined = source.joins_pieces
 
         def read(item: tuple[int, IntArray, IntArray]) -> tuple[Any, IntArray]:
             index, unique, where = item
 
-            def through_cache(ranges: list[tuple[int, int]]) -> list[bytes]:
+            def through_cache(ranges: list[tuple[int, int]]) -> list[Any]:
+                if joined:  # cached ranges read from disk straight into the fetch's buffer
+                    return [cache.read_joined(index, ranges, source.fetch_ranges)]
                 return cache.read(index, ranges, source.fetch_ranges)
 
             return source.read_rows(unique, through_cache, page), where

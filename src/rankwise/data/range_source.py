@@ -75,6 +75,10 @@ class RangeSource:
         """The object's size (a missing object: FileNotFoundError naming the URL)."""
         return self.storage.size(self.key)
 
+    # Whether parse only joins the pieces (in order) before reading them: then a fetch may
+    # hand it the pieces already joined, one buffer (the cache does: PlanCache.read_joined).
+    joins_pieces = False
+
     def nbytes(self, rows: IntArray) -> int:
         raise NotImplementedError
 
