@@ -88,7 +88,10 @@ class FetchDataset(IterableDataset[Any]):
     ``AWS_*`` variables) and ``retry`` reach the storage layer; each DataLoader worker reads
     up to ``prefetch_bytes`` of its next fetches ahead, from the plan. ``cache_dir`` and
     ``cache_bytes`` keep what was read on local disk (at most ``cache_bytes`` per rank, split
-    over its workers), evicting what the plan needs furthest in the future (:mod:`.cache`). ``fetch_callback(source, sorted_indices)`` replaces the read,
+    over its workers), evicting what the plan needs furthest in the future, keyed by each
+    file's version tag (ETag, version id, mtime) recorded when the source is opened, older
+    versions' folders removed (:mod:`.cache`; no tag: no cache, and a warning).
+    ``fetch_callback(source, sorted_indices)`` replaces the read,
     ``fetch_transform(data)`` post-processes each fetch, ``batch_callback(data, rows)`` cuts a
     batch (default ``data[rows]``), ``batch_transform(batch)`` post-processes it. ``rank`` /
     ``world_size`` default to the process group, else the torchrun variables. Use with
