@@ -377,8 +377,11 @@ def test_a_rewritten_file_or_an_added_shard_is_never_served_from_the_old_cache(
 
     old = put("x.npy", 40, 0.0)
     assert rows_of(f"{s3_bucket}/d/x.npy", **cache) == rows_of(str(old))
+    same = put("x.npy", 40, 500.0)  # the same key and size, other bytes: another ETag
+    assert rows_of(f"{s3_bucket}/d/x.npy", **cache) == rows_of(str(same))
     new = put("x.npy", 52, 1000.0)  # the same key, other rows and size
     assert rows_of(f"{s3_bucket}/d/x.npy", **cache) == rows_of(str(new))
+    assert len(list((tmp_path / "c").iterdir())) == 1  # the older versions' folders removed
 
     assert rows_of(f"{s3_bucket}/d/", **cache) == rows_of([str(new)])
     put("y.npy", 8, 5000.0)  # a shard added under the prefix

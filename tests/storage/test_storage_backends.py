@@ -45,6 +45,24 @@ def test_every_backend_answers_the_same_calls(store_root: str, tmp_path: Path):
     store.check_writable()
 
 
+def test_stat_gives_the_size_and_a_version_that_changes_with_every_write(store_root: str):
+    store = Storage.for_url(f"{store_root}/stat")
+    store.put(b"abc", "x.bin")
+    first = store.stat("x.bin")
+    assert first.size == 3 and first.version
+    if not store.is_remote:  # a file written just now: its tag holds for one call only
+        assert store.stat("x.bin").version != first.version
+        old = time.time_ns() - 86_400 * 10**9
+        os.utime(store.local_path / "x.bin", ns=(old, old))
+        first = store.stat("x.bin")
+    assert store.stat("x.bin") == first  # nothing written: the same tag
+    store.put(b"abd", "x.bin")  # the same size, other bytes
+    second = store.stat("x.bin")
+    assert second.size == 3 and second.version and second.version != first.version
+    with pytest.raises(FileNotFoundError, match=r"/stat/nothing\.bin does not exist"):
+        store.stat("nothing.bin")
+
+
 def test_a_local_write_is_atomic_and_leaves_no_temporary_file(tmp_path: Path):
     store = Storage.for_url(tmp_path / "run")
     store.put(b"old", "x.bin")

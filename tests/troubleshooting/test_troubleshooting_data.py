@@ -133,6 +133,18 @@ def _file_source(
     return raised(rdata.FetchDataset, str(path), rdata.Streaming(), 2, **kw)
 
 
+def _fetch_cache_no_version() -> BaseException:
+    """A source whose store gave no version tag (as an fsspec backend with no ETag would)."""
+    from rankwise.data.sources import open_source
+
+    folder = Path(tempfile.mkdtemp(prefix="rankwise-ts-"))
+    np.save(folder / "x.npy", np.zeros((4, 2)))
+    source = open_source(str(folder / "x.npy"))
+    source.file_version = None
+    kw = {"cache_dir": str(folder / "cache"), "cache_bytes": 1 << 20}
+    return warned(rdata.FetchDataset, source, rdata.Streaming(), 2, **kw)
+
+
 def _h5(path: Path, **options: Any) -> None:
     import h5py
 
@@ -217,6 +229,7 @@ TRIGGERS: dict[str, Callable[[], BaseException]] = {
     "fetch-cache-for-object": lambda: raised(
         rdata.FetchDataset, np.zeros(4), rdata.Streaming(), 2, cache_dir="cache"
     ),
+    "fetch-cache-no-version": _fetch_cache_no_version,
     "fetch-prefetch-negative": lambda: _file_source(
         "p.npy", lambda p: np.save(p, np.zeros(4)), prefetch_bytes=-1
     ),

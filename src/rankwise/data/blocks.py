@@ -33,7 +33,6 @@ import hashlib
 import os
 import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,7 +40,7 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from rankwise.data.cache import PlanCache
+from rankwise.data.cache import PlanCache, worker_cache
 from rankwise.data.fetch_io import default_fetch, probe_default_fetch, source_len
 from rankwise.data.fetch_plan import (
     Fetch,
@@ -60,7 +59,7 @@ from rankwise.data.prefetch import PrefetchStats, prefetched
 from rankwise.data.sources import RangeSource, open_source
 from rankwise.data.strategies import Strategy
 from rankwise.distributed.errors import RankwiseWarning
-from rankwise.storage import RetryPolicy
+from rankwise.storage import RetryPolicy, scrub, secret_values
 from rankwise.validation import check_epoch, check_int
 
 __all__ = ["Fetch", "FetchDataset", "default_fetch", "rank_fetches", "rows_per_rank"]
@@ -89,7 +88,10 @@ class FetchDataset(IterableDataset[Any]):
     ``AWS_*`` variables) and ``retry`` reach the storage layer; each DataLoader worker reads
     up to ``prefetch_bytes`` of its next fetches ahead, from the plan. ``cache_dir`` and
     ``cache_bytes`` keep what was read on local disk (at most ``cache_bytes`` per rank, split
-    over its workers), evicting what the plan needs furthest in the future (:mod:`.cache`). ``fetch_callback(source, sorted_indices)`` replaces the read,
+    over its workers), evicting what the plan needs furthest in the future, keyed by each
+    file's version tag (ETag, version id, mtime) recorded when the source is opened, older
+    versions' folders removed (:mod:`.cache`; no tag: no cache, and a warning).
+    ``fetch_callback(source, sorted_indices)`` replaces the read,
     ``fetch_transform(data)`` post-processes each fetch, ``batch_callback(data, rows)`` cuts a
     batch (default ``data[rows]``), ``batch_transform(batch)`` post-processes it. ``rank`` /
     ``world_size`` default to the process group, else the torchrun variables. Use with
@@ -161,6 +163,21 @@ class FetchDataset(IterableDataset[Any]):
                 f"{type(source).__name__} (already in memory or on disk); drop cache_dir."
             )
         self.cache: PlanCache | None = None  # this process's last pass's cache
+        # The cache folder's name, from the files' versions recorded when the source was opened
+        # (here, in the main process): None (no cache) where a file has no version tag.
+        self._cache_name: tuple[str, str] | None = None
+        if self.cache_dir is not None and self.cache_bytes and isinstance(source, RangeSource):
+            self._cache_name = cache_name(source)
+            if self._cache_name is None:
+                warnings.warn(
+                    f"FetchDataset: {scrubbed_url(source)} has no version tag (no ETag, version "
+                    "id or modification time), so a rewritten file could not be told from its "
+                    f"cached bytes; it is read without the cache (cache_dir={self.cache_dir!r} "
+                    "unused). Read it from a store that reports ETags (S3, GCS, Azure, a local "
+                    "disk), or drop cache_dir.",
+                    RankwiseWarning,
+                    stacklevel=2,
+                )
         self.strategy = strategy
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.fetch_factor = check_int("fetch_factor", fetch_factor, minimum=1)
@@ -372,7 +389,7 @@ class FetchDataset(IterableDataset[Any]):
         fetches = self._fetch_rows(work, epoch, worker, num_workers)
         reads: Generator[tuple[Any, IntArray], None, None]
         if self.fetch_callback is None and isinstance(self.source, RangeSource):
-            if self.cache_dir is not None and self.cache_bytes:
+            if self.cache_dir is not None and self.cache_bytes and self._cache_name:
                 reads = self._cached_reads(self.source, list(fetches), worker, num_workers)
                 try:
                     for data, where in reads:
@@ -408,19 +425,27 @@ class FetchDataset(IterableDataset[Any]):
         pass's plan (ranges cut at block boundaries, so the same block is the same entry in
         every epoch), prefetched under the same byte cap."""
         page = int(getattr(self.strategy, "block_size", self.batch_size))
-        name = cache_name(source)
-        folders = [
-            Path(str(self.cache_dir)) / name / f"rank{self.rank}-worker{w}"
-            for w in range(num_workers)
-        ]
-        cache = PlanCache(folders[worker], self.cache_bytes // num_workers, peers=folders)
+        assert self.cache_dir is not None and self._cache_name is not None
+        cache = worker_cache(
+            self.cache_dir,
+            self._cache_name,
+            {"source": scrubbed_url(source), "made_by": "rankwise FetchDataset"},
+            self.cache_bytes,
+            self.rank,
+            self.world_size,
+            worker,
+            num_workers,
+        )
         self.cache = cache
         cache.plan([source.byte_ranges(unique, page) for unique, _ in fetches])
+        joined = source.joins_pieces
 
         def read(item: tuple[int, IntArray, IntArray]) -> tuple[Any, IntArray]:
             index, unique, where = item
 
-            def through_cache(ranges: list[tuple[int, int]]) -> list[bytes]:
+            def through_cache(ranges: list[tuple[int, int]]) -> list[Any]:
+                if joined:  # cached ranges read from disk straight into the fetch's buffer
+                    return [cache.read_joined(index, ranges, source.fetch_ranges)]
                 return cache.read(index, ranges, source.fetch_ranges)
 
             return source.read_rows(unique, through_cache, page), where
@@ -504,15 +529,27 @@ def fetch_permutation(size: int, seed: int, epoch: int, start: int) -> Permutati
     return Permutation(size, seed=((start + 1) << 64) + seed, epoch=epoch)
 
 
-def cache_name(source: RangeSource) -> str:
-    """The cache folder of ``source``: keyed by its URL, each file's URL and size (every shard
-    of a prefix) and what a row is, so a rewritten file or an added shard never serves the
-    ranges (byte offsets) of the old one."""
+def cache_name(source: RangeSource) -> tuple[str, str] | None:
+    """The cache folder of ``source``, as two digests: of its URL (the folders of one URL's
+    versions share it, so a new one replaces the old), and of each file's URL, size and version
+    tag (every shard of a prefix; recorded when the source was opened) with what a row is. A
+    file rewritten (even at the same size), or a shard added, so never meets the ranges (byte
+    offsets) of the old one. None where a file has no version tag: nothing could tell."""
     files = getattr(source, "shards", None) or [source]
+    versions = [getattr(f, "file_version", None) for f in files]
+    if any(v is None for v in versions):
+        return None
     key = (
-        str(source.url),
-        [(str(f.url), int(f.file_size)) for f in files],
+        [(str(f.url), int(f.file_size), v) for f, v in zip(files, versions, strict=True)],
         source.form(),
         files[0].form(),  # a prefix's shards agree (check_shards)
     )
-    return hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+    return (
+        hashlib.sha256(str(source.url).encode()).hexdigest()[:16],
+        hashlib.sha256(repr(key).encode()).hexdigest()[:16],
+    )
+
+
+def scrubbed_url(source: RangeSource) -> str:
+    """``source``'s URL as messages show it (credentials scrubbed)."""
+    return scrub(str(source.url), secret_values(source.storage_options))

@@ -15,7 +15,19 @@ peers' folders too, since the next epoch deals the rows to the workers afresh. A
 an earlier epoch or run is found again on start, so a second epoch reads what it can from
 disk. A range is written under a temporary name and renamed, and a file is taken only when its
 length is the range's (anything else is missing, and read from the store again). The bytes
-on disk never exceed the cap (of one rank's workers, per worker count).
+on disk never exceed the cap (of one rank's workers).
+
+:func:`worker_cache` lays the folders out under ``cache_dir``, one per version of a source::
+
+    cache_dir/<url digest>-<version digest>/.rankwise-cache           the marker
+    cache_dir/<url digest>-<version digest>/rank0-of1-worker0-of2/    START-STOP files
+
+and, when a worker opens its folder, removes the folders of the same URL made for other
+versions of its files (only folders holding the marker: rankwise's own), the folders of other
+rank and worker counts in its version's folder, and trims its peers' folders to the cap; so
+``cache_dir`` holds at most one cap per rank for a URL, whatever was cached before. A process
+still reading a removed folder loses nothing but speed: a missing or short file is read from
+the store again, and a write into a folder that is gone is dropped.
 
 >>> import tempfile
 >>> cache = PlanCache(tempfile.mkdtemp(), cap=8)
@@ -32,15 +44,25 @@ True
 from __future__ import annotations
 
 import bisect
+import contextlib
+import json
 import os
+import re
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["PlanCache"]
+import numpy as np
+
+from rankwise.storage.local import TMP_MARK, remove_tree
+
+__all__ = ["MARKER", "Joined", "PlanCache", "worker_cache"]
 
 Range = tuple[int, int]
 NEVER = float("inf")
+# The file marking a folder under cache_dir as one rankwise made (and may remove).
+MARKER = ".rankwise-cache"
+_LAYOUT = re.compile(r"rank(\d+)-of(\d+)-worker(\d+)-of(\d+)")
 
 
 class PlanCache:
@@ -59,16 +81,11 @@ class PlanCache:
         self.peers = [Path(p) for p in peers if Path(p) != self.folder]  # read, never written
         self.folder.mkdir(parents=True, exist_ok=True)
         self.sizes: dict[Range, int] = {}
-        for entry in self.folder.iterdir():  # what an earlier epoch or run left
-            start, _, stop = entry.name.partition("-")
-            if start.isdigit() and stop.isdigit() and int(stop) > int(start):
-                size = entry.stat().st_size
-                if size == int(stop) - int(start):
-                    self.sizes[(int(start), int(stop))] = size
-                else:  # cut short (a run killed mid-write before writes were atomic)
-                    entry.unlink(missing_ok=True)
-            elif ".tmp" in stop and stop.partition(".tmp")[0].isdigit():
-                entry.unlink(missing_ok=True)  # a write a killed run left unfinished
+        for entry, r, size in _entries(self.folder):  # what an earlier epoch or run left
+            if r is not None and size == r[1] - r[0]:
+                self.sizes[r] = size
+            else:  # cut short, or a write a killed run left unfinished
+                entry.unlink(missing_ok=True)
         self.held = sum(self.sizes.values())
         while self.held > self.cap:  # a smaller cap than the last run's
             self._drop(next(iter(self.sizes)))
@@ -99,32 +116,51 @@ class PlanCache:
 
     def read(
         self, index: int, ranges: Sequence[Range], fetch: Callable[[list[Range]], list[bytes]]
-    ) -> list[bytes]:
+    ) -> list[memoryview]:
         """The bytes of ``ranges`` for fetch ``index`` of the plan: cached ones from disk, the
-        rest by ``fetch(missing)`` (one call), then kept where Belady's rule says."""
-        out: dict[Range, bytes] = {}
-        with self._lock:
-            cached = [r for r in ranges if r in self.sizes]
+        rest by ``fetch(missing)`` (one call), then kept where Belady's rule says. Each is a
+        view into one buffer (:meth:`read_joined`'s)."""
+        view, at, out = self.read_joined(index, ranges, fetch).data, 0, []
+        for a, b in ranges:
+            out.append(view[at : at + b - a])
+            at += b - a
+        return out
+
+    def read_joined(
+        self, index: int, ranges: Sequence[Range], fetch: Callable[[list[Range]], list[bytes]]
+    ) -> Joined:
+        """The bytes of ``ranges`` joined in their order into one new buffer: a cached range is
+        read from its file straight into its place (no copy in between), the others fetched,
+        copied in and kept, as :meth:`read` does."""
+        out = joined_buffer(sum(b - a for a, b in ranges))
+        view = out.data  # a memoryview of its bytes
+        at, missing = 0, []
         for r in ranges:
-            for folder in [self.folder] if r in cached else self.peers:
-                try:
-                    data = (folder / f"{r[0]}-{r[1]}").read_bytes()
-                except FileNotFoundError:  # not there, or evicted meanwhile
-                    continue
-                if len(data) == r[1] - r[0]:
-                    out[r] = data
-                    break
-                if folder == self.folder:  # not the range's bytes: missing, read again
-                    with self._lock:
-                        if r in self.sizes:
-                            self._drop(r)
-        missing = [r for r in ranges if r not in out]
-        self.hits += len(out)
+            n = r[1] - r[0]
+            if not self._load(r, view[at : at + n]):
+                missing.append((r, at))
+            at += n
+        self.hits += len(ranges) - len(missing)
         if missing:
-            for r, data in zip(missing, fetch(missing), strict=True):
-                out[r] = data
+            for (r, at), data in zip(missing, fetch([r for r, _ in missing]), strict=True):
+                view[at : at + r[1] - r[0]] = data  # another length: ValueError
                 self._keep(index, r, data)
-        return [out[r] for r in ranges]
+        return out
+
+    def _load(self, r: Range, into: memoryview) -> bool:
+        """Whether range ``r`` was read into ``into`` from this folder (where this cache holds
+        it) or else a peer's; a file of another length is missing (and dropped, if it is
+        this folder's)."""
+        with self._lock:
+            mine = r in self.sizes
+        for folder in [self.folder] if mine else self.peers:
+            if _read_file(folder / f"{r[0]}-{r[1]}", into):
+                return True
+            if folder == self.folder:  # gone or not the range's bytes: read again
+                with self._lock:
+                    if r in self.sizes:
+                        self._drop(r)
+        return False
 
     def _keep(self, index: int, r: Range, data: bytes) -> None:
         with self._lock:
@@ -140,11 +176,130 @@ class PlanCache:
             # so a reader finds the whole range or none of it.
             final = self.folder / f"{r[0]}-{r[1]}"
             temporary = final.with_name(f"{final.name}.tmp{os.getpid()}")
-            temporary.write_bytes(data)
-            os.replace(temporary, final)
+            try:
+                temporary.write_bytes(data)
+                os.replace(temporary, final)
+            except OSError:  # the folder was removed (a newer version's run) or the disk is full
+                with contextlib.suppress(OSError):
+                    temporary.unlink()
+                return
             self.sizes[r] = len(data)
             self.held += len(data)
 
     def _drop(self, r: Range) -> None:
         self.held -= self.sizes.pop(r)
-        (self.folder / f"{r[0]}-{r[1]}").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            (self.folder / f"{r[0]}-{r[1]}").unlink()
+
+
+class Joined(np.ndarray):
+    """The pieces of a fetch already joined into one new writable buffer of bytes (by
+    :meth:`PlanCache.read_joined`), which a parse may take as it is instead of joining.
+    Made by :func:`joined_buffer`: uninitialised memory, filled by reads (a bytearray's
+    zero-filling cost a third of a warm-cache fetch)."""
+
+
+def joined_buffer(size: int) -> Joined:
+    """A new :class:`Joined` of ``size`` bytes (not zeroed)."""
+    return np.empty(size, dtype=np.uint8).view(Joined)
+
+
+def _read_file(path: Path, into: memoryview) -> bool:
+    """Whether the file ``path`` holds exactly ``len(into)`` bytes, now read into ``into``
+    (a file missing, of another length, or cut while read: False)."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            if os.fstat(f.fileno()).st_size != len(into):
+                return False
+            got = 0
+            while got < len(into):
+                n = f.readinto(into[got:])
+                if not n:
+                    return False
+                got += n
+            return True
+    except OSError:  # not there: evicted, or removed (another version's folder)
+        return False
+
+
+def _entries(folder: Path) -> list[tuple[Path, Range | None, int]]:
+    """The files in ``folder``: each with its range (None: not a range's name) and size;
+    none for a folder that is gone, nor for a file removed while listed."""
+    out = []
+    try:
+        listed = list(folder.iterdir())
+    except OSError:
+        return []
+    for entry in listed:
+        start, _, stop = entry.name.partition("-")
+        r = (int(start), int(stop)) if start.isdigit() and stop.isdigit() else None
+        if r is None and not (".tmp" in stop and stop.partition(".tmp")[0].isdigit()):
+            continue  # not a file a cache writes
+        try:
+            out.append((entry, r if r is not None and r[1] > r[0] else None, entry.stat().st_size))
+        except OSError:
+            continue
+    return out
+
+
+def worker_cache(
+    cache_dir: str | os.PathLike[str],
+    name: tuple[str, str],
+    about: dict[str, object],
+    cap: int,
+    rank: int,
+    world_size: int,
+    worker: int,
+    num_workers: int,
+) -> PlanCache:
+    """The :class:`PlanCache` of ``worker`` (of ``num_workers``) on ``rank`` (of
+    ``world_size``) for the source version ``name`` (its URL's digest, its version's), holding
+    ``cap // num_workers`` bytes; first removes what other versions and layouts of the same
+    URL left under ``cache_dir`` (see the module). ``about`` goes into the marker (JSON)."""
+    url_digest, version_digest = name
+    root = Path(cache_dir)
+    mine = root / f"{url_digest}-{version_digest}"
+    mine.mkdir(parents=True, exist_ok=True)
+    if not (mine / MARKER).exists():
+        temporary = mine / f"{MARKER}{TMP_MARK}{os.getpid()}-{worker}"
+        temporary.write_text(json.dumps(about, sort_keys=True) + "\n")
+        os.replace(temporary, mine / MARKER)
+    for entry in _listed(root):
+        # another version's folder, or one a killed removal left renamed (".<name>.tmp-...")
+        base = entry.name.lstrip(".").split(TMP_MARK)[0]
+        other = entry.name != mine.name and base.startswith(f"{url_digest}-")
+        if other and re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", base) and (entry / MARKER).exists():
+            remove_tree(entry)
+    layout = (world_size, num_workers)
+    folders = [
+        mine / f"rank{rank}-of{world_size}-worker{w}-of{num_workers}" for w in range(num_workers)
+    ]
+    share = cap // num_workers
+    for entry in _listed(mine):
+        match = _LAYOUT.fullmatch(entry.name)
+        if match is None:
+            continue
+        if (int(match[2]), int(match[4])) != layout:
+            remove_tree(entry)  # a run of other rank or worker counts
+        elif entry != folders[worker]:
+            _trim(entry, share)  # a peer's, maybe of a larger cap: its owner trims it too
+    return PlanCache(folders[worker], share, peers=folders)
+
+
+def _listed(folder: Path) -> list[Path]:
+    try:
+        return [entry for entry in folder.iterdir() if entry.is_dir()]
+    except OSError:
+        return []
+
+
+def _trim(folder: Path, cap: int) -> None:
+    """Remove files from ``folder`` until its files hold at most ``cap`` bytes."""
+    entries = _entries(folder)
+    held = sum(size for _, _, size in entries)
+    for entry, _, size in entries:
+        if held <= cap:
+            return
+        with contextlib.suppress(OSError):
+            entry.unlink()
+        held -= size

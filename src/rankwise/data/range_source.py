@@ -38,6 +38,9 @@ class RangeSource:
         self._storage: Storage | None = None
         self._storage_lock = threading.Lock()  # a worker's prefetch threads make it once
         self.file_size = 0  # the object's bytes, once opened
+        # its version tag, recorded with the size when opened (Storage.stat): what the local
+        # cache keys it by; None: the store gives none, so the source is never cached
+        self.file_version: str | None = None
 
     @property
     def storage(self) -> Storage:
@@ -71,6 +74,10 @@ class RangeSource:
     def size(self) -> int:
         """The object's size (a missing object: FileNotFoundError naming the URL)."""
         return self.storage.size(self.key)
+
+    # Whether parse only joins the pieces (in order) before reading them: then a fetch may
+    # hand it the pieces already joined, one buffer (the cache does: PlanCache.read_joined).
+    joins_pieces = False
 
     def nbytes(self, rows: IntArray) -> int:
         raise NotImplementedError

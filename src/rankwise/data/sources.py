@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rankwise.data.cache import Joined
 from rankwise.data.range_source import RangeSource, sorted_rows
 from rankwise.data.source_layout import RangeFile, RowLayout, hdf5_layout, npy_layout
 from rankwise.storage import RetryPolicy, Storage
@@ -93,9 +94,11 @@ class ArraySource(RangeSource):
     def byte_ranges(self, rows: IntArray, page_rows: int = 0) -> list[tuple[int, int]]:
         return self.layout.ranges(paged(row_runs(rows), page_rows))
 
+    joins_pieces = True
+
     def parse(self, rows: IntArray, pieces: list[bytes]) -> np.ndarray[Any, Any]:
         # a bytearray: a writable array (a callback may work in place, as on a backed AnnData)
-        joined = bytearray().join(pieces)
+        joined = one_buffer(pieces)
         return np.frombuffer(joined, dtype=self.dtype).reshape(-1, *self._shape[1:])
 
 
@@ -116,6 +119,8 @@ class CsrSource(RangeSource):
     def shape(self) -> tuple[int, ...]:
         return self._shape
 
+    joins_pieces = True
+
     def form(self) -> tuple[Any, ...]:
         return ("csr", self._shape[1:], str(self.data[0]))
 
@@ -135,7 +140,7 @@ class CsrSource(RangeSource):
 
         counts = self.indptr[rows + 1] - self.indptr[rows]
         # one writable copy (a callback may work in place: adata.X.data /= s), viewed twice
-        joined = memoryview(bytearray().join(pieces))
+        joined = memoryview(one_buffer(pieces))
         split = int(counts.sum()) * self.data[0].itemsize
         values = np.frombuffer(joined[:split], dtype=self.data[0])
         columns = np.frombuffer(joined[split:], dtype=self.indices[0])
@@ -160,6 +165,10 @@ class H5adSource(RangeSource):
 
     def share_storage(self, storage: Storage) -> None:
         self.x.share_storage(storage)
+
+    @property
+    def joins_pieces(self) -> bool:  # type: ignore[override]
+        return self.x.joins_pieces
 
     def nbytes(self, rows: IntArray) -> int:
         return self.x.nbytes(rows)
@@ -186,6 +195,15 @@ class H5adSource(RangeSource):
 
     def fetch_ranges(self, ranges: list[tuple[int, int]]) -> list[bytes]:
         return self.x.fetch_ranges(ranges)
+
+
+def one_buffer(pieces: list[Any]) -> Any:
+    """``pieces`` as one new writable buffer: joined into a bytearray, or the one piece as it
+    is where it is a fetch already joined into a buffer of its own
+    (:class:`~rankwise.data.cache.Joined`)."""
+    if len(pieces) == 1 and type(pieces[0]) is Joined:
+        return pieces[0]
+    return bytearray().join(pieces)
 
 
 def paged(runs: list[tuple[int, int]], page_rows: int) -> list[tuple[int, int]]:
@@ -331,14 +349,14 @@ def open_file(
         probe.share_storage(storage)
     where = probe.storage.url_of(probe.key)
     try:
-        size = probe.size()
+        stat = probe.storage.stat(probe.key)  # size and version, read once, here
     except FileNotFoundError:
         raise FileNotFoundError(
             f"FetchDataset source {where} does not exist; check the URL (bucket, prefix and "
             "file name) and that the file was uploaded."
         ) from None
-    source = read_metadata(probe, suffix, size, where, dataset, columns)
-    source.file_size = size
+    source = read_metadata(probe, suffix, stat.size, where, dataset, columns)
+    source.file_size, source.file_version = stat.size, stat.version
     source.share_storage(probe.storage)
     return source
 

@@ -1,7 +1,8 @@
 """Where bytes live (``rankwise.storage``): a local folder or an object store behind one
 interface, below the data and training layers, which read and write through it.
 
-- :class:`Storage` (``store.py``): keys under a URL; a local folder's writes are atomic
+- :class:`Storage` (``store.py``): keys under a URL (:meth:`Storage.stat`: an object's size and
+  version tag, :class:`ObjectStat`); a local folder's writes are atomic
   (temporary name, fsync, rename: ``local.py``), an object store is reached through fsspec.
   The one step a backend does its own way is making a finished file visible under a key:
   a rename on disk, an upload to a bucket.
@@ -17,11 +18,12 @@ interface, below the data and training layers, which read and write through it.
 from rankwise.storage.errors import StorageError, StorageWarning
 from rankwise.storage.retry import RetryPolicy
 from rankwise.storage.secrets import REDACTED, redacted, scrub, secret_values
-from rankwise.storage.store import Storage
+from rankwise.storage.store import ObjectStat, Storage
 from rankwise.storage.urls import is_remote_url, split_url
 
 __all__ = [
     "REDACTED",
+    "ObjectStat",
     "RetryPolicy",
     "Storage",
     "StorageError",

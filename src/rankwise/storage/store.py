@@ -38,6 +38,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,7 +51,7 @@ from rankwise.storage.retry import RetryPolicy, retrying
 from rankwise.storage.secrets import scrub, secret_values
 from rankwise.storage.urls import split_url
 
-__all__ = ["Storage"]
+__all__ = ["ObjectStat", "Storage"]
 
 T = TypeVar("T")
 
@@ -81,9 +82,29 @@ PART_SIZE = 32 << 20
 PARALLEL_PARTS = 8
 # Ranged GETs on the wire at once per read_ranges call (s3fs's gather batch).
 IN_FLIGHT = 64
+# The fields of an fsspec ``info()`` that name an object's version (whichever a backend gives:
+# S3's version id and ETag, GCS's generation, Azure's etag), each changing whenever the
+# object is written. memory:// gives none of them; its ``created`` (the write's time, in
+# microseconds) is what it has.
+VERSION_FIELDS = ("VersionId", "version_id", "ETag", "etag", "e_tag", "generation")
+MEMORY_VERSION_FIELDS = ("created",)
+# A local file whose mtime is this recent may be written again within the same tick of the
+# filesystem's clock (ext4: a jiffy; FAT: 2 s), keeping size, inode and mtime: its tag then
+# holds only for this open (a random part is added), never for a later one.
+RACY_NS = 2_000_000_000
 # The clients a forked process inherited and replaced with its own (see Storage._fs): held for
 # the process's life so that no finalizer of theirs runs in it.
 _INHERITED: list[Any] = []
+
+
+@dataclass(frozen=True)
+class ObjectStat:
+    """An object's ``size`` in bytes and ``version``: a tag that differs whenever the object
+    was written again (S3's version id or ETag, a local file's mtime, size and inode), or
+    ``None`` where the store gives no such tag (then nothing tells a rewrite apart)."""
+
+    size: int
+    version: str | None
 
 
 class Storage:
@@ -436,6 +457,28 @@ class Storage:
         fs = self._fs()
         return int(self.call("stat", key, lambda: fs.size(self._full(key))))
 
+    def stat(self, key: str) -> ObjectStat:
+        """The size and version tag of ``key`` (:class:`ObjectStat`; a missing key raises
+        ``FileNotFoundError``). Local files: ``mtime_ns``, size, inode and device (a file
+        modified under 2 s ago gets a tag valid for this call only, since a second write in the
+        same clock tick could keep all four); object stores: the version id and ETag (or
+        generation) fsspec reports; memory://: the write's time.
+
+        >>> store = Storage.for_url("memory://rankwise-doc/stat")
+        >>> _ = store.put(b"abc", "x.bin"); first = store.stat("x.bin")
+        >>> _ = store.put(b"abd", "x.bin"); second = store.stat("x.bin")
+        >>> first.size == second.size == 3, first.version != second.version
+        (True, True)
+        """
+        fs = self._fs()
+        if not self.is_remote:
+            st = self.call("stat", key, lambda: os.stat(self._full(key)))
+            return ObjectStat(int(st.st_size), local_version(st))
+        extra = {"refresh": True} if self.protocol.startswith("s3") else {}
+        info = self.call("stat", key, lambda: fs.info(self._full(key), **extra))
+        fields = VERSION_FIELDS + (MEMORY_VERSION_FIELDS if self.protocol == "memory" else ())
+        return ObjectStat(int(info["size"]), remote_version(info, fields))
+
     def exists(self, key: str) -> bool:
         fs = self._fs()
         return bool(self.call("stat", key, lambda: fs.exists(self._full(key))))
@@ -534,6 +577,27 @@ class Storage:
                 )
         finally:
             self.call("delete", key, lambda: self._fs().rm_file(self._full(key)), retry=once)
+
+
+def local_version(st: os.stat_result, now_ns: int | None = None) -> str:
+    """A local file's version tag from its ``os.stat``: mtime (ns), size, inode and device;
+    with a random part when the mtime is under :data:`RACY_NS` old (see :meth:`Storage.stat`)."""
+    tag = f"mtime {st.st_mtime_ns} size {st.st_size} inode {st.st_ino} device {st.st_dev}"
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    if st.st_mtime_ns > now_ns - RACY_NS:
+        tag += f" open {uuid.uuid4().hex}"
+    return tag
+
+
+def remote_version(info: dict[str, Any], fields: Sequence[str] = VERSION_FIELDS) -> str | None:
+    """The version tag in an fsspec ``info()``: its ``fields`` that are set, joined; None when
+    none is (S3 reports an unversioned bucket's version id as ``"null"``)."""
+    found = [
+        f"{name} {info[name]}"
+        for name in fields
+        if info.get(name) is not None and str(info[name]) not in ("", "null")
+    ]
+    return "; ".join(found) if found else None
 
 
 def _progress(storage: Storage, uploaded: Callable[[int], None] | None) -> Any:
