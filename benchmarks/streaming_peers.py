@@ -295,31 +295,77 @@ def mds_reader(
             return list(StreamingDataLoader(dataset(), batch_size=BATCH, num_workers=args.workers))
 
     row = {"conversion_s": round(conversion, 3)} | timed_epoch(loader, server)
+    # MosaicML's ranks are processes (it starts a torch.distributed group when WORLD_SIZE > 1):
+    # 2 real ranks on this host read half their epoch, rank 0 saves the state; 3 resume it.
     counts: Counter[int] = Counter()
-    state = None
-    for r in range(2):
-        with environment(WORLD_SIZE="2", RANK=str(r), **one_node):
-            dl = StreamingDataLoader(dataset(), batch_size=BATCH, num_workers=0)
-            half = len(dl) // 2
-            for i, batch in enumerate(dl):
-                counts.update(ids_of(batch))
-                if i + 1 == half:
-                    break
-            if r == 0:
-                state = dl.state_dict()
-    before = sum(counts.values())
-    try:
-        for r in range(3):
-            with environment(WORLD_SIZE="3", RANK=str(r), **one_node):
-                dl = StreamingDataLoader(dataset(), batch_size=BATCH, num_workers=0)
-                dl.load_state_dict(state)
-                for batch in dl:
-                    counts.update(ids_of(batch))
+    state_file = work / "state.json"
+    before = 0
+    for phase, world in (("kill", 2), ("resume", 3)):
+        ids = mds_ranks(phase, world, work, state_file)
+        if isinstance(ids, str):
+            row["resume_2_to_3"] = f"cannot resume on another world size: {ids}"
+            break
+        counts.update(ids)
+        before = before or sum(counts.values())
+    else:
         row["resume_2_to_3"] = resume_verdict(counts, rows, before)
-    except Exception as error:
-        row["resume_2_to_3"] = f"cannot resume on another world size: {error}".splitlines()[0]
     shutil.rmtree(work, ignore_errors=True)
     return row
+
+
+def mds_ranks(phase: str, world: int, work: Path, state_file: Path) -> list[int] | str:
+    """Run ``world`` MosaicML ranks of ``phase`` as processes on this host (one node); the row
+    ids they read, or the first failing rank's last error line."""
+    import socket
+    import subprocess
+
+    from rankwise.testing import rank_env
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    procs = []
+    for r in range(world):
+        env = rank_env(r, world, port, {"LOCAL_WORLD_SIZE": str(world)})
+        job = [sys.executable, __file__, "--mds-rank", phase, str(work), str(state_file)]
+        procs.append(subprocess.Popen(job, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    ids: list[int] = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        if p.returncode != 0:
+            return err.decode(errors="replace").strip().splitlines()[-1]
+        ids += json.loads(out.decode().strip().splitlines()[-1])
+    return ids
+
+
+def mds_rank(phase: str, work: Path, state_file: Path) -> None:
+    """One MosaicML rank (``--mds-rank``): ``kill`` reads half its batches (rank 0 saves the
+    loader's state), ``resume`` loads it and reads the rest; prints the row ids as JSON."""
+    from streaming import StreamingDataLoader, StreamingDataset
+
+    ds = StreamingDataset(
+        remote=f"s3://{BUCKET}/mds",
+        local=str(work / f"local-{phase}"),
+        shuffle=True,
+        shuffle_seed=0,
+        batch_size=BATCH,
+    )
+    dl = StreamingDataLoader(ds, batch_size=BATCH, num_workers=0)
+    ids: list[int] = []
+    if phase == "resume":
+        dl.load_state_dict(json.loads(state_file.read_text()))
+        for batch in dl:
+            ids += ids_of(batch)
+    else:
+        half = len(dl) // 2
+        for i, batch in enumerate(dl):
+            ids += ids_of(batch)
+            if i + 1 == half:
+                break
+        state = dl.state_dict()
+        if os.environ["RANK"] == "0":
+            state_file.write_text(json.dumps(state))
+    print(json.dumps(ids), flush=True)
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -401,7 +447,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT / "streaming_peers.json")
     parser.add_argument("--skip", nargs="*", default=[], help="reader names to leave out")
+    parser.add_argument("--mds-rank", nargs=3, help=argparse.SUPPRESS)  # one MosaicML rank
     args = parser.parse_args()
+    if args.mds_rank:
+        phase, work, state = args.mds_rank
+        mds_rank(phase, Path(work), Path(state))
+        return
     if args.rows < 4 * BLOCK or args.cols < 1:
         parser.error(
             f"--rows {args.rows} --cols {args.cols}: give at least {4 * BLOCK} rows (4 blocks) "
