@@ -193,14 +193,21 @@ def _lit_item(path: str, index: int) -> dict[str, Any]:
     return {"id": index, "x": np.array(x[index])}
 
 
+def _lit_allow_http(worker: int = 0) -> None:
+    """LitData's obstore client refuses a plain-http endpoint (this local server) unless told,
+    through a private option; its DataLoader workers import LitData afresh (a new module
+    state), so each worker sets it too (``worker_init_fn``)."""
+    from litdata.streaming import downloader
+
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]
+
+
 def litdata_reader(
     npy: Path, store: Any, args: argparse.Namespace, server: Any, rows: int
 ) -> dict[str, Any]:
     import litdata
-    from litdata.streaming import downloader
 
-    # LitData's obstore client refuses a plain-http endpoint (a local server) unless told.
-    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]
+    _lit_allow_http()
     work = Path(tempfile.mkdtemp(prefix="rankwise-peers-lit-"))
     t0 = time.perf_counter()
     litdata.optimize(
@@ -227,7 +234,9 @@ def litdata_reader(
         )
 
     def loader() -> Iterable[Any]:
-        return litdata.StreamingDataLoader(dataset(), batch_size=BATCH, num_workers=args.workers)
+        return litdata.StreamingDataLoader(
+            dataset(), batch_size=BATCH, num_workers=args.workers, worker_init_fn=_lit_allow_http
+        )
 
     row = {"conversion_s": round(conversion, 3)} | timed_epoch(loader, server)
     counts: Counter[int] = Counter()
@@ -371,14 +380,45 @@ def mds_rank(phase: str, work: Path, state_file: Path) -> None:
 # -- the run ---------------------------------------------------------------------------------------
 
 
+READERS = (
+    "rankwise s3",
+    "s3fs file object (default cache), rankwise plan",
+    "LitData",
+    "MosaicML Streaming",
+)
+NEEDS = {"LitData": "litdata", "MosaicML Streaming": "streaming"}
+
+
+def measure(name: str, args: argparse.Namespace, server: Any) -> dict[str, Any]:
+    """One reader's row (``--reader``: run in a process of its own, so that no reader inherits
+    another's clients: obstore's runtime, started in a parent, breaks a forked worker's)."""
+    from rankwise.data.sources import open_source
+    from rankwise.storage import Storage
+
+    npy = make_files(OUT / "streaming_peers", args.rows, args.cols, 64, 8)["npy"]
+    rows, url = args.rows, f"s3://{BUCKET}/{npy.name}"
+    store = Storage.for_url(f"s3://{BUCKET}")
+    if name == "rankwise s3":
+        row = fetch_reader(url, args, server, rows)
+    elif name.startswith("s3fs"):
+        layout = open_source(url).layout  # type: ignore[attr-defined]
+        meta = {"row_bytes": layout.row_bytes, "offset": layout.extents[0][2]}
+        row = fetch_reader(S3fsRows(url, "npy", (rows, args.cols), meta), args, server, rows)
+    elif name == "LitData":
+        row = litdata_reader(npy, store, args, server, rows)
+    else:
+        row = mds_reader(npy, store, args, server, rows)
+    return {"reader": name} | row | {"bytes_vs_data": round(row["bytes"] / npy.stat().st_size, 2)}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import subprocess
+
     from rankwise.storage import Storage
     from rankwise.testing.s3server import start_server
 
-    folder = OUT / "streaming_peers"
-    # streaming.py's files: the dense rows used here, and a small CSR it makes beside them.
-    npy = make_files(folder, args.rows, args.cols, 64, 8)["npy"]
-    rows = args.rows
+    # streaming.py's files: the dense rows used here (and a tiny CSR it makes beside them).
+    npy = make_files(OUT / "streaming_peers", args.rows, args.cols, 64, 8)["npy"]
     server = start_server(
         Path(tempfile.mkdtemp(prefix="rankwise-bench-s3-")), credentials=(KEY, SECRET)
     )
@@ -395,27 +435,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         import s3fs
 
         s3fs.S3FileSystem(skip_instance_cache=True).mkdir(BUCKET)
-        store = Storage.for_url(f"s3://{BUCKET}")
-        store.put(npy, npy.name)
-        url = f"s3://{BUCKET}/{npy.name}"
-        from rankwise.data.sources import open_source
-
-        layout = open_source(url).layout  # type: ignore[attr-defined]
-        meta = {"row_bytes": layout.row_bytes, "offset": layout.extents[0][2]}
-        readers: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-            ("rankwise s3", lambda: fetch_reader(url, args, server, rows)),
-            (
-                "s3fs file object (default cache), rankwise plan",
-                lambda: fetch_reader(
-                    S3fsRows(url, "npy", (rows, args.cols), meta), args, server, rows
-                ),
-            ),
-            ("LitData", lambda: litdata_reader(npy, store, args, server, rows)),
-            ("MosaicML Streaming", lambda: mds_reader(npy, store, args, server, rows)),
-        ]
-        needs = {"LitData": "litdata", "MosaicML Streaming": "streaming"}
-        for name, measure in readers:
-            module = needs.get(name)
+        Storage.for_url(f"s3://{BUCKET}").put(npy, npy.name)
+        for name in READERS:
+            module = NEEDS.get(name)
             if name in args.skip:
                 continue
             if module and importlib.util.find_spec(module) is None:
@@ -423,14 +445,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(line, flush=True)
                 skipped.append(line)
                 continue
-            row = {"reader": name} | measure()
-            row["bytes_vs_data"] = round(row["bytes"] / npy.stat().st_size, 2)
+            job = [sys.executable, __file__, "--reader", name, json.dumps(server.ports)]
+            job += ["--rows", str(args.rows), "--cols", str(args.cols)]
+            job += ["--workers", str(args.workers)]
+            done = subprocess.run(job, stdout=subprocess.PIPE, text=True, timeout=900)
+            if done.returncode != 0:
+                raise RuntimeError(f"{name}: its run failed (exit {done.returncode}; see above)")
+            row = json.loads(done.stdout.strip().splitlines()[-1])
             results.append(row)
             print(json.dumps(row), flush=True)
     finally:
         server.stop()
     return run_header(
-        rows=rows,
+        rows=args.rows,
         cols=args.cols,
         workers=args.workers,
         block=BLOCK,
@@ -448,7 +475,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT / "streaming_peers.json")
     parser.add_argument("--skip", nargs="*", default=[], help="reader names to leave out")
     parser.add_argument("--mds-rank", nargs=3, help=argparse.SUPPRESS)  # one MosaicML rank
+    parser.add_argument("--reader", nargs=2, help=argparse.SUPPRESS)  # one reader: name, ports
     args = parser.parse_args()
+    if args.reader:
+        from rankwise.testing.s3server import S3Server
+
+        name, ports = args.reader
+        server = S3Server(Path(tempfile.gettempdir()), json.loads(ports))  # started by the parent
+        print(json.dumps(measure(name, args, server)), flush=True)
+        return
     if args.mds_rank:
         phase, work, state = args.mds_rank
         mds_rank(phase, Path(work), Path(state))
