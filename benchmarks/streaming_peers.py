@@ -195,8 +195,8 @@ def _lit_item(path: str, index: int) -> dict[str, Any]:
 
 def _lit_allow_http(worker: int = 0) -> None:
     """LitData's obstore client refuses a plain-http endpoint (this local server) unless told,
-    through a private option; its DataLoader workers import LitData afresh (a new module
-    state), so each worker sets it too (``worker_init_fn``)."""
+    through a private option; in its DataLoader workers the option set in the parent was not
+    in effect (another dict there), so each worker sets it too (``worker_init_fn``)."""
     from litdata.streaming import downloader
 
     downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]
