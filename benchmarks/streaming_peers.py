@@ -77,6 +77,8 @@ INSTALL = {
     "litdata": "pip install -c constraints.txt litdata  (in a venv of its own: benchmarks/RESULTS.md)",
     "streaming": "pip install -c constraints.txt mosaicml-streaming  (a venv of its own, with "
     "benchmarks/peer_stubs/torchvision: benchmarks/RESULTS.md)",
+    "datasets": "pip install -c constraints.txt datasets  (a venv of its own: its "
+    "huggingface_hub conflicts with the other peers'; benchmarks/RESULTS.md)",
 }
 
 
@@ -377,6 +379,75 @@ def mds_rank(phase: str, work: Path, state_file: Path) -> None:
     print(json.dumps(ids), flush=True)
 
 
+# -- Hugging Face datasets, streaming over Parquet -------------------------------------------------
+
+HF_FILES = 12  # Parquet files: a multiple of 2 and 3, so split_dataset_by_node splits by file
+
+
+def hf_reader(
+    npy: Path, store: Any, args: argparse.Namespace, server: Any, rows: int
+) -> dict[str, Any]:
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets.distributed import split_dataset_by_node
+
+    work = Path(tempfile.mkdtemp(prefix="rankwise-peers-hf-"))
+    x = np.load(npy, mmap_mode="r")
+    t0 = time.perf_counter()
+    (work / "hf").mkdir()
+    for f, part in enumerate(np.array_split(np.arange(rows), HF_FILES)):
+        values = pa.array(np.ascontiguousarray(x[part]).reshape(-1))
+        table = pa.table(
+            {
+                "id": pa.array(part, pa.int64()),
+                "x": pa.FixedSizeListArray.from_arrays(values, x.shape[1]),
+            }
+        )
+        pq.write_table(table, work / "hf" / f"part-{f:02d}.parquet", row_group_size=BLOCK)
+    upload(store, work / "hf", "hf")
+    conversion = time.perf_counter() - t0
+
+    def dataset(rank: int, world: int) -> Any:
+        ds = datasets.load_dataset(
+            "parquet",
+            data_files=f"s3://{BUCKET}/hf/*.parquet",
+            split="train",
+            streaming=True,
+            storage_options={"endpoint_url": server.endpoint, "key": KEY, "secret": SECRET},
+        ).shuffle(seed=0, buffer_size=BATCH * FETCH_FACTOR)
+        return split_dataset_by_node(ds, rank=rank, world_size=world) if world > 1 else ds
+
+    def loader() -> Iterable[Any]:
+        ds = dataset(0, 1).with_format("numpy")
+        return torch.utils.data.DataLoader(ds, batch_size=BATCH, num_workers=args.workers)
+
+    row = {"conversion_s": round(conversion, 3)} | timed_epoch(loader, server)
+    counts: Counter[int] = Counter()
+    state = None
+    for r in range(2):
+        ds = dataset(r, 2)
+        half = rows // 4  # each rank holds half the files: read half of them
+        for i, example in enumerate(ds):
+            counts[int(example["id"])] += 1
+            if i + 1 == half:
+                break
+        if r == 0:
+            state = ds.state_dict()
+    before = sum(counts.values())
+    try:
+        for r in range(3):
+            ds = dataset(r, 3)
+            ds.load_state_dict(state)
+            for example in ds:
+                counts[int(example["id"])] += 1
+        row["resume_2_to_3"] = resume_verdict(counts, rows, before)
+    except Exception as error:
+        row["resume_2_to_3"] = f"cannot resume on another world size: {error}".splitlines()[0]
+    shutil.rmtree(work, ignore_errors=True)
+    return row
+
+
 # -- the run ---------------------------------------------------------------------------------------
 
 
@@ -385,8 +456,13 @@ READERS = (
     "s3fs file object (default cache), rankwise plan",
     "LitData",
     "MosaicML Streaming",
+    "HF datasets (Parquet, streaming)",
 )
-NEEDS = {"LitData": "litdata", "MosaicML Streaming": "streaming"}
+NEEDS = {
+    "LitData": "litdata",
+    "MosaicML Streaming": "streaming",
+    "HF datasets (Parquet, streaming)": "datasets",
+}
 
 
 def measure(name: str, args: argparse.Namespace, server: Any) -> dict[str, Any]:
@@ -406,6 +482,8 @@ def measure(name: str, args: argparse.Namespace, server: Any) -> dict[str, Any]:
         row = fetch_reader(S3fsRows(url, "npy", (rows, args.cols), meta), args, server, rows)
     elif name == "LitData":
         row = litdata_reader(npy, store, args, server, rows)
+    elif name.startswith("HF"):
+        row = hf_reader(npy, store, args, server, rows)
     else:
         row = mds_reader(npy, store, args, server, rows)
     return {"reader": name} | row | {"bytes_vs_data": round(row["bytes"] / npy.stat().st_size, 2)}
