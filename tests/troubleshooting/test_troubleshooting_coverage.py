@@ -118,6 +118,10 @@ _RACE = (
 INTERNAL.update(
     {
         ("testing/s3server.py", "no pair of free ports (p, p + 10000)"): _TESTING,
+        ("testing/s3server.py", "no free port found on 127.0.0.1"): _TESTING,
+        ("testing/s3server.py", "is not an S3 bucket name (3-63 lowercase"): _TESTING,
+        ("testing/s3server.py", "the server counts per bucket, not per key"): _TESTING,
+        ("testing/s3server.py", "SeaweedFS's metrics at {} did not answer"): _TESTING,
         (
             "train/tracking/tracker_set.py",
             "rank 0 sent tracker run ids that are not names and ids",
