@@ -11,8 +11,8 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
   they have recorded their micro-batch of step K too.
 - ``--stop-slot S --stop-step K``: slot S SIGSTOPs itself there instead (frozen).
 - ``--await-joiner-step K[,K2...]``: in optimizer step K, a member of a smaller world than it started
-  with waits (up to 120 s) until a restarted process asks to join, so the join lands at the
-  end of step K however slowly the restarted process starts. A restarted process writes the
+  with waits (up to 120 s, or ``--await-joiner-s S``) until a restarted process asks to join,
+  so the join lands at the end of step K however slowly the restarted process starts. A restarted process writes the
   optimizer step of each of its micro-batches to ``OUT/rejoined-<slot>``.
 - ``--log-dir D``: the trainer's CSV log there, a row per optimizer step (written by rank 0).
 - ``--batch-size B`` (per rank at the start), ``--grad-accum A``: run without the launcher
@@ -93,6 +93,7 @@ p.add_argument("--kill-group", action="store_true")
 p.add_argument("--stop-slot", type=int, default=-1)
 p.add_argument("--stop-step", type=int, default=-1)
 p.add_argument("--await-joiner-step", default="", help="K or K1,K2,...")
+p.add_argument("--await-joiner-s", type=float, default=120.0, help="how long it waits")
 p.add_argument("--log-dir", type=Path, default=None, help="a CSV row per step there")
 p.add_argument("--checkpoint-every", type=int, default=0)
 p.add_argument("--checkpoint-url", default=None, help="s3://bucket/run instead of OUT/ckpt")
@@ -211,7 +212,7 @@ class Fault:
         member = rd.membership()
         smaller = member is not None and member.world_size < member.cfg.world_size
         if str(step + 1) in args.await_joiner_step.split(",") and smaller:
-            await_joiner(member)
+            await_joiner(member, args.await_joiner_s)
         if step + 1 == args.await_joiner_death and smaller:
             await_joiner_death(member)
         if args.exit_zero == f"{slot}:{step + 1}":

@@ -23,6 +23,10 @@ Endpoint and credentials come from where the users' other tools read them (for S
 :class:`StorageError` naming the URL, the cause and the fix, never a credential; a transient
 one (endpoint unreachable, connection lost, a 5xx) is retried with exponential backoff first
 (:class:`RetryPolicy`), each retry announced by a :class:`StorageWarning`.
+
+One concept in one file past 600 lines: every call a layer above makes on a store (read,
+ranged read, write, upload, stat, list, delete), each through the same retry, scrubbing and
+per-process client; what differs by backend lives beside it (``local.py``, ``fast_ranges.py``).
 """
 
 from __future__ import annotations
