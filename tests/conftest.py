@@ -22,8 +22,12 @@ import pytest
 
 from helpers import durations
 from helpers.fault_runs import WORKER, exactly_once
-from rankwise.testing import hygiene, run_script
+from helpers.paths import SCRIPTS
+from helpers.shared import made_once
+from rankwise.testing import assert_exactly_once, child_env, hygiene, run_isolated, run_script
 from rankwise.testing.s3server import S3_KEY, S3_SECRET, S3Server, start_server
+
+CONTINUE_WORKER = SCRIPTS / "continue_worker.py"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -52,14 +56,34 @@ def _hygiene() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def fault_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The fault worker's uninterrupted run on one machine (2 ranks of batch 8): the parameters
-    that test_train_faults.py's recoveries and test_launch_multihost.py's two hosts must end with. One
-    launch for both modules (seconds of start-up each)."""
+    that test_train_faults.py's recoveries and test_launch_multihost.py's two hosts must end
+    with. One launch for both modules, whichever xdist worker runs them (helpers/shared.py)."""
     import torch
 
-    out: Path = tmp_path_factory.mktemp("fault-reference")
-    result = run_script(WORKER, 2, script_args=[str(out)], timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert exactly_once(out, attempts=1) == [0]
+    def launch(out: Path) -> None:
+        result = run_script(WORKER, 2, script_args=[str(out)], timeout=300)
+        assert result.returncode == 0, result.stderr[-4000:]
+        assert exactly_once(out, attempts=1) == [0]
+
+    out = made_once(tmp_path_factory, "fault-reference", launch)
+    return dict(torch.load(out / "final.pt"))
+
+
+@pytest.fixture(scope="session")
+def continue_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """tests/scripts/continue_worker.py's uninterrupted run in one plain process with the
+    whole global batch (24): the k-th global batch holds the same samples whatever the world
+    size, so 2 x 12, 3 x 8 and 4 x 6 land within float rounding of it (test_train_continue.py,
+    test_launch_multihost.py). No launcher, no process group; once per run (helpers/shared.py)."""
+    import torch
+
+    def train(out: Path) -> None:
+        cmd = [sys.executable, str(CONTINUE_WORKER), str(out), "--batch-size", "24"]
+        result = run_isolated(cmd, env=child_env(), timeout=300)
+        assert result.returncode == 0, result.stderr[-4000:]
+        assert assert_exactly_once(out / "audit", 1, 192, 2) == [0]  # 192 samples, 2 epochs
+
+    out = made_once(tmp_path_factory, "continue-reference", train)
     return dict(torch.load(out / "final.pt"))
 
 

@@ -247,17 +247,12 @@ STORE_PORT = 29600
 NPROC = 2  # per host: slots 0, 1 on host 0 and 2, 3 on host 1; 4 x 6 = the global batch 24
 
 
-@pytest.fixture(scope="module")
-def one_process_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    """continue_worker.py's run as one process with the whole global batch (24): the k-th
-    global batch holds the same samples whatever the world size, so 4 x 6, 3 x 8 and 2 x 12
-    land within float rounding of it. No launcher, no process group: seconds."""
-    out = tmp_path_factory.mktemp("one-process")
-    cmd = [sys.executable, str(CONTINUE_WORKER), str(out), "--batch-size", "24"]
-    result = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert exactly_once_continue(out, attempts=1) == [0]
-    return torch.load(out / "final.pt")
+@pytest.fixture
+def one_process_reference(continue_reference: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """continue_worker.py's run as one process with the whole global batch (24): 4 x 6, 3 x 8
+    and 2 x 12 land within float rounding of it (tests/conftest.py, shared with
+    test_train_continue.py)."""
+    return continue_reference
 
 
 def exactly_once_continue(out: Path, attempts: int) -> list[int]:
