@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rankwise.data import Permutation, permutation_keys
-from rankwise.data.permutation import ORDER_VERSION
+from rankwise.data.permutation import ORDER_VERSION, cached_permutation
 
 SIZES = [1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 64, 127, 1000, 4096, 4097, 8191, 8192, 65537, 100_003]
 
@@ -181,3 +181,25 @@ def test_large_seeds_do_not_alias_other_epochs() -> None:
     a = Permutation(10, 1 + 2 * 2**32, 3).take(0, 10).tolist()
     b = Permutation(10, 1, 2 + 3 * 2**32).take(0, 10).tolist()
     assert a != b
+
+
+@given(n=st.integers(1, 5000), seed=st.integers(0, 2**70), epoch=st.integers(0, 50))
+@settings(max_examples=30, deadline=None)
+def test_a_cached_permutation_is_the_permutation_and_cannot_be_changed(
+    n: int, seed: int, epoch: int
+) -> None:
+    # One object per (n, seed, epoch), shared by every fetch of a pass (block_order): it
+    # must answer as a fresh one does, and no caller may write into its tables.
+    cached = cached_permutation(n, seed, epoch)
+    assert cached is cached_permutation(n, seed, epoch)
+    fresh = Permutation(n, seed, epoch)
+    positions = np.arange(n)
+    assert np.array_equal(cached[positions], fresh[positions])
+    assert np.array_equal(cached.inverse(positions), fresh.inverse(positions))
+    got = cached.take(0, n)
+    got[:] = 0  # a copy: the cache is untouched
+    assert np.array_equal(cached.take(0, n), fresh.take(0, n))
+    for table in (cached._table, cached._table_inv):
+        if table is not None:
+            with pytest.raises(ValueError, match="read-only"):
+                table[0] = 1

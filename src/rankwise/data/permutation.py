@@ -29,6 +29,7 @@ True
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import numpy as np
@@ -41,6 +42,7 @@ __all__ = [
     "DEFAULT_CHUNK",
     "ORDER_VERSION",
     "Permutation",
+    "cached_permutation",
     "check_epoch",
     "check_int",
     "permutation_keys",
@@ -140,6 +142,8 @@ class Permutation:
             self._table = self._walk(np.arange(self.n, dtype=np.uint64), network.__getitem__)
             self._table_inv = np.empty_like(self._table)
             self._table_inv[self._table] = np.arange(self.n, dtype=np.int64)
+            self._table.setflags(write=False)  # shared by cached_permutation's callers
+            self._table_inv.setflags(write=False)
 
     def __len__(self) -> int:
         return self.n
@@ -239,3 +243,13 @@ class Permutation:
         span = chunk * step
         for lo in range(start, min(stop, self.n), span):
             yield self.take(lo, min(lo + span, stop), step)
+
+
+@functools.lru_cache(maxsize=16)
+def cached_permutation(n: int, seed: int = 0, epoch: int = 0) -> Permutation:
+    """``Permutation(n, seed, epoch)``, made once per process for the same arguments (the last
+    16 kept). A block order is asked for once per fetch, always of the same ``(n, seed,
+    epoch)`` within a pass; a tabulated permutation costs a pass of the network over up to
+    4,096 values to make, and answers by indexing (a copy), so one object serves every fetch.
+    """
+    return Permutation(n, seed, epoch)

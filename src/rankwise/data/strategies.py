@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from rankwise.data.permutation import Permutation
+from rankwise.data.permutation import cached_permutation
 
 __all__ = ["BlockShuffling", "Strategy", "Streaming", "block_order", "check_block_size"]
 
@@ -146,11 +146,11 @@ def block_order(
     bs = block_size
     full, rem = divmod(m, bs)
     if drop_last or rem == 0:
-        perm = Permutation(full, seed, epoch)
+        perm = cached_permutation(full, seed, epoch)
         return perm[positions // bs] * bs + positions % bs
     # The short last block (id `full`, `rem` items) sits at some slot of the shuffled block
     # order; positions after it are shifted back by bs - rem.
-    perm = Permutation(full + 1, seed, epoch)
+    perm = cached_permutation(full + 1, seed, epoch)
     cut = int(perm.inverse(full)) * bs
     after = positions >= cut + rem
     shifted = np.where(after, positions - rem + bs, positions)
