@@ -36,6 +36,7 @@ import contextlib
 import functools
 import importlib.util
 import json
+import multiprocessing
 import os
 import shutil
 import sys
@@ -195,10 +196,9 @@ def _lit_item(path: str, index: int) -> dict[str, Any]:
     return {"id": index, "x": np.array(x[index])}
 
 
-def _lit_allow_http(worker: int = 0) -> None:
+def _lit_allow_http() -> None:
     """LitData's obstore client refuses a plain-http endpoint (this local server) unless told,
-    through a private option; in its DataLoader workers the option set in the parent was not
-    in effect (another dict there), so each worker sets it too (``worker_init_fn``)."""
+    through a private option (set in this process; forked DataLoader workers inherit it)."""
     from litdata.streaming import downloader
 
     downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]
@@ -212,6 +212,12 @@ def litdata_reader(
     _lit_allow_http()
     work = Path(tempfile.mkdtemp(prefix="rankwise-peers-lit-"))
     t0 = time.perf_counter()
+    # optimize() sets this process's start method to "spawn" for good (litdata's DataProcessor:
+    # multiprocessing.set_start_method(..., force=True)); every DataLoader made after it in
+    # the same process then spawns its workers, each importing torch, litdata and this script
+    # again (seconds each, before the first batch). A training script that does not convert
+    # keeps the platform's default (fork here), so it is put back once the conversion is done.
+    start_method = multiprocessing.get_start_method(allow_none=True)
     litdata.optimize(
         fn=functools.partial(_lit_item, str(npy)),
         inputs=list(range(rows)),
@@ -219,6 +225,7 @@ def litdata_reader(
         chunk_bytes="64MB",
         num_workers=max(1, args.workers),
     )
+    multiprocessing.set_start_method(start_method, force=True)
     upload(store, work / "optimized", "litdata")
     conversion = time.perf_counter() - t0
     options = {"endpoint_url": server.endpoint}
@@ -236,9 +243,7 @@ def litdata_reader(
         )
 
     def loader() -> Iterable[Any]:
-        return litdata.StreamingDataLoader(
-            dataset(), batch_size=BATCH, num_workers=args.workers, worker_init_fn=_lit_allow_http
-        )
+        return litdata.StreamingDataLoader(dataset(), batch_size=BATCH, num_workers=args.workers)
 
     row = {"conversion_s": round(conversion, 3)} | timed_epoch(loader, server)
     counts: Counter[int] = Counter()
