@@ -20,6 +20,11 @@ odds and the mean number of fixed points is 1, as for a uniform shuffle. :data:`
 names this algorithm; any change to the orders it gives must bump it (golden values in the
 tests catch one).
 
+Module state: only :func:`cached_permutation`'s ``functools.lru_cache`` (the last 16
+permutations asked for, their tables read-only): a block order is asked for once per fetch
+with the same ``(n, seed, epoch)``, and a permutation is a pure function of them, so one
+object per process serves them all.
+
 >>> p = Permutation(10, seed=0, epoch=0)
 >>> sorted(p.take(0, 10).tolist()) == list(range(10))   # a true permutation of 0..9
 True
