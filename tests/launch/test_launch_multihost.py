@@ -247,14 +247,6 @@ STORE_PORT = 29600
 NPROC = 2  # per host: slots 0, 1 on host 0 and 2, 3 on host 1; 4 x 6 = the global batch 24
 
 
-@pytest.fixture
-def one_process_reference(continue_reference: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """continue_worker.py's run as one process with the whole global batch (24): 4 x 6, 3 x 8
-    and 2 x 12 land within float rounding of it (tests/conftest.py, shared with
-    test_train_continue.py)."""
-    return continue_reference
-
-
 def exactly_once_continue(out: Path, attempts: int) -> list[int]:
     return assert_exactly_once(out / "audit", attempts, NUM_SAMPLES, EPOCHS)
 
@@ -295,7 +287,7 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 def test_continue_a_rank_killed_on_host_1_leaves_host_0_running(
-    hosts, one_process_reference, tmp_path
+    hosts, continue_reference, tmp_path
 ):
     # Slot 3 (host 1) is SIGKILLed in step 5: slots 0-2 go on as 3 x 8; host 1's launcher
     # restarts slot 3, which rejoins across the hosts after step 7 (the worker holds the
@@ -311,12 +303,10 @@ def test_continue_a_rank_killed_on_host_1_leaves_host_0_running(
     assert (out / "final-world").read_text().strip() == "4"
     assert [int(s) for s in (out / "rejoined-3").read_text().split()] == list(range(8, 17))
     assert exactly_once_continue(out, attempts=3) == [0, 5, 7]
-    assert max_diff(params, one_process_reference) < 1e-4
+    assert max_diff(params, continue_reference) < 1e-4
 
 
-def test_continue_with_the_store_apart_survives_losing_host_0(
-    hosts, one_process_reference, tmp_path
-):
+def test_continue_with_the_store_apart_survives_losing_host_0(hosts, continue_reference, tmp_path):
     # Slot 0 SIGKILLs its process group in step 5: host 0's launcher and both its ranks. The
     # store runs apart (`rankwise store`), so host 1's two ranks regroup and finish on 2 x 12.
     out = tmp_path / "run"
@@ -329,4 +319,4 @@ def test_continue_with_the_store_apart_survives_losing_host_0(
     assert [len(pids(out, slot)) for slot in (2, 3)] == [1, 1]
     assert (out / "final-world").read_text().strip() == "2"
     assert exactly_once_continue(out, attempts=2) == [0, 5]
-    assert max_diff(torch.load(out / "final.pt"), one_process_reference) < 1e-4
+    assert max_diff(torch.load(out / "final.pt"), continue_reference) < 1e-4

@@ -3,7 +3,7 @@ gloo ranks, 2 epochs of 8 optimizer steps, global batch 24, no checkpoints): a r
 or SIGSTOPped mid-epoch, the survivors keep their processes and train on with the global batch
 kept (2 x 12), every sample exactly once per epoch (AuditLog), and land within 1e-4 of the
 uninterrupted run. Launches take tens of seconds on a loaded machine: one launch per
-scenario, and the uninterrupted run in one plain process (below).
+scenario, and the uninterrupted run in one plain process (continue_reference, tests/conftest.py).
 
 The uninterrupted run is the same script in one plain process with the global batch (24; 20
 where the survivors' world does not divide it: 4 x 5 on 3 survivors, 7 + 7 + 6, the loss
@@ -59,19 +59,12 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.fixture
-def reference(continue_reference: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    # The uninterrupted run, as the uneven scenario below makes it: the global batch (3 x 8)
-    # in one plain process (tests/conftest.py), seconds instead of a 3-rank launch.
-    return continue_reference
-
-
 def logged_steps(log_dir: Path) -> list[int]:
     with open(log_dir / "metrics.csv", newline="") as f:
         return [int(row["global_step"]) for row in csv.DictReader(f) if row["kind"] == "step"]
 
 
-def test_a_frozen_rank_is_removed_after_the_collective_timeout(reference, tmp_path):
+def test_a_frozen_rank_is_removed_after_the_collective_timeout(continue_reference, tmp_path):
     # In the first epoch's last step (8): the survivors finish it and find out in the epoch's
     # closing all-reduce, with the epoch's data all used; they must not train it again.
     env = {"DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "4000"}
@@ -85,7 +78,7 @@ def test_a_frozen_rank_is_removed_after_the_collective_timeout(reference, tmp_pa
     assert "a peer was lost: slot 1 (rank 1) stopped answering (" in result.stdout
     assert len(pids(tmp_path, 0)) == len(pids(tmp_path, 2)) == 1
     assert_exactly_once(tmp_path / "audit", 2, NUM_SAMPLES, EPOCHS)
-    assert max_diff(params, reference) < 1e-4
+    assert max_diff(params, continue_reference) < 1e-4
 
 
 def test_fewer_survivors_than_min_nproc_stop_naming_why(tmp_path):
@@ -98,7 +91,7 @@ def test_fewer_survivors_than_min_nproc_stop_naming_why(tmp_path):
     assert "every process has ended" in result.stderr
 
 
-def test_a_restarted_rank_rejoins_from_a_live_peer(reference, tmp_path):
+def test_a_restarted_rank_rejoins_from_a_live_peer(continue_reference, tmp_path):
     # Slot 2 is SIGKILLed in step 5; the launcher restarts it; the survivors (2 x 12) let it
     # in at the end of step 7, a live peer sends it the state, and steps 8..16 run on 3 x 8.
     result = launch(
@@ -131,7 +124,7 @@ def test_a_restarted_rank_rejoins_from_a_live_peer(reference, tmp_path):
     last = read_audit(tmp_path / "audit").attempts[-1]
     assert last.world_size == 3 and last.finished
     assert (tmp_path / "audit" / f"audit-{last.name}-rank2.jsonl").read_text().count('"ids"') == 9
-    assert max_diff(params, reference) < 1e-4
+    assert max_diff(params, continue_reference) < 1e-4
     # One log, written by rank 0 alone: the restarted process, rank 0 of its own world of one
     # until it joined and rank 2 after, never wrote a row.
     assert logged_steps(tmp_path / "logs") == list(range(1, 17))
@@ -176,7 +169,7 @@ def test_survivors_of_a_sigkill_train_on_with_a_global_batch_their_world_does_no
     assert max_diff(params, torch.load(alone / "final.pt")) < 1e-4
 
 
-def test_checkpoints_go_on_when_the_writing_rank_is_lost(reference, tmp_path):
+def test_checkpoints_go_on_when_the_writing_rank_is_lost(continue_reference, tmp_path):
     # Background checkpoints every 3 steps. Slot 0 (rank 0, the writer) is SIGKILLed inside
     # the write of the first save at or after step 6; slot 1 is rank 0 of the survivors and
     # writes the next saves; slot 0's restart rejoins at the end of step 13 (rank 0 again) and
@@ -213,4 +206,4 @@ def test_checkpoints_go_on_when_the_writing_rank_is_lost(reference, tmp_path):
     report = read_audit(tmp_path / "audit")
     assert report.violations(NUM_SAMPLES, EPOCHS) == []
     assert report.attempts[-1].start_step == 16  # the regroup after the last save's loss
-    assert max_diff(params, reference) < 1e-4
+    assert max_diff(params, continue_reference) < 1e-4
