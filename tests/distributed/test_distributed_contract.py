@@ -63,6 +63,7 @@ def test_every_variable_a_member_reads_of_the_launcher_is_one_it_writes() -> Non
     assert set(contract.launcher_variables()) <= written
     assert set(contract.MEMBER_ENV_VARS.values()) - written == {
         contract.STALE_S,
+        contract.SETUP_TIMEOUT_S,
         contract.COLLECTIVE_TIMEOUT_MS,  # the user's own, left unset
     }
 

@@ -47,14 +47,15 @@ def test_member_config_reads_the_launchers_variables():
     cfg = MemberConfig.from_environment({
         **LAUNCHED, "RANKWISE_INCARNATION": "1", "RANKWISE_MIN_NPROC": "2",
         "RANKWISE_STALE_S": "0.5", "RANKWISE_JOIN_CHECK_EVERY": "0",
-        "DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "60000",
+        "DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "60000", "RANKWISE_SETUP_TIMEOUT_S": "12.5",
     })  # fmt: skip
     assert cfg == MemberConfig(
         slot=2, world_size=3, host="10.0.0.1", port=29500, incarnation=1, min_nproc=2,
-        collective_timeout_s=60.0, stale_s=0.5, join_check_every=0,
+        collective_timeout_s=60.0, stale_s=0.5, setup_timeout_s=12.5, join_check_every=0,
     )  # fmt: skip
     defaults = MemberConfig.from_environment(LAUNCHED)
-    assert defaults is not None and (defaults.stale_s, defaults.join_check_every) == (2.0, 1)
+    assert defaults is not None
+    assert (defaults.stale_s, defaults.setup_timeout_s, defaults.join_check_every) == (2.0, 30, 1)
 
 
 @pytest.mark.parametrize(
@@ -62,6 +63,8 @@ def test_member_config_reads_the_launchers_variables():
     [
         ({"RANKWISE_STALE_S": "0"}, "RANKWISE_STALE_S=0.0 is refused: the stale time must be > 0"),
         ({"RANKWISE_STALE_S": "soon"}, "RANKWISE_STALE_S='soon' is not a number"),
+        ({"RANKWISE_SETUP_TIMEOUT_S": "0"}, "RANKWISE_SETUP_TIMEOUT_S=0.0 is refused: a "
+         "generation's group needs more than 0 seconds"),
         ({"RANKWISE_JOIN_CHECK_EVERY": "-1"}, "RANKWISE_JOIN_CHECK_EVERY=-1 is refused"),
         ({"RANKWISE_JOIN_CHECK_EVERY": "often"}, "RANKWISE_JOIN_CHECK_EVERY='often' is not an"),
         ({"RANKWISE_SLOT": "3"}, "RANKWISE_SLOT=3 is refused: a slot is a rank of the launched "
@@ -84,15 +87,21 @@ def read(out: Path, slot: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def start(out: Path, world: int, port: int, extra: dict[str, str] | None = None) -> list:
+def start(
+    out: Path, world: int, port: int, extra: dict[str, str] | None = None,
+    rounds: int = 1, own: dict[int, dict[str, str]] | None = None,
+) -> list:  # fmt: skip
+    """``world`` member_worker processes; ``own``: a slot's own extra variables."""
     procs = []
     for slot in range(world):
         env = child_env({
             "RANKWISE_ON_FAILURE": "continue", "RANKWISE_SLOT": str(slot),
             "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            **(extra or {}),
+            **(extra or {}), **(own or {}).get(slot, {}),
         })  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), str(out)], env=env))
+        command = [sys.executable, str(WORKER), str(out), str(rounds)]
+        with open(out / f"slot{slot}.stderr", "w") as stderr:
+            procs.append(subprocess.Popen(command, env=env, stderr=stderr))
     return procs
 
 
@@ -152,6 +161,107 @@ def test_survivors_keep_their_pids_and_all_reduce_in_a_new_group(tmp_path, how):
             limit = 30 if how == "kill" else 40  # generous: 2 shared cores
             assert after["noticed"] - lost < limit
         assert members_of(store, 1) == "0,1"
+    finally:
+        reap(procs)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["KILL", "STOP"])
+@pytest.mark.parametrize("gen", [0, 1])
+def test_a_member_lost_in_a_groups_set_up_costs_the_set_up_timeout_not_the_collectives(
+    tmp_path, gen, how
+):
+    # The property: a member lost inside a generation's gloo set-up (after the member list
+    # and its ready mark, where nobody watches heartbeats or dead marks) holds the others for
+    # RANKWISE_SETUP_TIMEOUT_S (3 s here), never the collective timeout (60 s here; before,
+    # the group was built under it: the survivors sat in the rendezvous for all of it). In
+    # generation 0 (slot 2 lost there) the survivors form generation 1 without it; in a
+    # regroup (slot 2 killed, then slot 1 lost in generation 1's set-up) the survivor goes on
+    # alone in generation 2. A SIGSTOPped member is gone by its heartbeat, a killed one too.
+    port = free_port()
+    store = host_store(port)
+    lost = 2 if gen == 0 else 1
+    procs = start(
+        tmp_path, 3, port,
+        {"RANKWISE_SETUP_TIMEOUT_S": "3", "DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "60000"},
+        rounds=0 if gen == 0 else 1, own={lost: {"SETUP_FAULT": f"{gen}:{how}"}},
+    )  # fmt: skip
+    survivors = [0, 1] if gen == 0 else [0]
+    try:
+        if gen == 1:
+            wait_for(lambda: all(read(tmp_path, s) for s in range(3)), 120)
+            procs[2].kill()
+        for slot in survivors:
+            assert procs[slot].wait(timeout=120) == 0
+        fault = float((tmp_path / f"fault-{lost}").read_text())
+        for slot in survivors:
+            last = read(tmp_path, slot)[-1]
+            assert last["pid"] == procs[slot].pid  # the same process went on
+            assert (last["gen"], last["world"]) == (gen + 1, len(survivors))
+            assert last["sum"] == sum(s + 1 for s in survivors)
+            done = last.get("regrouped", os.stat(tmp_path / f"slot{slot}.json").st_mtime)
+            assert done - fault < 30, done - fault  # the set-up's 3 s, not the collective's 60
+        assert members_of(store, gen + 1) == ",".join(map(str, survivors))
+    finally:
+        reap(procs)
+
+
+@pytest.mark.timeout(180)
+def test_a_first_group_that_cannot_form_with_everyone_alive_names_the_network(tmp_path):
+    # Slot 1 is alive (its heartbeat beats) but reaches every set-up 2 s after the 3 s set-up
+    # timeout: slot 0 gives generation 0 up, regroups, finds slot 1 there again, and stops
+    # naming the network and the setting instead of regrouping on (nobody was lost).
+    port = free_port()
+    store = host_store(port)  # noqa: F841 (hosted while the test runs)
+    extra = {"RANKWISE_SETUP_TIMEOUT_S": "3", "DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "60000"}
+    procs = start(tmp_path, 2, port, extra, rounds=0, own={1: {"SETUP_FAULT": "0:SLOW"}})
+    try:
+        assert procs[0].wait(timeout=120) != 0
+        error = (tmp_path / "slot0.stderr").read_text()
+        assert "RegroupError: generation 1's group (slots [0, 1]) did not form within 3 s " in (
+            error
+        )
+        assert "although every member is alive: gloo cannot connect them" in error
+        assert "GLOO_SOCKET_IFNAME" in error and "RANKWISE_SETUP_TIMEOUT_S" in error
+        assert not read(tmp_path, 0)  # it never all-reduced
+    finally:
+        reap(procs)
+
+
+def test_a_group_gets_the_collective_timeout_once_it_stands(tmp_path):
+    # The other half: a generation built under the 3 s set-up timeout waits the whole
+    # collective timeout (8 s here) in a collective, as the user asked (slot 1 all-reduces
+    # nothing: it sleeps, then exits).
+    port = free_port()
+    store = host_store(port)  # noqa: F841 (hosted while the test runs)
+    script = tmp_path / "wait.py"
+    script.write_text(
+        "import os, sys, time, torch, torch.distributed as dist\n"
+        "from rankwise.distributed.config import MemberConfig\n"
+        "from rankwise.distributed.membership import Membership\n"
+        "m = Membership(MemberConfig.from_environment(), timeout_s=60)\n"
+        "m.start()\n"
+        "if dist.get_rank() == 1:\n"
+        "    time.sleep(20)\n"
+        "    os._exit(0)\n"
+        "started = time.monotonic()\n"
+        "try:\n"
+        "    dist.all_reduce(torch.ones(1))\n"
+        "except RuntimeError:\n"
+        "    print(time.monotonic() - started)\n"
+        "os._exit(0)\n"
+    )
+    env = {"RANKWISE_ON_FAILURE": "continue", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "RANKWISE_SETUP_TIMEOUT_S": "3",
+           "DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "8000"}  # fmt: skip
+    procs = [
+        subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                         env=child_env({**env, "RANKWISE_SLOT": str(slot)}))
+        for slot in range(2)
+    ]  # fmt: skip
+    try:
+        waited = float(procs[0].communicate(timeout=120)[0])
+        assert 7.5 < waited < 19, waited  # the collective's 8 s, not the set-up's 3
     finally:
         reap(procs)
 

@@ -16,6 +16,7 @@ BAD = {
     "RANKWISE_JOB_TOKEN": "ab" * 16,
     "RANKWISE_JOB_ID": "cd" * 16,
     "RANKWISE_STALE_S": "0",
+    "RANKWISE_SETUP_TIMEOUT_S": "-1",
     "RANKWISE_JOIN_CHECK_EVERY": "-1",
     "DISTRIBUTED_BACKEND": "mpi",
     "DISTRIBUTED_TIMEOUT_MS": "soon",

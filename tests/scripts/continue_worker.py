@@ -41,6 +41,9 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
 - ``--joiner-dies-waiting``: a slot's first restart SIGKILLs itself ``--joiner-dies-after``
   seconds (0.5) after it is on the store's waiting list (a joiner lost while it waits to be let
   in, or on its way in), writing ``OUT/joiner-died-<slot>`` (its time) first.
+- ``--joiner-dies-in-setup N``: a slot's N-th restart SIGKILLs itself as it enters the group
+  set-up of the generation it was let into (its ready mark written, the members in gloo's
+  rendezvous waiting for its address), writing ``OUT/joiner-died-<slot>`` (its time) first.
 - ``--await-joiner-death K``: in optimizer step K, a member of a smaller world than it started
   with waits (up to 120 s) until a restarted process is on the waiting list and the launcher
   has marked it dead (a joiner killed while it waits: the members reach their next boundary
@@ -107,6 +110,7 @@ p.add_argument("--exit-zero", default="", help="S:K")
 p.add_argument("--own-error-kind", choices=("dataloader", "timeout"), default="dataloader")
 p.add_argument("--joiner-dies-waiting", action="store_true")
 p.add_argument("--joiner-dies-after", type=float, default=0.5)
+p.add_argument("--joiner-dies-in-setup", type=int, default=-1, help="N: the N-th restart")
 p.add_argument("--await-joiner-death", type=int, default=-1)
 p.add_argument("--master-after-fit", type=float, default=0.0)
 p.add_argument("--resume", action="store_true")
@@ -275,6 +279,22 @@ def die_once_waiting() -> None:
         time.sleep(0.02)
 
 
+def die_in_setup() -> None:
+    """``--joiner-dies-in-setup``: SIGKILL this restart as it enters a real group's set-up
+    (Membership builds every generation's group on a PrefixStore of the job's store)."""
+    build = torch.distributed.init_process_group
+
+    def init_process_group(*a: object, **kw: object) -> None:
+        if isinstance(kw.get("store"), torch.distributed.PrefixStore):
+            (args.out / f"joiner-died-{slot}").write_text(f"{time.time()}\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+        build(*a, **kw)  # type: ignore[arg-type]
+
+    torch.distributed.init_process_group = init_process_group  # Membership calls it so
+
+
+if os.environ.get("RANKWISE_INCARNATION") == str(args.joiner_dies_in_setup):
+    die_in_setup()
 if first_start and slot == args.crash_before_init:
     crash = RuntimeError(f"slot {slot} failed in its set-up (a test's crash before init)")
     error_mark(crash)

@@ -19,6 +19,7 @@ here, once, for both sides to import (as torchft keeps its names at the top of o
     RANKWISE_JOIN_CHECK_EVERY  steps between looks for joiners (the user's, else 1; 0 without
                                restarts)
     RANKWISE_STALE_S           the user's: a heartbeat still this long means its rank is gone
+    RANKWISE_SETUP_TIMEOUT_S   the user's: how long a generation's group may take to form
     DISTRIBUTED_COLLECTIVE_TIMEOUT_MS  the user's: each collective's bound
     RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_PORT  torchrun's
                                names, with torchrun's meaning (MASTER_*: the job's store)
@@ -78,6 +79,7 @@ __all__ = [
     "MEMBER_TUNABLE",
     "MIN_NPROC",
     "ON_FAILURE",
+    "SETUP_TIMEOUT_S",
     "SLOT",
     "STALE_S",
     "Keys",
@@ -94,6 +96,7 @@ SLOT = "RANKWISE_SLOT"
 INCARNATION = "RANKWISE_INCARNATION"
 MIN_NPROC = "RANKWISE_MIN_NPROC"
 STALE_S = "RANKWISE_STALE_S"
+SETUP_TIMEOUT_S = "RANKWISE_SETUP_TIMEOUT_S"
 JOIN_CHECK_EVERY = "RANKWISE_JOIN_CHECK_EVERY"
 JOB_TOKEN = "RANKWISE_JOB_TOKEN"
 JOB_ID = "RANKWISE_JOB_ID"
@@ -119,6 +122,7 @@ MEMBER_ENV_VARS = {
     "min_nproc": MIN_NPROC,
     "collective_timeout_s": COLLECTIVE_TIMEOUT_MS,
     "stale_s": STALE_S,
+    "setup_timeout_s": SETUP_TIMEOUT_S,
     "join_check_every": JOIN_CHECK_EVERY,
     "job_token": JOB_TOKEN,
     "job_id": JOB_ID,
@@ -126,7 +130,7 @@ MEMBER_ENV_VARS = {
 }
 
 # The MemberConfig fields a user may set (the other variables are `rankwise launch`'s own).
-MEMBER_TUNABLE = ("collective_timeout_s", "stale_s", "join_check_every")
+MEMBER_TUNABLE = ("collective_timeout_s", "stale_s", "setup_timeout_s", "join_check_every")
 
 
 def launcher_variables() -> tuple[str, ...]:

@@ -75,6 +75,7 @@ from rankwise.distributed.retire import retire_groups
 from rankwise.distributed.signing import SignedStore, parse_count, parse_slots
 
 __all__ = [
+    "GroupSetupError",
     "JoinerLostError",
     "Membership",
     "RegroupError",
@@ -96,6 +97,20 @@ class RemovedError(RegroupError):
 class JoinerLostError(PeerLostError):
     """A joiner let into the new generation died or froze before it reached the group: the
     members recover as from any lost peer (:func:`rankwise.distributed.classify`)."""
+
+
+class GroupSetupError(PeerLostError):
+    """A generation's gloo group did not form within ``RANKWISE_SETUP_TIMEOUT_S``: a member
+    or joiner was lost inside its set-up, where nobody watches heartbeats. The members
+    regroup without it, as from any lost peer."""
+
+
+def set_group_timeout(timeout: timedelta) -> None:
+    """Give the default group's gloo backend ``timeout`` for every collective from now on
+    (torch's ``_set_pg_timeout``: the one way to change it once the group is built)."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    _set_pg_timeout(timeout)
 
 
 def check_min_nproc(members: list[int], min_nproc: int) -> None:
@@ -313,13 +328,42 @@ class Membership:
             members = self._read_members(0)
             if self.cfg.slot in members:
                 check_min_nproc(members, self.cfg.min_nproc)
-                self._enter(0, members)
+                self._form_first(members)
                 return
         self.pending, self.members = True, [self.cfg.slot]
         dist.init_process_group(
             "gloo", store=dist.HashStore(), rank=0, world_size=1,
             timeout=timedelta(seconds=self.cfg.collective_timeout_s),
         )  # fmt: skip
+
+    def _form_first(self, members: list[int]) -> None:
+        """Enter generation 0; where a member was lost in its set-up (nobody has trained
+        yet: nothing to recover), the others form the next generation without it, until a
+        group stands or one fails with every member still there (then gloo cannot connect
+        them: :class:`RegroupError`, naming the network)."""
+        try:
+            self._enter(0, members)
+            return
+        except GroupSetupError as exc:
+            failed = exc
+        while True:
+            print(f"rankwise: {failed}", file=sys.stderr, flush=True)
+            before = self.members
+            try:
+                self.regroup()
+                return
+            except GroupSetupError as exc:
+                if self.members != before:  # another member lost: without it, then
+                    failed = exc
+                    continue
+                raise RegroupError(
+                    f"generation {self.generation}'s group (slots {self.members}) did not form "
+                    f"within {min(self.cfg.collective_timeout_s, self.cfg.setup_timeout_s):g} s "
+                    "although every member is alive: gloo cannot connect them. Check the "
+                    "network between the ranks (GLOO_SOCKET_IFNAME names the interface), or "
+                    "raise RANKWISE_SETUP_TIMEOUT_S for a world of thousands of ranks. torch "
+                    f"said: {str(exc).partition('torch said: ')[2]}"
+                ) from exc
 
     def join(self) -> None:
         """A restarted slot: ask to come in and wait until the live members let it in."""
@@ -579,14 +623,29 @@ class Membership:
             self._ready = Keys.ready(gen, self.cfg.slot)  # and again by the heartbeat
             self._call(self.signed.set, self._ready, "1")
         self._await_joiners(gen)
-        prefix = dist.PrefixStore(Keys.group(gen), self.store)
-        dist.init_process_group(
-            "gloo",
-            store=prefix,
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=timedelta(seconds=self.cfg.collective_timeout_s),
-        )
+        # Gloo's rendezvous waits for every member under the group's own timeout, and inside
+        # it nobody watches heartbeats or dead marks: a member or joiner lost there (killed
+        # after its ready mark) would hold the others for the whole collective timeout. So
+        # the group forms under the set-up timeout and gets the collective one once it stands.
+        collective = self.cfg.collective_timeout_s
+        setup = min(collective, self.cfg.setup_timeout_s)
+        try:
+            dist.init_process_group(
+                "gloo",
+                store=dist.PrefixStore(Keys.group(gen), self.store),
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=timedelta(seconds=setup),
+            )
+        except Exception as exc:
+            self._call(self.store.check, [Keys.CURRENT])  # the store itself gone: say that
+            said = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+            raise GroupSetupError(
+                f"generation {gen}'s group (slots {members}) did not form within {setup:g} s "
+                "(RANKWISE_SETUP_TIMEOUT_S): a member was lost in its set-up, so the others "
+                f"regroup without it. torch said: {said}"
+            ) from exc
+        set_group_timeout(timedelta(seconds=collective))
         self._ready = ""
 
     def _await_joiners(self, gen: int) -> None:

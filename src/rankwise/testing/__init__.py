@@ -317,7 +317,8 @@ def run_isolated(
 
     On timeout the whole session is killed — the launcher *and* the ranks it started; killing
     only the launcher (what ``subprocess.run`` does) leaves hung ranks behind — and
-    ``subprocess.TimeoutExpired`` is raised.
+    ``subprocess.TimeoutExpired`` is raised, carrying what the command printed (its last
+    lines also go to this process's stderr, so a test runner shows where it hung).
     """
     with subprocess.Popen(
         list(cmd),
@@ -333,8 +334,10 @@ def run_isolated(
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise
+            out, err = proc.communicate()
+            for name, text in (("stdout", out), ("stderr", err)):
+                print(f"--- its {name}, to the end ---\n{text[-6000:]}", file=sys.stderr)
+            raise subprocess.TimeoutExpired(list(cmd), timeout, out, err) from None
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
 
 

@@ -1,7 +1,8 @@
 """What ``rankwise launch --on-failure continue`` tells each process: :class:`MemberConfig`.
 
 The variables that launcher sets for each process (``RANKWISE_SLOT``, ``RANKWISE_INCARNATION``,
-...) and the ones a user may tune (``RANKWISE_STALE_S``, ``RANKWISE_JOIN_CHECK_EVERY``), read
+...) and the ones a user may tune (``RANKWISE_STALE_S``, ``RANKWISE_SETUP_TIMEOUT_S``,
+``RANKWISE_JOIN_CHECK_EVERY``), read
 and checked here and nowhere else; their names are the contract's
 (:mod:`rankwise.distributed.contract`), which the launcher writes through
 :func:`~rankwise.distributed.contract.member_environment`. :mod:`rankwise.distributed.membership`
@@ -78,6 +79,11 @@ class MemberConfig:
     min_nproc: int = 1
     collective_timeout_s: float = 1800.0
     stale_s: float = 2.0  # a heartbeat still for this long means the process is gone
+    # How long a generation's gloo group may take to form (every member's address, then a
+    # connection to each; capped by the collective timeout): a member lost in there is given
+    # up on after this long, not after the collective timeout. A live world of hundreds of
+    # ranks forms in seconds; raise it for thousands.
+    setup_timeout_s: float = 30.0
     # Every this many optimizer steps the members look for restarted ranks waiting to join
     # (0: never; the launcher sets 0 under --max-restarts 0, where nobody can come back).
     join_check_every: int = 1
@@ -134,6 +140,9 @@ class MemberConfig:
             ("stale_s", self.stale_s > 0,
              "the stale time must be > 0 seconds (a heartbeat that stands still this long "
              "means its rank is gone)", "e.g. RANKWISE_STALE_S=2 (the default), or unset it"),
+            ("setup_timeout_s", self.setup_timeout_s > 0,
+             "a generation's group needs more than 0 seconds to form",
+             "e.g. RANKWISE_SETUP_TIMEOUT_S=30 (the default), or unset it"),
             ("join_check_every", self.join_check_every >= 0,
              "the optimizer steps between looks for restarted ranks must be 0 (never) or more",
              "e.g. RANKWISE_JOIN_CHECK_EVERY=1 (every step, the default), or unset it"),
@@ -187,7 +196,7 @@ def member_kwargs(env: Mapping[str, str], fields: tuple[str, ...]) -> dict[str, 
             continue
         if field in _MEMBER_INTS:
             kwargs[field] = parse_int(var, raw)
-        elif field == "stale_s":
+        elif field in ("stale_s", "setup_timeout_s"):
             kwargs[field] = parse_float(var, raw)
         elif field == "collective_timeout_s":
             kwargs[field] = parse_int(var, raw) / 1000  # the variable is in milliseconds
