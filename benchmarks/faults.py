@@ -102,6 +102,12 @@ The classes of issue 30 (trust, second round):
    keys across the protocol every 20 ms, and asks to join with made-up proofs, during a job
    with a kill and a rejoin: never admitted, no value crashes a rank; the job finishes
    exactly once or stops naming a rankwise error.
+14. killed-in-setup: a slot is SIGKILLed in a step; its restart is let in and SIGKILLed as it
+   enters the new generation's group set-up (its ready mark written: the members wait in
+   gloo's rendezvous, where nobody watches heartbeats), ``RANKWISE_SETUP_TIMEOUT_S`` 5 and a
+   collective timeout of 60 s (not 3): the members give the group up after the set-up
+   timeout (before, the group's set-up waited out the collective timeout itself), recover
+   without it, and the slot's next restart joins: the job finishes on 3 ranks.
 
 Per class it reports the outcome (``finished``, or the error a job stopped with, read from
 its output), the time to that end against the class's bound, exactly-once violations

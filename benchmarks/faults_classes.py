@@ -53,6 +53,9 @@ CHECKPOINTS = ("--checkpoint-every", EVERY)  # background saves, written by whoe
 LAUNCH_TIMEOUT_S = 300.0  # a launch still running then is reported as a hang (and killed)
 TIMEOUT_S = TIMEOUT_MS / 1000  # the collective timeout the jobs run with
 STALE_S = next(f.default for f in dataclasses.fields(MemberConfig) if f.name == "stale_s")
+SETUP_S = 5.0  # RANKWISE_SETUP_TIMEOUT_S in the killed-in-setup class (30 s by default)
+# ... whose collective timeout is 60 s, not 3: a wait for it would pass the class's bound
+SETUP_ENV = {"RANKWISE_SETUP_TIMEOUT_S": str(SETUP_S), "DISTRIBUTED_COLLECTIVE_TIMEOUT_MS": "60000"}
 # Generation 0's leader waits this long for a slot that neither arrives nor is marked dead.
 RENDEZVOUS_S = next(
     f.default for f in dataclasses.fields(DistributedConfig) if f.name == "timeout_ms"
@@ -259,6 +262,16 @@ def final_world(out: Path) -> int:
     return int(path.read_text()) if path.exists() else 0
 
 
+def next_restart_joined(t: Trial, out: Path, job: Job, slot: int, code: int | None) -> Trial:
+    """The end of a class whose slot's second restart joins after its first was lost: it
+    rejoined, the slot had 3 processes, the job finished on 3 ranks with its checkpoint."""
+    check(t, "the next restart rejoined", rejoined(slot) in job.stdout)
+    check(t, "3 processes in the slot", len(pids(out, slot)) == 3)
+    check(t, "finished on 3 ranks", code == 0 and final_world(out) == 3)
+    check_final_checkpoint(t, out)
+    return finish(t, out, code, job.stderr, code == 0)
+
+
 # -- the classes -----------------------------------------------------------------------------------
 
 
@@ -344,11 +357,32 @@ def joiner_killed_waiting(out: Path, rng: random.Random, trial: int) -> Trial:
         admitted = [h for h in heads if (h.get("slot"), h.get("incarnation")) == (slot, 1)]
         check(t, "the dead joiner never let in (no audit file of restart 1)", not admitted)
         check(t, "no joiner lost on its way in", "the joiner was lost" not in job.stdout)
-        check(t, "the next restart rejoined", rejoined(slot) in job.stdout)
-        check(t, "3 processes in the slot", len(pids(out, slot)) == 3)
-        check(t, "finished on 3 ranks", code == 0 and final_world(out) == 3)
-        check_final_checkpoint(t, out)
-        return finish(t, out, code, job.stderr, code == 0)
+        return next_restart_joined(t, out, job, slot, code)
+    finally:
+        job.end()
+
+
+def killed_in_setup(out: Path, rng: random.Random, trial: int) -> Trial:
+    slot, killed = rng.randrange(3), rng.randint(2, 5)
+    joins, rejoins = killed + 1, rng.randint(killed + 3, STEPS - 2)
+    t = Trial(
+        f"slot {slot} SIGKILLed in step {killed}; its restart is let in after step {joins} and "
+        f"SIGKILLed as it enters the group's set-up; the next restart joins in step {rejoins}"
+    )
+    job = launch(
+        out, "--kill-slot", slot, "--kill-step", killed, "--joiner-dies-in-setup", 1,
+        "--await-joiner-step", f"{joins},{rejoins}", *CHECKPOINTS,
+        launch_args=["--max-restarts", "2"], env=SETUP_ENV,
+    )  # fmt: skip
+    try:
+        code = job.wait()
+        died = mark_time(out / f"joiner-died-{slot}")
+        others = [s for s in range(3) if s != slot]
+        t.seconds, t.bound = next_step_after(out, died, others), SETUP_S + STALE_S + EXIT_S
+        check(t, "the joiner died in the set-up", not math.isnan(died))
+        lost = job.stdout.count(f"a peer was lost: slot {slot}")
+        check(t, f"the slot named lost twice (the kill, the set-up; {lost})", lost == 2)
+        return next_restart_joined(t, out, job, slot, code)
     finally:
         job.end()
 
@@ -815,6 +849,9 @@ CLASSES = [
                "the longest gap between two steps <= 2 s (never the store's silence)"),
     FaultClass("store-chaos", store_chaos, "finished or a named error",
                "launch -> the job's end <= the chaos test's bound"),
+    FaultClass("killed-in-setup", killed_in_setup, "finished",
+               "joiner's death -> the members' next step <= the set-up timeout + "
+               "RANKWISE_STALE_S + a process's exit"),
 ]  # fmt: skip
 NAMES = [c.name for c in CLASSES]
 
