@@ -11,8 +11,9 @@ lost in its set-up: GroupSetupError) is followed by another, as the trainer's re
 ``SETUP_FAULT=GEN:SIGNAL`` (KILL or STOP): this process signals itself as it enters generation
 GEN's group set-up (its arrival, the member list and any ready mark written, the others in
 gloo's rendezvous waiting for its address), writing OUT/fault-<s> (its time) first.
-``SETUP_FAULT=GEN:SLOW``: alive but slow, it sleeps 2 s past RANKWISE_SETUP_TIMEOUT_S before
-each group set-up from generation GEN on (a group that cannot form with every member there).
+``SETUP_FAULT=GEN:SLOW``: alive but slow, it sleeps 1 s past four times RANKWISE_SETUP_TIMEOUT_S
+(past the doubled retry too) before each group set-up from generation GEN on (a group that
+cannot form with every member there).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ if fault := os.environ.get("SETUP_FAULT"):
     def init_process_group(*args: object, **kwargs: object) -> None:
         real = isinstance(kwargs.get("store"), dist.PrefixStore)  # not a world of one
         if real and fault_signal == "SLOW" and m.generation >= int(fault_gen):
-            time.sleep(cfg.setup_timeout_s + 2)
+            time.sleep(4 * cfg.setup_timeout_s + 1)
         elif real and m.generation == int(fault_gen):
             (out / f"fault-{cfg.slot}").write_text(f"{time.time()}\n")
             os.kill(os.getpid(), getattr(signal, f"SIG{fault_signal}"))

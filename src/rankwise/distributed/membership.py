@@ -107,10 +107,20 @@ class GroupSetupError(PeerLostError):
 
 def set_group_timeout(timeout: timedelta) -> None:
     """Give the default group's gloo backend ``timeout`` for every collective from now on
-    (torch's ``_set_pg_timeout``: the one way to change it once the group is built)."""
-    from torch.distributed.distributed_c10d import _set_pg_timeout
+    (what torch's ``_set_pg_timeout`` does, also where ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
+    wraps the backend, which that function skips), and check that it took."""
+    import torch
 
-    _set_pg_timeout(timeout)
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    gloo = getattr(backend, "wrapped_pg", backend)  # DETAIL's _ProcessGroupWrapper
+    gloo._set_default_timeout(timeout)
+    if gloo.options._timeout != timeout:
+        raise RuntimeError(
+            f"could not give the gloo group its collective timeout ({timeout}): its backend "
+            f"({type(backend).__name__}) kept {gloo.options._timeout}; this torch "
+            f"({torch.__version__}) changed how a group's timeout is set. Unset "
+            "TORCH_DISTRIBUTED_DEBUG, or use the torch version the constraints pin."
+        )
 
 
 def check_min_nproc(members: list[int], min_nproc: int) -> None:
@@ -194,6 +204,9 @@ class Membership:
         self._beats = SignedStore(self._connect(), cfg.job_token, cfg.job_id)  # its own line
         self._answered = ""  # the last challenge this joiner answered
         self._ready = ""  # the ready mark of the group this joiner is entering now
+        # The members of the set-ups that failed in a row (GroupSetupError), newest last
+        self._failed_setups: list[list[int]] = []
+        self._last_setup = ""  # what torch said of the newest of them
         self._published: tuple[int, str] | None = None  # the newest member list it wrote
         self._finished = False  # this rank's training finished (record_finished)
         self._refused: set[tuple[int, int]] = set()  # (slot, incarnation) refused and said
@@ -339,31 +352,20 @@ class Membership:
     def _form_first(self, members: list[int]) -> None:
         """Enter generation 0; where a member was lost in its set-up (nobody has trained
         yet: nothing to recover), the others form the next generation without it, until a
-        group stands or one fails with every member still there (then gloo cannot connect
-        them: :class:`RegroupError`, naming the network)."""
+        group stands (or :meth:`_enter` finds the same members failing again: then gloo
+        cannot connect them, a :class:`RegroupError`)."""
         try:
             self._enter(0, members)
             return
         except GroupSetupError as exc:
             failed = exc
-        while True:
+        while True:  # each failure either shrinks the members or ends in RegroupError
             print(f"rankwise: {failed}", file=sys.stderr, flush=True)
-            before = self.members
             try:
                 self.regroup()
                 return
             except GroupSetupError as exc:
-                if self.members != before:  # another member lost: without it, then
-                    failed = exc
-                    continue
-                raise RegroupError(
-                    f"generation {self.generation}'s group (slots {self.members}) did not form "
-                    f"within {min(self.cfg.collective_timeout_s, self.cfg.setup_timeout_s):g} s "
-                    "although every member is alive: gloo cannot connect them. Check the "
-                    "network between the ranks (GLOO_SOCKET_IFNAME names the interface), or "
-                    "raise RANKWISE_SETUP_TIMEOUT_S for a world of thousands of ranks. torch "
-                    f"said: {str(exc).partition('torch said: ')[2]}"
-                ) from exc
+                failed = exc
 
     def join(self) -> None:
         """A restarted slot: ask to come in and wait until the live members let it in."""
@@ -628,7 +630,21 @@ class Membership:
         # after its ready mark) would hold the others for the whole collective timeout. So
         # the group forms under the set-up timeout and gets the collective one once it stands.
         collective = self.cfg.collective_timeout_s
-        setup = min(collective, self.cfg.setup_timeout_s)
+        # The same members failing again were all there: once more under twice the time (a
+        # loaded machine), then the network is named rather than regrouping on.
+        again = sum(1 for failed in self._failed_setups if failed == members)
+        setup = min(collective, self.cfg.setup_timeout_s * 2**again)
+        if dist.get_debug_level() == dist.DebugLevel.DETAIL:  # its wrapper's own checks keep
+            setup = collective  # the timeout the group is built with: no set-up bound then
+        if again >= 2:
+            tried = min(collective, self.cfg.setup_timeout_s * 2)
+            raise RegroupError(
+                f"generation {gen}'s group (slots {members}) did not form twice, within "
+                f"{tried:g} s the second time, although every member came back for "
+                "it: gloo cannot connect them. Check the network between the ranks "
+                "(GLOO_SOCKET_IFNAME names the interface), or raise RANKWISE_SETUP_TIMEOUT_S "
+                f"for a world of thousands of ranks. The last attempt: {self._last_setup}"
+            )
         try:
             dist.init_process_group(
                 "gloo",
@@ -637,16 +653,18 @@ class Membership:
                 world_size=self.world_size,
                 timeout=timedelta(seconds=setup),
             )
-        except Exception as exc:
+        except RuntimeError as exc:  # torch's DistError, gloo's own (a lost peer's) errors
             self._call(self.store.check, [Keys.CURRENT])  # the store itself gone: say that
             said = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+            self._failed_setups.append(list(members))
+            self._last_setup = said
             raise GroupSetupError(
                 f"generation {gen}'s group (slots {members}) did not form within {setup:g} s "
                 "(RANKWISE_SETUP_TIMEOUT_S): a member was lost in its set-up, so the others "
-                f"regroup without it. torch said: {said}"
+                f"regroup without it (a joiner exits, and is restarted). torch said: {said}"
             ) from exc
         set_group_timeout(timedelta(seconds=collective))
-        self._ready = ""
+        self._ready, self._failed_setups = "", []
 
     def _await_joiners(self, gen: int) -> None:
         """Before building generation ``gen``'s group, which waits for every member up to the
