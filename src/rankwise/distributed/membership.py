@@ -111,7 +111,7 @@ def set_group_timeout(timeout: timedelta) -> None:
     wraps the backend, which that function skips), and check that it took."""
     import torch
 
-    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
     gloo = getattr(backend, "wrapped_pg", backend)  # DETAIL's _ProcessGroupWrapper
     gloo._set_default_timeout(timeout)
     if gloo.options._timeout != timeout:
