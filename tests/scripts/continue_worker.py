@@ -78,6 +78,7 @@ import time
 from pathlib import Path
 
 import torch
+from setup_fault import on_group_setup
 from tiny_run import data, mlp_trainer
 
 import rankwise.distributed as rd
@@ -280,21 +281,13 @@ def die_once_waiting() -> None:
 
 
 def die_in_setup() -> None:
-    """``--joiner-dies-in-setup``: SIGKILL this restart as it enters a real group's set-up
-    (Membership builds every generation's group on a PrefixStore of the job's store)."""
-    build = torch.distributed.init_process_group
-
-    def init_process_group(*a: object, **kw: object) -> None:
-        if isinstance(kw.get("store"), torch.distributed.PrefixStore):
-            (args.out / f"joiner-died-{slot}").write_text(f"{time.time()}\n")
-            os.kill(os.getpid(), signal.SIGKILL)
-        build(*a, **kw)  # type: ignore[arg-type]
-
-    torch.distributed.init_process_group = init_process_group  # Membership calls it so
+    """``--joiner-dies-in-setup``: SIGKILL this restart as it enters a real group's set-up."""
+    (args.out / f"joiner-died-{slot}").write_text(f"{time.time()}\n")
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 if os.environ.get("RANKWISE_INCARNATION") == str(args.joiner_dies_in_setup):
-    die_in_setup()
+    on_group_setup(die_in_setup)
 if first_start and slot == args.crash_before_init:
     crash = RuntimeError(f"slot {slot} failed in its set-up (a test's crash before init)")
     error_mark(crash)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from setup_fault import on_group_setup
 
 from rankwise.distributed.config import MemberConfig
 from rankwise.distributed.membership import GroupSetupError, Membership, RegroupError
@@ -39,18 +40,15 @@ m = Membership(cfg, timeout_s=60)
 
 if fault := os.environ.get("SETUP_FAULT"):
     fault_gen, fault_signal = fault.split(":")
-    build = dist.init_process_group
 
-    def init_process_group(*args: object, **kwargs: object) -> None:
-        real = isinstance(kwargs.get("store"), dist.PrefixStore)  # not a world of one
-        if real and fault_signal == "SLOW" and m.generation >= int(fault_gen):
+    def setup_fault() -> None:
+        if fault_signal == "SLOW" and m.generation >= int(fault_gen):
             time.sleep(4 * cfg.setup_timeout_s + 1)
-        elif real and m.generation == int(fault_gen):
+        elif m.generation == int(fault_gen):
             (out / f"fault-{cfg.slot}").write_text(f"{time.time()}\n")
             os.kill(os.getpid(), getattr(signal, f"SIG{fault_signal}"))
-        build(*args, **kwargs)  # type: ignore[arg-type]
 
-    dist.init_process_group = init_process_group  # Membership calls it through the module
+    on_group_setup(setup_fault)
 
 m.start()
 

@@ -31,6 +31,16 @@ class PeerLostError(RuntimeError):
     peer, so continue mode recovers from it as from a closed connection."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of what ``exc`` says (its type's name where it says nothing), for a
+    message that quotes torch.
+
+    >>> first_line(RuntimeError("wait timeout after 3000ms\\n  more")), first_line(KeyError())
+    ('wait timeout after 3000ms', 'KeyError')
+    """
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
 class RankwiseWarning(UserWarning):
     """The base of every warning rankwise gives (a ``UserWarning``, so ``pytest.warns`` and
     ``warnings`` filters on ``UserWarning`` still catch it). Printed as ``file:line:

@@ -1,8 +1,10 @@
 """Who is still there: regrouping the survivors of a lost rank without restarting them.
 
 One concept, the membership protocol on the job's store: generations, arrivals, and the
-admission of joiners (challenge and proof), which decide together who is in; past 600 lines
-since every value is signed and re-asserted against a store client (issue 30).
+admission of joiners (challenge and proof), which decide together who is in, and the bounded
+entry into each generation's group; past 600 lines since every value is signed and
+re-asserted against a store client (issue 30) and every wait, gloo's set-up included, is
+bounded by what it watches.
 
 Under ``rankwise launch --on-failure continue`` the launcher hosts one ``TCPStore`` for the
 whole job (so any rank may die and the store lives on) and gives every process a *slot* (its
@@ -69,7 +71,7 @@ import torch.distributed as dist
 
 from rankwise.distributed.config import MemberConfig
 from rankwise.distributed.contract import Keys
-from rankwise.distributed.errors import DistributedConnectionError, PeerLostError
+from rankwise.distributed.errors import DistributedConnectionError, PeerLostError, first_line
 from rankwise.distributed.finish import mark_finished
 from rankwise.distributed.retire import retire_groups
 from rankwise.distributed.signing import SignedStore, parse_count, parse_slots
@@ -204,9 +206,8 @@ class Membership:
         self._beats = SignedStore(self._connect(), cfg.job_token, cfg.job_id)  # its own line
         self._answered = ""  # the last challenge this joiner answered
         self._ready = ""  # the ready mark of the group this joiner is entering now
-        # The members of the set-ups that failed in a row (GroupSetupError), newest last
-        self._failed_setups: list[list[int]] = []
-        self._last_setup = ""  # what torch said of the newest of them
+        # The set-ups that failed in a row (GroupSetupError): their members, what torch said
+        self._failed_setups: list[tuple[list[int], str]] = []
         self._published: tuple[int, str] | None = None  # the newest member list it wrote
         self._finished = False  # this rank's training finished (record_finished)
         self._refused: set[tuple[int, int]] = set()  # (slot, incarnation) refused and said
@@ -632,7 +633,7 @@ class Membership:
         collective = self.cfg.collective_timeout_s
         # The same members failing again were all there: once more under twice the time (a
         # loaded machine), then the network is named rather than regrouping on.
-        again = sum(1 for failed in self._failed_setups if failed == members)
+        again = sum(1 for failed, _ in self._failed_setups if failed == members)
         setup = min(collective, self.cfg.setup_timeout_s * 2**again)
         if dist.get_debug_level() == dist.DebugLevel.DETAIL:  # its wrapper's own checks keep
             setup = collective  # the timeout the group is built with: no set-up bound then
@@ -643,7 +644,7 @@ class Membership:
                 f"{tried:g} s the second time, although every member came back for "
                 "it: gloo cannot connect them. Check the network between the ranks "
                 "(GLOO_SOCKET_IFNAME names the interface), or raise RANKWISE_SETUP_TIMEOUT_S "
-                f"for a world of thousands of ranks. The last attempt: {self._last_setup}"
+                f"for a world of thousands of ranks. The last attempt: {self._failed_setups[-1][1]}"
             )
         try:
             dist.init_process_group(
@@ -655,9 +656,8 @@ class Membership:
             )
         except RuntimeError as exc:  # torch's DistError, gloo's own (a lost peer's) errors
             self._call(self.store.check, [Keys.CURRENT])  # the store itself gone: say that
-            said = (str(exc).strip() or type(exc).__name__).splitlines()[0]
-            self._failed_setups.append(list(members))
-            self._last_setup = said
+            said = first_line(exc)
+            self._failed_setups.append((list(members), said))
             raise GroupSetupError(
                 f"generation {gen}'s group (slots {members}) did not form within {setup:g} s "
                 "(RANKWISE_SETUP_TIMEOUT_S): a member was lost in its set-up, so the others "

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 
 import torch.distributed as dist
 
-from rankwise.distributed.errors import DistributedTimeoutError
+from rankwise.distributed.errors import DistributedTimeoutError, first_line
 from rankwise.distributed.failures import classify
 from rankwise.distributed.group import collective_timeout_ms, get_rank, get_world_size, has_group
 
@@ -198,16 +198,12 @@ def _with_advice(head: str, exc: BaseException) -> str:
         "debugger, starved of CPU) stalls every collective: look at that rank's log or "
         "stack (py-spy dump --pid PID); if it is only slow (e.g. a long checkpoint save), "
         "raise the collective timeout (DISTRIBUTED_COLLECTIVE_TIMEOUT_MS or "
-        f"DistributedConfig.collective_timeout_ms). torch said: {_first_line(exc)}"
+        f"DistributedConfig.collective_timeout_ms). torch said: {first_line(exc)}"
     )
 
 
 def _ranks(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def _group_store() -> dist.Store | None:
