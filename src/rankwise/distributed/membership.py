@@ -206,8 +206,9 @@ class Membership:
         self._beats = SignedStore(self._connect(), cfg.job_token, cfg.job_id)  # its own line
         self._answered = ""  # the last challenge this joiner answered
         self._ready = ""  # the ready mark of the group this joiner is entering now
-        # The set-ups that failed in a row (GroupSetupError): their members, what torch said
-        self._failed_setups: list[tuple[list[int], str]] = []
+        # The set-ups that failed in a row (GroupSetupError): their members, the time they
+        # were given, what torch said
+        self._failed_setups: list[tuple[list[int], float, str]] = []
         self._published: tuple[int, str] | None = None  # the newest member list it wrote
         self._finished = False  # this rank's training finished (record_finished)
         self._refused: set[tuple[int, int]] = set()  # (slot, incarnation) refused and said
@@ -633,18 +634,19 @@ class Membership:
         collective = self.cfg.collective_timeout_s
         # The same members failing again were all there: once more under twice the time (a
         # loaded machine), then the network is named rather than regrouping on.
-        again = sum(1 for failed, _ in self._failed_setups if failed == members)
+        same = [(given, said) for failed, given, said in self._failed_setups if failed == members]
+        again = len(same)
         setup = min(collective, self.cfg.setup_timeout_s * 2**again)
         if dist.get_debug_level() == dist.DebugLevel.DETAIL:  # its wrapper's own checks keep
             setup = collective  # the timeout the group is built with: no set-up bound then
         if again >= 2:
-            tried = min(collective, self.cfg.setup_timeout_s * 2)
+            tried, said = same[-1]
             raise RegroupError(
                 f"generation {gen}'s group (slots {members}) did not form twice, within "
                 f"{tried:g} s the second time, although every member came back for "
                 "it: gloo cannot connect them. Check the network between the ranks "
                 "(GLOO_SOCKET_IFNAME names the interface), or raise RANKWISE_SETUP_TIMEOUT_S "
-                f"for a world of thousands of ranks. The last attempt: {self._failed_setups[-1][1]}"
+                f"for a world of thousands of ranks. The last attempt: {said}"
             )
         try:
             dist.init_process_group(
@@ -657,7 +659,7 @@ class Membership:
         except RuntimeError as exc:  # torch's DistError, gloo's own (a lost peer's) errors
             self._call(self.store.check, [Keys.CURRENT])  # the store itself gone: say that
             said = first_line(exc)
-            self._failed_setups.append((list(members), said))
+            self._failed_setups.append((list(members), setup, said))
             raise GroupSetupError(
                 f"generation {gen}'s group (slots {members}) did not form within {setup:g} s "
                 "(RANKWISE_SETUP_TIMEOUT_S): a member was lost in its set-up, so the others "
