@@ -36,6 +36,9 @@ T = TypeVar("T")
 
 _DOMAIN = b"rankwise-store-v1"
 _MAC_HEX = 64  # hex digits of an HMAC-SHA256
+# compare_set(key, _ABSENT, _ABSENT) answers the value without waiting: a missing key gives
+# _ABSENT back and stays missing; any other value is given back unchanged.
+_ABSENT = "\x00rankwise: no value\x00"
 _MAX_INT_DIGITS = 18  # any count the protocol keeps fits; more is garbage, not a number
 
 
@@ -127,15 +130,13 @@ class SignedStore:
     # -- reading ----------------------------------------------------------------------------
 
     def raw(self, key: str) -> bytes | None:
-        """The bytes stored under ``key`` as they are (None: not set)."""
-        if not self.store.check([key]):
-            return None
-        try:
-            return self.store.get(key)
-        except Exception:
-            if self.store.check([key]):
-                raise  # the store is gone, not the key
-            return None  # deleted between the check and the get
+        """The bytes stored under ``key`` as they are (None: not set).
+
+        One ``compare_set`` that changes nothing, never ``check`` then ``get``: a ``get``
+        waits for a missing key up to the store's timeout, so a key deleted between the two
+        (by the protocol, or by anyone who reaches the port) held this process that long."""
+        value = bytes(self.store.compare_set(key, _ABSENT, _ABSENT))
+        return None if value == _ABSENT.encode() else value
 
     def get(self, key: str) -> str | None:
         """The signed value of ``key``, or None (not set, or ignored: see :meth:`open`)."""

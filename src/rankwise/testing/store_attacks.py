@@ -35,15 +35,18 @@ from rankwise.distributed.contract import Keys, every_key
 __all__ = ["StoreChaos", "StoreRecorder", "connect", "protocol_keys", "replay"]
 
 
-def connect(host: str, port: int, timeout_s: float = 60.0) -> dist.TCPStore:
+def connect(
+    host: str, port: int, timeout_s: float = 60.0, op_timeout_s: float = 10.0
+) -> dist.TCPStore:
     """A plain client of the store at ``host:port`` (retried until it listens, up to
-    ``timeout_s``)."""
+    ``timeout_s``); each of its calls waits up to ``op_timeout_s`` (a ``get`` of a missing
+    key waits that long: a key deleted between a ``check`` and a ``get`` costs it)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             return dist.TCPStore(
                 host, port, is_master=False, wait_for_workers=False,
-                timeout=timedelta(seconds=10),
+                timeout=timedelta(seconds=op_timeout_s),
             )  # fmt: skip
         except Exception:
             if time.monotonic() > deadline:
@@ -58,6 +61,8 @@ def protocol_keys(
     :func:`~rankwise.distributed.contract.every_key`), for a job of ``world`` slots."""
     return every_key(world, generations, incarnations, nnodes)
 
+
+_RACE_S = 1.0  # a call's wait where another client may delete the key between check and get
 
 _GARBAGE = [
     b"", b"x", b"-1", b"99", b"0,1,2,99", b"0;", b"1|" + b"0" * 64, b"\xff\xfe", b"9" * 40,
@@ -94,7 +99,7 @@ class StoreChaos:
 
     def _run(self) -> None:
         try:
-            store = connect(self.host, self.port)
+            store = connect(self.host, self.port, op_timeout_s=_RACE_S)
         except Exception:
             return  # the job ended before the chaos began
         while not self._stop.wait(self.interval_s):
@@ -104,7 +109,7 @@ class StoreChaos:
                 if self._stop.is_set():
                     return
                 try:
-                    store = connect(self.host, self.port, timeout_s=1.0)
+                    store = connect(self.host, self.port, 1.0, _RACE_S)
                 except Exception:
                     return
 
@@ -144,6 +149,7 @@ class StoreRecorder:
     def __init__(self, host: str, port: int, keys: list[str], interval_s: float = 0.002):
         self.host, self.port, self.keys, self.interval_s = host, port, list(keys), interval_s
         self.values: dict[str, list[bytes]] = {}
+        self._client: dist.TCPStore | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="store-recorder", daemon=True)
 
@@ -156,8 +162,12 @@ class StoreRecorder:
         self._thread.join(30)
         return self.values
 
-    def snapshot(self, store: dist.TCPStore) -> None:
-        """Record the values ``keys`` hold now."""
+    def snapshot(self) -> None:
+        """Record the values ``keys`` hold now (through a client of its own: a key deleted
+        between its check and its get holds it up to 1 s, never a caller's store timeout)."""
+        if self._client is None:
+            self._client = connect(self.host, self.port, op_timeout_s=_RACE_S)
+        store = self._client
         for key in self.keys:
             try:
                 if store.check([key]):
@@ -168,14 +178,10 @@ class StoreRecorder:
                 continue
 
     def _run(self) -> None:
-        try:
-            store = connect(self.host, self.port)
-        except Exception:
-            return
         while not self._stop.wait(self.interval_s):
             try:
-                self.snapshot(store)
-            except Exception:
+                self.snapshot()
+            except Exception:  # the store is gone
                 return
 
 
