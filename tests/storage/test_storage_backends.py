@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch.utils.data
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rankwise.storage import RetryPolicy, Storage, StorageError
 
@@ -137,6 +139,46 @@ def test_ranged_reads_merge_adjacent_ranges_on_every_backend(store_root: str):
     assert store.requests == 4
     with pytest.raises(FileNotFoundError, match=r"/ranges/nothing\.bin does not exist"):
         store.read_ranges("nothing.bin", [(0, 4)])
+
+
+BLOB = bytes(range(256)) * 64  # 16 KiB
+# ranges anywhere in it, in any order: empty, touching and overlapping ones too
+SOME_RANGES = st.lists(
+    st.integers(0, len(BLOB)).flatmap(
+        lambda a: st.integers(a, min(len(BLOB), a + 3000)).map(lambda b: (a, b))
+    ),
+    max_size=10,
+)
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(wanted=SOME_RANGES)
+def test_ranges_read_into_one_buffer_are_the_ranges_read_apart(store_root: str, wanted):
+    # read_ranges_into (a FetchDataset's one buffer per fetch; a local file's read straight
+    # into it) gives exactly the bytes read_ranges gives, end to end, on every backend.
+    store = Storage.for_url(f"{store_root}/into")
+    if not store.exists("x.bin"):
+        store.put(BLOB, "x.bin")
+    out = bytearray(sum(b - a for a, b in wanted))
+    before = store.bytes_read
+    store.read_ranges_into("x.bin", wanted, out)
+    assert bytes(out) == b"".join(BLOB[a:b] for a, b in wanted)
+    assert store.bytes_read - before <= len(out)  # overlaps read once where merged
+
+
+def test_a_read_into_a_buffer_refuses_a_wrong_size_a_missing_key_and_a_short_object(
+    store_root: str,
+):
+    store = Storage.for_url(f"{store_root}/into-errors")
+    store.put(b"0123456789", "x.bin")
+    with pytest.raises(ValueError, match="into holds 3 bytes; the ranges hold 4"):
+        store.read_ranges_into("x.bin", [(0, 4)], bytearray(3))
+    with pytest.raises(FileNotFoundError, match=r"/into-errors/nothing\.bin does not exist"):
+        store.read_ranges_into("nothing.bin", [(0, 4)], bytearray(4))
+    with pytest.raises(StorageError, match=r"got \d+ bytes for ranges of 8; the object is shorter"):
+        store.read_ranges_into("x.bin", [(6, 14)], bytearray(8))
 
 
 @pytest.mark.parametrize("fork_safe", [True, False], ids=["s3fs", "obstore"])

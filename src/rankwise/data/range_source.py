@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rankwise.data.cache import Joined, joined_buffer
 from rankwise.storage import RetryPolicy, Storage
 
 __all__ = ["RangeSource", "in_worker", "sorted_rows"]
@@ -100,13 +101,20 @@ class RangeSource:
         """Rows ``rows`` read through ``read(ranges) -> pieces`` (default: the storage)."""
         rows = sorted_rows(rows, len(self))
         if read is None:
-            read = self.fetch_ranges
+            read = (lambda r: [self.fetch_joined(r)]) if self.joins_pieces else self.fetch_ranges
         return self.parse(rows, read(self.byte_ranges(rows, page_rows)))
 
     def fetch_ranges(self, ranges: list[tuple[int, int]]) -> list[bytes]:
         """The bytes of ``ranges`` of the file, from the store (merged, retried)."""
         # buffers: a piece may be a memoryview; every parse joins or decodes it, copying once
         return self.storage.read_ranges(self.key, ranges, fork_safe=not in_worker(), buffers=True)
+
+    def fetch_joined(self, ranges: list[tuple[int, int]]) -> Joined:
+        """The bytes of ``ranges`` joined in their order into one new buffer (what a source
+        that :attr:`joins_pieces` parses as it is): a local file's read straight into it."""
+        out = joined_buffer(sum(b - a for a, b in ranges))
+        self.storage.read_ranges_into(self.key, ranges, out, fork_safe=not in_worker())
+        return out
 
     def __getitem__(self, rows: Any) -> Any:
         return self.read_rows(rows)

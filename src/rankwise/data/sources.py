@@ -196,6 +196,9 @@ class H5adSource(RangeSource):
     def fetch_ranges(self, ranges: list[tuple[int, int]]) -> list[bytes]:
         return self.x.fetch_ranges(ranges)
 
+    def fetch_joined(self, ranges: list[tuple[int, int]]) -> Joined:
+        return self.x.fetch_joined(ranges)
+
 
 def one_buffer(pieces: list[Any]) -> Any:
     """``pieces`` as one new writable buffer: joined into a bytearray, or the one piece as it

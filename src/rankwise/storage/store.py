@@ -416,18 +416,81 @@ class Storage:
             return list(fs.cat_ranges([path] * len(merged), starts, stops, **extra))
 
         data = self.call("read", key, read)
-        got = sum(map(len, data))
-        if got != sum(b - a for a, b in merged):
+        self._count_read(key, len(merged), sum(map(len, data)), sum(b - a for a, b in merged))
+        return split_merged(ranges, merged, data, copy=not buffers)
+
+    def read_ranges_into(
+        self,
+        key: str,
+        ranges: Sequence[tuple[int, int]],
+        into: Any,
+        *,
+        fork_safe: bool = True,
+    ) -> None:
+        """The bytes of each of ``ranges`` of ``key``, end to end in their order, written into
+        ``into`` (a writable buffer of exactly their total length). A local file's are read
+        straight into their place (no copy in between: a dense fetch read locally cost a
+        third more through :meth:`read_ranges` and a join); a remote store's are read as
+        :meth:`read_ranges` reads them, then copied in. Counted in :attr:`requests` (locally:
+        one per run of ranges that follow each other in the file) and :attr:`bytes_read`.
+
+        >>> import tempfile
+        >>> folder = Storage.for_url(tempfile.mkdtemp())
+        >>> _, out = folder.put(b"0123456789", "x.bin"), bytearray(5)
+        >>> folder.read_ranges_into("x.bin", [(6, 8), (0, 2), (2, 3)], out)
+        >>> bytes(out), folder.requests
+        (b'67012', 2)
+        """
+        view = memoryview(into).cast("B")
+        want = sum(max(b - a, 0) for a, b in ranges)
+        if len(view) != want:
+            raise ValueError(f"into holds {len(view)} bytes; the ranges hold {want}.")
+        if self.is_remote:
+            at = 0
+            for (a, b), piece in zip(
+                ranges, self.read_ranges(key, ranges, fork_safe=fork_safe, buffers=True),
+                strict=True,
+            ):  # fmt: skip
+                view[at : at + max(b - a, 0)] = piece
+                at += max(b - a, 0)
+            return
+        runs: list[tuple[int, int, int]] = []  # (file offset, into offset, length)
+        at = 0
+        for a, b in ranges:
+            if b <= a:
+                continue
+            if runs and runs[-1][0] + runs[-1][2] == a and runs[-1][1] + runs[-1][2] == at:
+                runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + b - a)
+            else:
+                runs.append((a, at, b - a))
+            at += b - a
+
+        def read() -> int:
+            got = 0
+            with open(self._full(key), "rb", buffering=0) as f:
+                for offset, start, length in runs:
+                    f.seek(offset)
+                    part = view[start : start + length]
+                    done = 0
+                    while done < length and (n := f.readinto(part[done:])):
+                        done += n
+                    got += done
+            return got
+
+        self._count_read(key, len(runs), self.call("read", key, read), want)
+
+    def _count_read(self, key: str, requests: int, got: int, want: int) -> None:
+        """Count a ranged read, or refuse one that came back short."""
+        if got != want:
             raise StorageError(
-                f"read {self.url_of(key)}: got {got} bytes for ranges of "
-                f"{sum(b - a for a, b in merged)}; the object is shorter than its header says "
-                "(truncated or replaced while being read): rewrite it.",
+                f"read {self.url_of(key)}: got {got} bytes for ranges of {want}; the object "
+                "is shorter than its header says (truncated or replaced while being read): "
+                "rewrite it.",
                 url=self.display_url,
                 reason="failed",
             )
-        self.requests += len(merged)
+        self.requests += requests
         self.bytes_read += got
-        return split_merged(ranges, merged, data, copy=not buffers)
 
     def _ranged_store(self) -> Any:
         """This process's obstore store, or None where obstore does not serve this storage."""
