@@ -15,7 +15,9 @@ DataLoader with ``--workers`` workers, read:
 - ``rankwise s3, warm cache``: ``cache_dir=`` / ``cache_bytes=`` (twice the file), after an
   untimed epoch 0 filled it; the timed epoch is epoch 1 (another order).
 
-GETs and bytes are counted by rankwise's storage (``Storage.requests`` / ``bytes_read``) in an
+"server CPU s" is what the SeaweedFS server itself spent during the best epoch (psutil): it
+runs on the same cores as the readers, so on a 2-core machine an ``s3://`` epoch's floor is
+about (local epoch's CPU + the server's) / 2. GETs and bytes are counted by rankwise's storage (``Storage.requests`` / ``bytes_read``) in an
 in-process pass (no workers: the same reads); "before 1st batch" is what opening costs. Prints a
 table, writes benchmarks/out/streaming.json.
 
@@ -72,6 +74,22 @@ def epoch(ds: Any, workers: int) -> tuple[float, int, float]:
         if count == 1:
             first = time.perf_counter() - t0
     return time.perf_counter() - t0, count, first
+
+
+def server_cpu(server: Any) -> float:
+    """CPU seconds the S3 server's processes have used so far (it runs on the same cores as
+    the readers: what it spends serving an epoch is not the readers' to spend)."""
+    import psutil
+
+    root = psutil.Process(server.process.pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 class S3fsRows:
@@ -200,20 +218,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ]
             cache = {"cache_dir": tempfile.mkdtemp(prefix="rankwise-bench-cache-")}
             cache["cache_bytes"] = 2 * path.stat().st_size
-            baseline = None
-            for name, source in cases:
-                times = []
-                extra = cache if name.endswith("warm cache") else {}
-                if extra:  # epoch 0 fills the cache; the timed epochs are others
-                    warm = make(source, **extra)
-                    warm.set_epoch(0)
-                    epoch(warm, args.workers)
-                for _ in range(args.repeats):
-                    ds = make(source, **extra)
+            # The readers take turns, one epoch each per round, so that every reader's best
+            # epoch comes from the same minutes (a shared machine's load drifts by +-30%).
+            timed: dict[str, list[tuple[float, int, float, float]]] = {n: [] for n, _ in cases}
+            warm = make(urls[kind], **cache)  # epoch 0 fills the cache; the timed ones differ
+            warm.set_epoch(0)
+            epoch(warm, args.workers)
+            for _ in range(args.repeats):
+                for name, source in cases:
+                    ds = make(source, **(cache if name.endswith("warm cache") else {}))
+                    before = server_cpu(server)
                     seconds, count, first = epoch(ds, args.workers)
-                    times.append(seconds)
-                best = min(times)
-                baseline = baseline or best
+                    timed[name].append((seconds, count, first, server_cpu(server) - before))
+            baseline = min(timed[cases[0][0]])[0]
+            for name, _ in cases:
+                best, count, first, served = min(timed[name])
                 row = {
                     "file": kind,
                     "reader": name,
@@ -221,6 +240,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "vs_local": round(baseline / best, 2),
                     "batches": count,
                     "first_batch_s": round(first, 3),
+                    "server_cpu_s": round(served, 2),
                 }
                 if name == "rankwise s3":
                     row |= {
@@ -260,14 +280,15 @@ def main() -> None:
     report = run(args)
     print()
     print(
-        "| file | reader | epoch s | x local | GETs/block/array | bytes / rows' bytes | GETs before 1st batch |"
+        "| file | reader | epoch s | x local | server CPU s | GETs/block/array "
+        "| bytes / rows' bytes | GETs before 1st batch |"
     )
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in report["results"]:
         print(
             f"| {r['file']} | {r['reader']} | {r['epoch_s']} | {r['vs_local']} | "
-            f"{r.get('gets_per_block_per_array', '')} | {r.get('bytes_vs_rows', '')} | "
-            f"{r.get('gets_before_first_batch', '')} |"
+            f"{r['server_cpu_s']} | {r.get('gets_per_block_per_array', '')} | "
+            f"{r.get('bytes_vs_rows', '')} | {r.get('gets_before_first_batch', '')} |"
         )
     OUT.mkdir(exist_ok=True)
     (OUT / "streaming.json").write_text(json.dumps(report, indent=2))
