@@ -39,6 +39,10 @@ _GUARD = "guards a private helper's arguments, which rankwise's own callers alwa
 
 INTERNAL: dict[tuple[str, str], str] = {
     ("data/range_source.py", "rows must be sorted, unique and in [0, "): _GUARD,
+    ("storage/store.py", "into holds {} bytes; the ranges hold {}."): (
+        "a caller's buffer of the wrong size (FetchDataset's sources size it from the same "
+        "ranges; test_a_read_into_a_buffer_refuses_a_wrong_size_... triggers it)"
+    ),
     ("distributed/membership.py", "could not give the gloo group its collective timeout"): (
         "a torch whose gloo backend no longer takes _set_default_timeout; the pinned torch "
         "does (test_a_group_gets_the_collective_timeout_once_it_stands checks it took)"
