@@ -17,8 +17,9 @@ DataLoader with ``--workers`` workers, read:
 
 "server CPU s" is what the SeaweedFS server itself spent during the best epoch (psutil): it
 runs on the same cores as the readers, so on a 2-core machine an ``s3://`` epoch's floor is
-about (local epoch's CPU + the server's) / 2. GETs and bytes are counted by rankwise's storage (``Storage.requests`` / ``bytes_read``) in an
-in-process pass (no workers: the same reads); "before 1st batch" is what opening costs. Prints a
+about (the local epoch's CPU + the server's + the client's GETs') / 2. GETs and bytes are
+counted by rankwise's storage (``Storage.requests`` / ``bytes_read``) in an in-process pass (no
+workers: the same reads); "before 1st batch" is what opening costs. Prints a
 table, writes benchmarks/out/streaming.json.
 
     python benchmarks/streaming.py                 # ~1-2 minutes on 2 cores

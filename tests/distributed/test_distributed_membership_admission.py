@@ -23,7 +23,7 @@ from hypothesis.stateful import (
 
 from rankwise.distributed.config import MemberConfig
 from rankwise.distributed.membership import Membership, mark_dead
-from rankwise.distributed.signing import SignedStore
+from rankwise.distributed.signing import NO_VALUE, SignedStore, read_raw
 from rankwise.testing import free_port
 from rankwise.testing.store_attacks import StoreRecorder, connect, protocol_keys, replay
 
@@ -155,15 +155,18 @@ def _capture(fn, errors: list[BaseException]) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_garbage_on_the_waiting_list_is_ignored_naming_the_key(capsys) -> None:
-    # Issue 30: waiting="x" made every rank raise ValueError at its next boundary.
+@pytest.mark.parametrize("garbage", ["x", *NO_VALUE], ids=["x", "no-value-1", "no-value-2"])
+def test_garbage_on_the_waiting_list_is_ignored_naming_the_key(capsys, garbage: str) -> None:
+    # Issue 30: waiting="x" made every rank raise ValueError at its next boundary. And the
+    # sentinels of read_raw's one-request read: a key holding one was read as absent, so the
+    # waiting list's compare-and-set never matched and no joiner could ever be let in.
     port = free_port()
     store = host_store(port)
     leader = member(port, 0)
     leader.generation, leader.members = 0, [0]
     try:
-        store.set("waiting", "x")
-        wait_for(lambda: leader.signed.raw("waiting") == b"x")
+        store.set("waiting", garbage)
+        wait_for(lambda: leader.signed.raw("waiting") == garbage.encode())
         assert leader.joiners() == [] and leader.joiners() == []
         joiner = member(port, 2, incarnation=1)
         assert join(leader, joiner) == 1  # the garbage is replaced by the next request
@@ -229,11 +232,34 @@ def test_no_read_of_the_store_waits_for_a_key_deleted_meanwhile(read: str, value
     # Every reader, on a key set (signed or not) or not, reads without a get that can wait.
     store = VanishingStore()
     signed = SignedStore(store, TOKEN, JOB)
-    for key, how in [("signed", signed.set), ("unsigned", store.set)]:
-        if value is not None:
-            how(key, value)
-        READS[read](signed, key)
+    reference = SignedStore(dist.HashStore(), TOKEN, JOB)  # the same writes, keys kept
+    for key, unsigned in [("signed", False), ("unsigned", True)]:
+        for target in (store, reference):
+            if value is not None:
+                if unsigned:
+                    (target if target is store else reference.store).set(key, value)
+                else:
+                    (signed if target is store else reference).set(key, value)
+        assert READS[read](signed, key) == READS[read](reference, key), (read, key, value)
     assert store.waits == []
+
+
+@pytest.mark.parametrize("libuv", [True, False], ids=["libuv", "classic"])
+def test_read_raw_on_a_real_store_never_creates_a_key_and_reads_its_sentinels(libuv: bool):
+    # read_raw leans on TCPStore's compare_set of a missing key (both servers): the sentinel
+    # comes back and the key stays missing; a key holding a sentinel reads as what it holds.
+    store = dist.TCPStore(
+        "127.0.0.1", free_port(), is_master=True, wait_for_workers=False,
+        timeout=timedelta(seconds=30), use_libuv=libuv,
+    )  # fmt: skip
+    started = time.monotonic()
+    assert read_raw(store, "nothing") is None and not store.check(["nothing"])
+    assert time.monotonic() - started < 5  # not the 30 s a get of a missing key waits
+    for value in [b"", b"v", *(sentinel.encode() for sentinel in NO_VALUE)]:
+        store.set("k", value)
+        assert read_raw(store, "k") == value
+    signed = SignedStore(store, TOKEN, JOB)
+    assert signed.claim("k", "mine") == "mine" and signed.get("k") == "mine"  # replaced
 
 
 # -- the protocol against a model, with a stranger on the store --------------------------------
@@ -241,7 +267,10 @@ def test_no_read_of_the_store_waits_for_a_key_deleted_meanwhile(read: str, value
 SLOTS = (1, 2)  # slot 0 leads throughout; these die and come back
 GARBAGE = st.one_of(
     st.binary(max_size=40),
-    st.sampled_from([b"x", b"99", b"-1", b"0,1,2", b"1,2;", b"9;9", b"1|" + b"0" * 64]),
+    st.sampled_from(
+        [b"x", b"99", b"-1", b"0,1,2", b"1,2;", b"9;9", b"1|" + b"0" * 64]
+        + [sentinel.encode() for sentinel in NO_VALUE]
+    ),
 )
 
 

@@ -112,7 +112,7 @@ class RangeSource:
     def fetch_joined(self, ranges: list[tuple[int, int]]) -> Joined:
         """The bytes of ``ranges`` joined in their order into one new buffer (what a source
         that :attr:`joins_pieces` parses as it is): a local file's read straight into it."""
-        out = joined_buffer(sum(b - a for a, b in ranges))
+        out = joined_buffer(sum(max(b - a, 0) for a, b in ranges))
         self.storage.read_ranges_into(self.key, ranges, out, fork_safe=not in_worker())
         return out
 

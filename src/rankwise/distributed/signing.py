@@ -30,15 +30,16 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-__all__ = ["SignedStore", "parse_count", "parse_slots"]
+__all__ = ["NO_VALUE", "SignedStore", "parse_count", "parse_slots", "read_raw"]
 
 T = TypeVar("T")
 
 _DOMAIN = b"rankwise-store-v1"
 _MAC_HEX = 64  # hex digits of an HMAC-SHA256
-# compare_set(key, _ABSENT, _ABSENT) answers the value without waiting: a missing key gives
-# _ABSENT back and stays missing; any other value is given back unchanged.
-_ABSENT = "\x00rankwise: no value\x00"
+# compare_set(key, s, s) answers the value without waiting: a missing key gives s back and
+# stays missing, any other value is given back unchanged. Two sentinels: a key that holds the
+# first (anyone may write it) gives the first back only once.
+NO_VALUE = ("\x00rankwise: no value\x00", "\x00rankwise: no value either\x00")
 _MAX_INT_DIGITS = 18  # any count the protocol keeps fits; more is garbage, not a number
 
 
@@ -60,6 +61,21 @@ def parse_count(text: str) -> int | None:
     """``text`` as a whole number >= 0, or None (garbage, or too long to be a count)."""
     if text.isdigit() and text.isascii() and len(text) <= _MAX_INT_DIGITS:
         return int(text)
+    return None
+
+
+def read_raw(store: dist.Store, key: str) -> bytes | None:
+    """The bytes stored under ``key`` (None: not set), read without ever waiting for a missing
+    key (see :meth:`SignedStore.raw`).
+
+    >>> store = dist.HashStore(); store.set("k", b"v")
+    >>> read_raw(store, "k"), read_raw(store, "nothing"), store.check(["nothing"])
+    (b'v', None, False)
+    """
+    for sentinel in NO_VALUE:
+        value = bytes(store.compare_set(key, sentinel, sentinel))
+        if value != sentinel.encode():
+            return value
     return None
 
 
@@ -135,8 +151,7 @@ class SignedStore:
         One ``compare_set`` that changes nothing, never ``check`` then ``get``: a ``get``
         waits for a missing key up to the store's timeout, so a key deleted between the two
         (by the protocol, or by anyone who reaches the port) held this process that long."""
-        value = bytes(self.store.compare_set(key, _ABSENT, _ABSENT))
-        return None if value == _ABSENT.encode() else value
+        return read_raw(self.store, key)
 
     def get(self, key: str) -> str | None:
         """The signed value of ``key``, or None (not set, or ignored: see :meth:`open`)."""

@@ -31,22 +31,20 @@ from typing import Any
 import torch.distributed as dist
 
 from rankwise.distributed.contract import Keys, every_key
+from rankwise.distributed.signing import NO_VALUE, read_raw
 
 __all__ = ["StoreChaos", "StoreRecorder", "connect", "protocol_keys", "replay"]
 
 
-def connect(
-    host: str, port: int, timeout_s: float = 60.0, op_timeout_s: float = 10.0
-) -> dist.TCPStore:
+def connect(host: str, port: int, timeout_s: float = 60.0) -> dist.TCPStore:
     """A plain client of the store at ``host:port`` (retried until it listens, up to
-    ``timeout_s``); each of its calls waits up to ``op_timeout_s`` (a ``get`` of a missing
-    key waits that long: a key deleted between a ``check`` and a ``get`` costs it)."""
+    ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             return dist.TCPStore(
                 host, port, is_master=False, wait_for_workers=False,
-                timeout=timedelta(seconds=op_timeout_s),
+                timeout=timedelta(seconds=10),
             )  # fmt: skip
         except Exception:
             if time.monotonic() > deadline:
@@ -62,9 +60,8 @@ def protocol_keys(
     return every_key(world, generations, incarnations, nnodes)
 
 
-_RACE_S = 1.0  # a call's wait where another client may delete the key between check and get
-
 _GARBAGE = [
+    *(sentinel.encode() for sentinel in NO_VALUE),  # read_raw's own: a key holding one is read
     b"", b"x", b"-1", b"99", b"0,1,2,99", b"0;", b"1|" + b"0" * 64, b"\xff\xfe", b"9" * 40,
     b"0:" + b"a" * 32, b"0:" + b"a" * 32 + b":" + b"b" * 64, b"1,1,1;1", b"a,b",
 ]  # fmt: skip
@@ -99,7 +96,7 @@ class StoreChaos:
 
     def _run(self) -> None:
         try:
-            store = connect(self.host, self.port, op_timeout_s=_RACE_S)
+            store = connect(self.host, self.port)
         except Exception:
             return  # the job ended before the chaos began
         while not self._stop.wait(self.interval_s):
@@ -109,7 +106,7 @@ class StoreChaos:
                 if self._stop.is_set():
                     return
                 try:
-                    store = connect(self.host, self.port, 1.0, _RACE_S)
+                    store = connect(self.host, self.port, timeout_s=1.0)
                 except Exception:
                     return
 
@@ -120,11 +117,11 @@ class StoreChaos:
         self.ops += 1
         if self.ops % 5 == 0:  # ask to join, and answer whatever challenge is there
             store.set(Keys.join(self.slot), str(self.incarnation))
-            old = store.get(Keys.WAITING) if store.check([Keys.WAITING]) else b""
+            old = read_raw(store, Keys.WAITING) or b""
             store.compare_set(Keys.WAITING, old, f"{self.slot}")
-            key = Keys.challenge(self.slot, self.incarnation)
-            if store.check([key]):
-                text = store.get(key).split(b"|")[0]
+            challenge = read_raw(store, Keys.challenge(self.slot, self.incarnation))
+            if challenge is not None:
+                text = challenge.split(b"|")[0]
                 store.set(Keys.proof(self.slot, self.incarnation), text + b":" + b"c" * 64)
             return
         key = r.choice(self.keys)
@@ -137,9 +134,8 @@ class StoreChaos:
             store.set(key, r.choice(_GARBAGE))
         else:
             store.set(key, bytes(r.randrange(256) for _ in range(r.randrange(1, 80))))
-        other = r.choice(self.keys)
-        if store.check([other]):
-            self.seen = [*self.seen[-50:], store.get(other)]
+        if (value := read_raw(store, r.choice(self.keys))) is not None:
+            self.seen = [*self.seen[-50:], value]
 
 
 class StoreRecorder:
@@ -150,6 +146,7 @@ class StoreRecorder:
         self.host, self.port, self.keys, self.interval_s = host, port, list(keys), interval_s
         self.values: dict[str, list[bytes]] = {}
         self._client: dist.TCPStore | None = None
+        self._lock = threading.Lock()  # its thread and a caller's snapshots share the client
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="store-recorder", daemon=True)
 
@@ -163,19 +160,16 @@ class StoreRecorder:
         return self.values
 
     def snapshot(self) -> None:
-        """Record the values ``keys`` hold now (through a client of its own: a key deleted
-        between its check and its get holds it up to 1 s, never a caller's store timeout)."""
-        if self._client is None:
-            self._client = connect(self.host, self.port, op_timeout_s=_RACE_S)
-        store = self._client
-        for key in self.keys:
-            try:
-                if store.check([key]):
-                    value = store.get(key)
-                    if value not in self.values.setdefault(key, []):
-                        self.values[key].append(value)
-            except Exception:  # deleted between the check and the get
-                continue
+        """Record the values ``keys`` hold now (through a client of its own; each read one
+        request that never waits for a key deleted meanwhile: ``read_raw``)."""
+        with self._lock:
+            if self._client is None:
+                self._client = connect(self.host, self.port)
+            store = self._client
+            for key in self.keys:
+                value = read_raw(store, key)
+                if value is not None and value not in self.values.setdefault(key, []):
+                    self.values[key].append(value)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
