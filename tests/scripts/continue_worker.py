@@ -83,6 +83,7 @@ from tiny_run import data, mlp_trainer
 
 import rankwise.distributed as rd
 from rankwise.distributed.membership import Membership
+from rankwise.distributed.signing import parse_slots, read_raw
 from rankwise.train import AuditLog, DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import FAULT_POINTS, set_fault_hook, writer
 
@@ -273,7 +274,8 @@ def die_once_waiting() -> None:
     list."""
     member = rd.membership()
     while member is not None:
-        if member.store.check(["waiting"]) and str(slot) in member.store.get("waiting").decode():
+        listed = read_raw(member.store, "waiting") or b""
+        if slot in (parse_slots(listed.decode(errors="replace")) or []):
             time.sleep(args.joiner_dies_after)  # the members see it ask, and may let it in
             (args.out / f"joiner-died-{slot}").write_text(f"{time.time()}\n")
             os.kill(os.getpid(), signal.SIGKILL)
