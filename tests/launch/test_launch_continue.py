@@ -244,37 +244,46 @@ def test_sigterm_drains_the_write_ends_every_rank_and_a_relaunch_resumes_once(tm
     assert CheckpointManager(tmp_path / "ckpt").latest().name == "ckpt-e000000-s000000003.pt"
     # The relaunch resumes from the drained save, while a stranger who reaches the store asks
     # to join as slot 1 without the job's secret: refused, and the job goes on.
-    port = free_port()
-    stranger = threading.Thread(target=ask_to_join_without_the_secret, args=(port,))
+    # Its steps take up to 2 s more until the stranger is answered (five steps are left: on a
+    # loaded machine they ran out before its request was in).
+    port, answered = free_port(), tmp_path / "stranger-answered"
+    stranger = threading.Thread(target=ask_to_join_without_the_secret, args=(port, answered))
     stranger.start()
     result = run_script(
-        PREEMPT, 2, script_args=[str(tmp_path)], timeout=120,
+        PREEMPT, 2, script_args=[str(tmp_path), "--slow-until", str(answered)], timeout=120,
         launch_args=["--on-failure", "continue", "--max-restarts", "1", "--master-port", str(port)],
     )  # fmt: skip
     stranger.join(10)
     assert result.returncode == 0, result.stderr[-3000:]
+    print("STDERR>>", result.stderr)
     assert "refused a request to join as slot 1 (restart 7): it does not prove" in result.stderr
     assert assert_exactly_once(tmp_path / "audit", 2, NUM_SAMPLES, 1) == [0, 3]
 
 
-def ask_to_join_without_the_secret(port: int) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            store = dist.TCPStore("127.0.0.1", port, timeout=timedelta(seconds=5))
-            break
-        except Exception:  # the launcher has not opened it yet
-            time.sleep(0.05)
-    else:
-        return
-    store.wait(["member/0"], timedelta(seconds=60))  # generation 0 is up: the members look for
-    # joiners at each step from now on
-    store.set("join/1", "7")
-    store.compare_set("waiting", "", "1")
-    # It answers the members' challenge as a process with another secret would: refused.
-    store.wait(["challenge/1/7"], timedelta(seconds=60))
-    challenge = store.get("challenge/1/7").decode().rpartition("|")[0]
-    store.set("proof/1/7", f"{challenge}:{'00' * 32}")
+def ask_to_join_without_the_secret(port: int, answered: Path) -> None:
+    """Ask to join as slot 1 (restart 7) and answer the challenge with another secret; touch
+    ``answered`` once refused, or on giving up (the job then runs at its own pace again)."""
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                store = dist.TCPStore("127.0.0.1", port, timeout=timedelta(seconds=30))
+                break
+            except Exception:  # the launcher has not opened it yet
+                time.sleep(0.05)
+        else:
+            return
+        store.wait(["member/0"])  # generation 0 is up: the members look for joiners at each
+        # step from now on
+        store.set("join/1", "7")
+        store.compare_set("waiting", "", "1")
+        # It answers the members' challenge as a process with another secret would: refused.
+        store.wait(["challenge/1/7"])
+        challenge = store.get("challenge/1/7").decode().rpartition("|")[0]
+        store.set("proof/1/7", f"{challenge}:{'00' * 32}")
+        store.wait(["refused/1/7"])
+    finally:
+        answered.touch()
 
 
 # -- a store client's chaos during a run with a kill and a rejoin ------------------------------

@@ -5,7 +5,9 @@ a step delay, a checkpoint every 3 optimizer steps in ``OUT/ckpt`` and ``resume=
 each process writes its PID to ``OUT/pids-<slot>``. ``--hold``: the first checkpoint write
 is held for a few seconds before its pointer moves, and ``OUT/writing`` says when it is held
 (the test then stops the launcher while the loop waits for that write); one epoch of 8 steps; whoever is rank 0 at
-the end writes ``OUT/done``.
+the end writes ``OUT/done``. ``--slow-until FILE``: each step takes up to 2 s more while FILE
+does not exist (a test's store client gets its turn at the step boundaries before the few
+steps left run out).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rankwise.train.checkpoint import set_fault_hook
 p = argparse.ArgumentParser()
 p.add_argument("out", type=Path)
 p.add_argument("--hold", action="store_true")
+p.add_argument("--slow-until", type=Path)
 args = p.parse_args()
 args.out.mkdir(parents=True, exist_ok=True)
 slot = os.environ.get("RANKWISE_SLOT", os.environ.get("RANK", "0"))
@@ -42,6 +45,9 @@ def hold(point: str) -> None:
 class Slow:
     def on_batch(self, trainer: object, epoch: int, step: int, ids: object) -> None:
         time.sleep(0.1)
+        until = time.monotonic() + 2.0
+        while args.slow_until and not args.slow_until.exists() and time.monotonic() < until:
+            time.sleep(0.05)
 
 
 if args.hold:

@@ -142,6 +142,8 @@ def _rank_main(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     conn: mpc.Connection,
+    start: Any,  # a multiprocessing Barrier of every rank
+    timeout: float,
 ) -> None:
     # The forkserver's environment is a copy from its start; take the caller's as it is now.
     os.environ.clear()
@@ -156,6 +158,10 @@ def _rank_main(
     gc.freeze()
     torch.set_num_threads(1)
     try:
+        # Every rank's clock starts together: a rank whose process a loaded machine started
+        # seconds late would otherwise use up its peers' rendezvous timeout (a test's short
+        # DISTRIBUTED_TIMEOUT_MS timed out before rank 1 had even begun).
+        start.wait(timeout)
         if init_group:
             rd.init()
         result = fn(*args, **kwargs)
@@ -187,7 +193,8 @@ def run_distributed(
 
     Each rank gets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT set (a fresh free
     port), plus ``env``. With ``init_group`` (the default) the group is joined with
-    :func:`rankwise.distributed.init` before ``fn`` runs. ``fn`` must be picklable (defined at
+    :func:`rankwise.distributed.init` before ``fn`` runs, by every rank at once (each waits
+    for the others' processes to start first). ``fn`` must be picklable (defined at
     module level). Raises :class:`RankFailedError` if a rank raises and ``TimeoutError`` if the
     ranks do not all finish within ``timeout`` seconds; no process outlives the call.
     """
@@ -197,6 +204,7 @@ def run_distributed(
     port = free_port()
     procs: list[Any] = []
     conns: dict[mpc.Connection, int] = {}
+    start = ctx.Barrier(world_size)
     for rank in range(world_size):
         env_r = rank_env(
             rank,
@@ -212,7 +220,7 @@ def run_distributed(
         parent, child = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_rank_main,
-            args=(fn, env_r, init_group, tuple(args), dict(kwargs or {}), child),
+            args=(fn, env_r, init_group, tuple(args), dict(kwargs or {}), child, start, timeout),
             name=f"rankwise-rank{rank}",
             daemon=False,  # a rank may start DataLoader workers; _reap() ends it anyway
         )
