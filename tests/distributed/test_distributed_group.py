@@ -77,8 +77,10 @@ def test_port_in_use_fails_before_waiting() -> None:
         port = holder.getsockname()[1]
         started = time.monotonic()
         with pytest.raises(DistributedConfigError) as err:
-            rd.init(DistributedConfig(rank=0, world_size=2, master_port=port, timeout_ms=20000))
-        assert time.monotonic() - started < 10  # reported at once, not after the 20 s timeout
+            rd.init(DistributedConfig(rank=0, world_size=2, master_port=port, timeout_ms=120000))
+        took = time.monotonic() - started
+    # Reported at once, not after the 120 s timeout (a loaded CI machine once took 10 s here).
+    assert took < 60, f"{took:.1f} s: {err.value}"
     assert f"master_port ({port}) is already in use" in str(err.value)
     assert "MASTER_PORT" in str(err.value)
 

@@ -25,7 +25,13 @@ from rankwise.distributed.config import MemberConfig
 from rankwise.distributed.membership import Membership, mark_dead
 from rankwise.distributed.signing import NO_VALUE, SignedStore, read_raw
 from rankwise.testing import free_port
-from rankwise.testing.store_attacks import StoreRecorder, connect, protocol_keys, replay
+from rankwise.testing.store_attacks import (
+    StoreRecorder,
+    VanishingStore,
+    connect,
+    protocol_keys,
+    replay,
+)
 
 TOKEN, JOB = "ab" * 32, "cd" * 16
 
@@ -174,43 +180,6 @@ def test_garbage_on_the_waiting_list_is_ignored_naming_the_key(capsys, garbage: 
         leader.close()
     err = capsys.readouterr().err
     assert err.count("ignored the value of the store key 'waiting' (not a list of slots") == 1
-
-
-class VanishingStore(dist.Store):
-    """A real store (``HashStore``) where every key vanishes the moment a ``check`` finds it:
-    the worst interleaving of a reader with whoever deletes keys (the protocol's own used
-    proofs and challenges, or anyone on the port). Its ``get`` of a missing key fails at
-    once, where torch's would wait for the store's whole timeout."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner = dist.HashStore()
-        self.waits: list[str] = []
-
-    def check(self, keys: list[str]) -> bool:
-        found = self.inner.check(keys)
-        for key in keys:
-            if self.inner.check([key]):
-                self.inner.delete_key(key)
-        return found
-
-    def get(self, key: str) -> bytes:
-        if not self.inner.check([key]):
-            self.waits.append(key)
-            raise RuntimeError(f"a get of the missing key {key!r} waits for the timeout")
-        return self.inner.get(key)
-
-    def set(self, key: str, value: str | bytes) -> None:
-        self.inner.set(key, value)
-
-    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
-        return self.inner.compare_set(key, expected, desired)
-
-    def delete_key(self, key: str) -> bool:
-        return self.inner.delete_key(key)
-
-    def add(self, key: str, amount: int) -> int:
-        return self.inner.add(key, amount)
 
 
 class CheckThenGet(SignedStore):

@@ -22,6 +22,7 @@ from torch import nn
 
 import rankwise.distributed as rd
 from rankwise.testing import run_distributed
+from rankwise.testing.store_attacks import VanishingStore
 from rankwise.train import DistributedTrainer, DistributedTrainingConfig
 
 pytestmark = pytest.mark.timeout(180)
@@ -161,3 +162,18 @@ def test_a_closed_peer_names_the_rank_that_did_not_arrive():
     # Every peer had arrived (rank 1's view): a crash inside the operation; torch's error
     # stands. Nor is any other error rewritten.
     assert results[1][:2] == ("NoneType", "None") and other == "None" == results[1][2]
+
+
+def test_the_marks_are_read_without_a_get_that_can_wait() -> None:
+    # A mark deleted between a check and its get (the old read: check, then multi_get) held
+    # the timeout's message for the store's whole timeout, behind the reader's 2 s deadline.
+    # On a store where each key vanishes as a check finds it, every mark set is still read.
+    from rankwise.distributed.progress import _read_marks
+
+    store = VanishingStore()
+    store.set("m/1", "4\tthe all_reduce at step 2")
+    store.set("m/3", "2\tthe warm-up all_reduce")
+    peers = _read_marks(store, {1: "m/1", 2: "m/2", 3: "m/3"})
+    assert peers == {1: (4, "the all_reduce at step 2"), 2: None, 3: (2, "the warm-up all_reduce")}
+    assert store.waits == []
+    assert not store.inner.check(["m/2"])  # the read set nothing

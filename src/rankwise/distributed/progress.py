@@ -32,6 +32,7 @@ import torch.distributed as dist
 from rankwise.distributed.errors import DistributedTimeoutError, first_line
 from rankwise.distributed.failures import classify
 from rankwise.distributed.group import collective_timeout_ms, get_rank, get_world_size, has_group
+from rankwise.distributed.signing import read_raw
 
 # How long a timed-out rank waits for its peers' marks: the store's host may be frozen
 # (stopped, in D-state, cut off), and a report without names beats a rank that never raises.
@@ -161,17 +162,14 @@ class Progress:
 
 
 def _read_marks(store: dist.Store, keys: dict[int, str]) -> dict[int, tuple[int, str] | None]:
-    """One ``multi_get`` of the marks; ``check`` first, as ``get`` waits for a missing key."""
-    present = (
-        list(keys)
-        if store.check(list(keys.values()))
-        else [r for r, key in keys.items() if store.check([key])]
-    )
-    values = store.multi_get([keys[r] for r in present]) if present else []
+    """The marks, each read with :func:`~.signing.read_raw` (a missing one is None at once:
+    a ``get`` would wait for it, a ``check`` then ``get`` too if it went in between)."""
     peers: dict[int, tuple[int, str] | None] = dict.fromkeys(keys)
-    for rank, value in zip(present, values, strict=True):
-        count, _, what = value.decode().partition("\t")
-        peers[rank] = (int(count), what)
+    for rank, key in keys.items():
+        value = read_raw(store, key)
+        if value is not None:
+            count, _, what = value.decode().partition("\t")
+            peers[rank] = (int(count), what)
     return peers
 
 

@@ -13,6 +13,9 @@ but holds no job secret. Two such clients, written against the real ``TCPStore``
   marks, the last join request, challenge and proof), delete the ``admit`` marks and ask to
   join as that incarnation again: the replayed-proof attack.
 
+And one store for a reader's own tests: :class:`VanishingStore`, in which every key vanishes
+the moment a ``check`` finds it (a reader must never ``check`` and then ``get``).
+
 Example (a store at 127.0.0.1:29500 of a 3-slot job)::
 
     chaos = StoreChaos("127.0.0.1", 29500, protocol_keys(3), slot=2, incarnation=99)
@@ -33,7 +36,7 @@ import torch.distributed as dist
 from rankwise.distributed.contract import Keys, every_key
 from rankwise.distributed.signing import NO_VALUE, read_raw
 
-__all__ = ["StoreChaos", "StoreRecorder", "connect", "protocol_keys", "replay"]
+__all__ = ["StoreChaos", "StoreRecorder", "VanishingStore", "connect", "protocol_keys", "replay"]
 
 
 def connect(host: str, port: int, timeout_s: float = 60.0) -> dist.TCPStore:
@@ -201,3 +204,43 @@ def replay(
             store.set(key, recorded[key][-1])
     asked = [v for v in recorded.get(Keys.WAITING, []) if str(slot).encode() in v.split(b",")]
     store.set(Keys.WAITING, asked[-1] if asked else str(slot).encode())
+
+
+class VanishingStore(dist.Store):
+    """A real store (``HashStore``) where every key vanishes the moment a ``check`` finds it:
+    the worst interleaving of a reader with whoever deletes keys (the protocol's own used
+    proofs and challenges, or anyone on the port). Its ``get`` of a missing key fails at
+    once, where torch's would wait for the store's whole timeout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = dist.HashStore()
+        self.waits: list[str] = []
+
+    def check(self, keys: list[str]) -> bool:
+        found = self.inner.check(keys)
+        for key in keys:
+            if self.inner.check([key]):
+                self.inner.delete_key(key)
+        return found
+
+    def get(self, key: str) -> bytes:
+        if not self.inner.check([key]):
+            self.waits.append(key)
+            raise RuntimeError(f"a get of the missing key {key!r} waits for the timeout")
+        return self.inner.get(key)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [self.get(key) for key in keys]
+
+    def set(self, key: str, value: str) -> None:
+        self.inner.set(key, value)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        return self.inner.compare_set(key, expected, desired)
+
+    def delete_key(self, key: str) -> bool:
+        return self.inner.delete_key(key)
+
+    def add(self, key: str, amount: int) -> int:
+        return self.inner.add(key, amount)
