@@ -43,6 +43,10 @@ INTERNAL: dict[tuple[str, str], str] = {
         "a caller's buffer of the wrong size (FetchDataset's sources size it from the same "
         "ranges; test_a_read_into_a_buffer_refuses_a_wrong_size_... triggers it)"
     ),
+    ("testing/store_attacks.py", "a get of the missing key {} waits for the timeout"): (
+        "VanishingStore's, a test store's: a reader under test that does a get it must not "
+        "(the readers' tests assert it never happens)"
+    ),
     ("distributed/membership.py", "could not give the gloo group its collective timeout"): (
         "a torch whose gloo backend no longer takes _set_default_timeout; the pinned torch "
         "does (test_a_group_gets_the_collective_timeout_once_it_stands checks it took)"
