@@ -164,7 +164,7 @@ def test_sigterm_ends_a_writer_blocked_in_a_collective_at_once(tmp_path):
             time.sleep(0.02)
         took = time.monotonic() - sent
         print(f"SIGTERM to exit: {took:.2f} s")
-        assert took < 5, took
+        assert took < 15, took  # not the hold's 25 s (a loaded machine's teardown may take seconds)
 
 
 def test_an_early_exit_0_is_restarted_and_the_job_ends_0_only_once_training_finished(tmp_path):

@@ -269,7 +269,7 @@ def test_the_end_of_fit_waits_a_bounded_time_for_a_silent_store(held: Any) -> No
         warnings.simplefilter("ignore", CheckpointWarning)
         with pytest.raises(CheckpointWriteError) as stopped:
             writer.finish(_State(1))
-    assert 0.5 <= time.monotonic() - started < 5
+    assert 0.5 <= time.monotonic() - started < 15  # a silent store never answers: bounded
     said = str(stopped.value)
     assert f"fit's last checkpoint ({manager.path_for(0, 1)}) was not durable within " in said
     assert "checkpoint_final_wait_s=0.5 s" in said and manager.directory in said

@@ -114,21 +114,21 @@ def test_the_wait_for_a_write_started_under_the_old_role_is_bounded() -> None:
     writer.save(_State(3))
     manager_future[0] = pending = manager.pending()
     role[0] = False
-    late = threading.Timer(5.0, pending.set_result, args=(Path("/ckpt/ckpt-s3.pt"),))
-    late.start()  # before the bound: it landed after 5 s, and the save waited for it
+    late = threading.Timer(10.0, pending.set_result, args=(Path("/ckpt/ckpt-s3.pt"),))
+    late.start()  # before the bound: it landed after 10 s, and the save waited for it
     started = time.monotonic()
     try:
         with pytest.raises(CheckpointWriteError) as e:
             writer.save(_State(6))
     finally:
         late.cancel()
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < 6.0
     said = str(e.value)
     assert "ckpt-s3.pt" in said and "checkpoint_final_wait_s=0.3 s" in said, said
     assert "/ckpt did not answer" in said and "regroup" in said, said
     assert reported == []  # never reported as saved
     writer.drain()  # the bound was spent: no second wait
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < 6.0
 
 
 def test_the_sigterm_handler_follows_the_write_in_flight() -> None:
