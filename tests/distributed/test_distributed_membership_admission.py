@@ -28,6 +28,7 @@ from rankwise.testing import free_port
 from rankwise.testing.store_attacks import (
     StoreRecorder,
     VanishingStore,
+    await_value,
     connect,
     protocol_keys,
     replay,
@@ -234,6 +235,36 @@ def test_read_raw_on_a_real_store_never_creates_a_key_and_reads_its_sentinels(li
         assert read_raw(store, "k") == value
     signed = SignedStore(store, TOKEN, JOB)
     assert signed.claim("k", "mine") == "mine" and signed.get("k") == "mine"  # replaced
+
+
+def test_a_reader_wakes_the_waiters_of_a_missing_key_and_await_value_is_not_fooled() -> None:
+    # On torch's libuv server, read_raw's compare_set of a missing key wakes a client that
+    # waits for the key; the key is still missing. So nobody waits for a protocol key: a test's
+    # stranger that did (wait, then get) answered a challenge it never read (CI, loaded).
+    # await_value polls instead and gives the value that is set later.
+    port = free_port()
+    server = dist.TCPStore(
+        "127.0.0.1", port, is_master=True, wait_for_workers=False,
+        timeout=timedelta(seconds=30), use_libuv=True,
+    )  # fmt: skip
+    waiter, poller = connect("127.0.0.1", port), connect("127.0.0.1", port)
+    woke: list[float] = []
+    polled: list[bytes] = []
+    threads = [
+        threading.Thread(target=lambda: (waiter.wait(["k"]), woke.append(time.monotonic()))),
+        threading.Thread(target=lambda: polled.append(await_value(poller, "k", 30))),
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    assert read_raw(server, "k") is None  # a member's read of a key not set yet
+    time.sleep(1.0)
+    set_at = time.monotonic()
+    server.set("k", "the challenge|mac")
+    for thread in threads:
+        thread.join(30)
+    assert woke and woke[0] < set_at  # woken by the read, before the key was set
+    assert polled == [b"the challenge|mac"]
 
 
 # -- the protocol against a model, with a stranger on the store --------------------------------

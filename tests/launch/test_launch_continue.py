@@ -25,7 +25,7 @@ from rankwise.launch import JobStore, launch
 from rankwise.launch.jobstore import DuplicateNodeError, add_store_parser
 from rankwise.launch.supervisor import _Slot, _watch_members, job_token
 from rankwise.testing import assert_exactly_once, child_env, free_port, run_script
-from rankwise.testing.store_attacks import StoreChaos, connect, protocol_keys
+from rankwise.testing.store_attacks import StoreChaos, await_value, connect, protocol_keys
 from rankwise.train import read_audit
 from rankwise.train.checkpoint import CheckpointManager
 
@@ -255,7 +255,6 @@ def test_sigterm_drains_the_write_ends_every_rank_and_a_relaunch_resumes_once(tm
     )  # fmt: skip
     stranger.join(10)
     assert result.returncode == 0, result.stderr[-3000:]
-    print("STDERR>>", result.stderr)
     assert "refused a request to join as slot 1 (restart 7): it does not prove" in result.stderr
     assert assert_exactly_once(tmp_path / "audit", 2, NUM_SAMPLES, 1) == [0, 3]
 
@@ -273,15 +272,14 @@ def ask_to_join_without_the_secret(port: int, answered: Path) -> None:
                 time.sleep(0.05)
         else:
             return
-        store.wait(["member/0"])  # generation 0 is up: the members look for joiners at each
-        # step from now on
+        await_value(store, "member/0")  # generation 0 is up: the members look for joiners at
+        # each step from now on
         store.set("join/1", "7")
         store.compare_set("waiting", "", "1")
         # It answers the members' challenge as a process with another secret would: refused.
-        store.wait(["challenge/1/7"])
-        challenge = store.get("challenge/1/7").decode().rpartition("|")[0]
+        challenge = await_value(store, "challenge/1/7").decode().rpartition("|")[0]
         store.set("proof/1/7", f"{challenge}:{'00' * 32}")
-        store.wait(["refused/1/7"])
+        await_value(store, "refused/1/7")
     finally:
         answered.touch()
 
@@ -308,7 +306,7 @@ def test_store_chaos_never_admits_the_client_nor_breaks_the_job(tmp_path) -> Non
 
     def unleash() -> None:
         store = connect("127.0.0.1", port)
-        store.wait(["member/0"], timedelta(seconds=120))  # generation 0 is up
+        await_value(store, "member/0", 120)  # generation 0 is up
         chaos.start()
 
     starter = threading.Thread(target=unleash, daemon=True)

@@ -25,7 +25,6 @@ import hashlib
 import hmac
 import sys
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch.distributed as dist
@@ -72,6 +71,8 @@ def read_raw(store: dist.Store, key: str) -> bytes | None:
     >>> read_raw(store, "k"), read_raw(store, "nothing"), store.check(["nothing"])
     (b'v', None, False)
     """
+    # On torch's libuv server such a compare_set of a missing key wakes every client that
+    # waits for the key (which then reads b""): nobody waits for a protocol key, they poll it.
     for sentinel in NO_VALUE:
         value = bytes(store.compare_set(key, sentinel, sentinel))
         if value != sentinel.encode():
@@ -218,7 +219,3 @@ class SignedStore:
             raw = self.raw(key)  # garbage, or deleted since: replace exactly what is there
             expected = "" if raw is None else raw
         return None
-
-    def wait(self, key: str, timeout_s: float) -> None:
-        """Block until ``key`` is set (any value) or ``timeout_s`` passes (torch's error)."""
-        self.store.wait([key], timedelta(seconds=timeout_s))

@@ -36,7 +36,15 @@ import torch.distributed as dist
 from rankwise.distributed.contract import Keys, every_key
 from rankwise.distributed.signing import NO_VALUE, read_raw
 
-__all__ = ["StoreChaos", "StoreRecorder", "VanishingStore", "connect", "protocol_keys", "replay"]
+__all__ = [
+    "StoreChaos",
+    "StoreRecorder",
+    "VanishingStore",
+    "await_value",
+    "connect",
+    "protocol_keys",
+    "replay",
+]
 
 
 def connect(host: str, port: int, timeout_s: float = 60.0) -> dist.TCPStore:
@@ -53,6 +61,22 @@ def connect(host: str, port: int, timeout_s: float = 60.0) -> dist.TCPStore:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def await_value(store: dist.Store, key: str, timeout_s: float = 60.0) -> bytes:
+    """The value of ``key`` once it is set, read with :func:`read_raw` every 0.05 s.
+
+    Not ``store.wait([key])``: on torch's libuv server a ``compare_set`` of a missing key
+    (every member's :func:`read_raw`) wakes whoever waits for it, and the ``get`` after such a
+    wake-up answers ``b""`` (a test's stranger once answered a challenge it never read).
+    Raises ``TimeoutError`` after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while (value := read_raw(store, key)) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{key!r} was not set within {timeout_s:g} s")
+        time.sleep(0.05)
+    return value
 
 
 def protocol_keys(
