@@ -47,6 +47,9 @@ INTERNAL: dict[tuple[str, str], str] = {
         "VanishingStore's, a test store's: a reader under test that does a get it must not "
         "(the readers' tests assert it never happens)"
     ),
+    ("testing/store_attacks.py", "{} was not set within {} s"): (
+        "await_value's, a test helper's: the test that polls names what it waited for"
+    ),
     ("distributed/membership.py", "could not give the gloo group its collective timeout"): (
         "a torch whose gloo backend no longer takes _set_default_timeout; the pinned torch "
         "does (test_a_group_gets_the_collective_timeout_once_it_stands checks it took)"
