@@ -86,21 +86,24 @@ def test_generation_0_forms_without_a_crashed_rank_and_a_lost_joiner_is_not_wait
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     assert "slot 2 failed in its set-up" in result.stderr
+    # Usually the second restart is the peer lost in step 6 and the third rejoins after step 9;
+    # on a loaded machine the first restart may be let in within its 0.5 s (then it is the lost
+    # peer, earlier) and the third may rejoin at step 6: the rejoin's step is read, not assumed.
     assert ("a peer was lost: slot 2 (rank 2) ended with signal SIGKILL; continuing on 2 rank(s) "
-            "(was 3) from optimizer step 6") in result.stdout  # fmt: skip
+            "(was 3) from optimizer step ") in result.stdout  # fmt: skip
     died = float((tmp_path / "joiner-died-2").read_text())
     after = min(float(line.split()[2]) for line in (tmp_path / "steps-0").read_text().splitlines()
                 if float(line.split()[2]) > died)  # fmt: skip
     assert after - died < 40, after - died  # the set-up's 10 s (+ a regroup), not the 120 s
-    assert "slot(s) [2] rejoined; continuing on 3 rank(s) (was 2) from optimizer step 9, " in (
-        result.stdout
-    )
-    assert "global batch 24 = 3 x 8" in result.stdout
+    rejoined = re.findall(r"slot\(s\) \[2\] rejoined; continuing on 3 rank\(s\) \(was 2\) "
+                          r"from optimizer step (\d+), global batch 24 = 3 x 8", result.stdout)  # fmt: skip
+    assert rejoined, result.stdout[-3000:]
     assert len((tmp_path / "pids-2").read_text().split()) == 4
     assert (tmp_path / "final-world").read_text().strip() == "3"
     report = read_audit(tmp_path / "audit")
     starts = assert_exactly_once(tmp_path / "audit", len(report.attempts), NUM_SAMPLES, EPOCHS)
-    assert starts[0] == 0 and starts[-1] == 9, starts  # [0, (3,) 6, 9]: where it was let in
+    # [0, (3,) 6, 9] as a rule: the last start is where the last restart was let in
+    assert starts[0] == 0 and starts[-1] == int(rejoined[-1]), (starts, rejoined)
     assert seconds < 110, seconds  # short of the collective timeout
 
 
