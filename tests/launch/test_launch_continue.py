@@ -263,15 +263,7 @@ def ask_to_join_without_the_secret(port: int, answered: Path) -> None:
     """Ask to join as slot 1 (restart 7) and answer the challenge with another secret; touch
     ``answered`` once refused, or on giving up (the job then runs at its own pace again)."""
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                store = dist.TCPStore("127.0.0.1", port, timeout=timedelta(seconds=30))
-                break
-            except Exception:  # the launcher has not opened it yet
-                time.sleep(0.05)
-        else:
-            return
+        store = connect("127.0.0.1", port)  # retried until the launcher opens it
         await_value(store, "member/0")  # generation 0 is up: the members look for joiners at
         # each step from now on
         store.set("join/1", "7")
