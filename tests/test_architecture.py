@@ -367,6 +367,54 @@ def test_continue_modes_names_are_spelt_only_in_its_contract() -> None:
     assert spelt == {}, "use rankwise.distributed.contract's names (its Keys, its variables)"
 
 
+# A blocking store read (``wait`` for keys, ``check`` then ``get``, ``multi_get``) is allowed
+# only on keys that nothing reads with a compare-and-set: on torch's libuv server such a read
+# of a missing key wakes every waiter of it (docs/continue.md), and a key deleted between
+# ``check`` and ``get`` holds the reader for the store's whole timeout. rendezvous.py waits on
+# its own counters, which only it writes; testing/'s clients are the attackers and their targets.
+BLOCKING_READS_ALLOWED = {"distributed/rendezvous.py", "testing/"}
+
+
+def _blocking_store_reads(source: str) -> list[int]:
+    """The lines of ``source`` that call a store's blocking read: ``x.wait([...])``,
+    ``x.check([...])`` (a list of keys, not an Event's, a process's or futures' ``wait``),
+    ``x.multi_get``. A list passed by name is not seen: write the keys where they are read."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if ast.unparse(node.func.value).split(".")[-1] in ("futures", "asyncio"):
+            continue  # concurrent.futures.wait([...]): futures, not keys
+        keys = bool(node.args) and isinstance(node.args[0], ast.List | ast.ListComp | ast.Tuple)
+        if node.func.attr == "multi_get" or (node.func.attr in ("wait", "check") and keys):
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def test_the_blocking_read_scan_tells_a_store_from_an_event() -> None:
+    source = """
+store.wait(["a"]); store.wait([k for k in keys], timeout); store.check(["a"]); s.multi_get(x)
+stop.wait(0.2); proc.wait(); store.wait(keys); done.check()
+concurrent.futures.wait([a, b], timeout=1); asyncio.wait([t])
+"""
+    assert _blocking_store_reads(source) == [2, 2, 2, 2]
+
+
+def test_no_protocol_key_is_read_with_a_read_that_can_wait() -> None:
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        allowed = any(
+            name == a or (a.endswith("/") and name.startswith(a)) for a in BLOCKING_READS_ALLOWED
+        )
+        if not allowed and (lines := _blocking_store_reads(path.read_text(encoding="utf-8"))):
+            found[name] = lines
+    assert _blocking_store_reads((ROOT / "distributed/rendezvous.py").read_text(encoding="utf-8"))
+    assert found == {}, (
+        "read a protocol key with rankwise.distributed.signing.read_raw (never waits)"
+    )
+
+
 def _membership_reads(source: str) -> list[int]:
     """The lines of ``source`` that call ``membership()`` (``rd.membership()`` or the bare name)."""
     return sorted(
