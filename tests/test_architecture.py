@@ -280,6 +280,12 @@ def _env_uses(source: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def _within(name: str, places: set[str]) -> bool:
+    """Whether module ``name`` (``distributed/config/member.py``) is one of ``places``: a file,
+    or a folder (ending in "/") that holds it."""
+    return any(name == p or (p.endswith("/") and name.startswith(p)) for p in places)
+
+
 def test_the_environment_scan_tells_reads_from_writes() -> None:
     source = """
 import os
@@ -303,12 +309,9 @@ def test_only_distributed_config_and_environment_read_the_environment() -> None:
         if lines:
             reads[name] = lines
 
-    def allowed(name: str) -> bool:
-        return any(name == r or (r.endswith("/") and name.startswith(r)) for r in ENV_READERS)
-
     # the scan sees the reads where they belong: in each reader, file or folder
     assert all(any(name == r or name.startswith(r) for name in reads) for r in ENV_READERS)
-    elsewhere = {name: lines for name, lines in reads.items() if not allowed(name)}
+    elsewhere = {name: lines for name, lines in reads.items() if not _within(name, ENV_READERS)}
     assert elsewhere.keys() == ENV_READS_ALLOWED.keys(), (
         f"environment variables read outside {sorted(ENV_READERS)}: {elsewhere}; make the "
         "setting a field of a config object in rankwise/distributed/config/ and pass it on"
@@ -404,10 +407,9 @@ def test_no_protocol_key_is_read_with_a_read_that_can_wait() -> None:
     found = {}
     for path in sorted(ROOT.rglob("*.py")):
         name = path.relative_to(ROOT).as_posix()
-        allowed = any(
-            name == a or (a.endswith("/") and name.startswith(a)) for a in BLOCKING_READS_ALLOWED
-        )
-        if not allowed and (lines := _blocking_store_reads(path.read_text(encoding="utf-8"))):
+        if not _within(name, BLOCKING_READS_ALLOWED) and (
+            lines := _blocking_store_reads(path.read_text(encoding="utf-8"))
+        ):
             found[name] = lines
     assert _blocking_store_reads((ROOT / "distributed/rendezvous.py").read_text(encoding="utf-8"))
     assert found == {}, (
