@@ -17,6 +17,7 @@ from torch import nn
 import rankwise.distributed as rd
 from rankwise.distributed.membership import RegroupError
 from rankwise.testing import run_distributed
+from rankwise.train.closings import DONE, FIGURES, SAVE, WORKING, Closings, Position, _Section
 from rankwise.train.continuing import Mark, catch_up
 from rankwise.train.state import TrainState
 from rankwise.train.sums import EpochSums
@@ -71,3 +72,43 @@ def test_a_survivor_a_step_behind_takes_the_furthest_state() -> None:
     torch.manual_seed(0)
     start = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
     assert not torch.equal(ranks[1]["params"][0], start[0].weight.detach())
+
+
+def _sections_meet() -> list[float]:
+    """Each rank stops where the lost peer's non-atomic collectives left it (set by hand:
+    a real loss is the launch tests'), then does what catch_up's gather decides."""
+    rank, got = rd.get_rank(), []
+    model = nn.Linear(2, 2)
+    state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1), step=16)
+    mark = Mark(16, None, None)
+
+    def reduce(value: float) -> float:
+        return float(rd.all_reduce(torch.tensor([value], dtype=torch.float64))[0])
+
+    # 1. The figures' all-reduce ended on ranks 0 and 2 (at the barrier), failed on rank 1:
+    #    all three do it again, in the same collective.
+    closings = Closings()
+    closings.in_steps(1)
+    if rank != 1:
+        closings._section = _Section((1, FIGURES), None, result=-1.0, done=True)
+    closings.position = Position(1, FIGURES, WORKING if rank == 1 else DONE)
+    catch_up(state, mark, "a test", closings)
+    got.append(closings.run(1, FIGURES, lambda: reduce(rank + 1.0)))
+    # 2. Rank 0 failed at the figures' barrier that ranks 1 and 2 passed (they are in the
+    #    save's first collective): rank 0 keeps its result, and all meet in the save.
+    closings = Closings()
+    closings.position = Position(1, SAVE, WORKING)
+    if rank == 0:
+        closings._section = _Section((1, FIGURES), None, result=-2.0, done=True)
+        closings.position = Position(1, FIGURES, DONE)
+    catch_up(state, mark, "a test", closings)
+    if rank == 0:
+        got.append(closings.run(1, FIGURES, lambda: reduce(100.0)))  # not done again
+    got.append(closings.run(1, SAVE, lambda: reduce(10.0 * (rank + 1))))
+    return got
+
+
+def test_survivors_stopped_in_and_past_a_closing_section_meet_in_the_same_collective() -> None:
+    ranks = run_distributed(_sections_meet, 3)
+    assert ranks[0] == [6.0, -2.0, 60.0]
+    assert ranks[1] == ranks[2] == [6.0, 60.0]

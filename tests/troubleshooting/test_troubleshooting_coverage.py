@@ -237,6 +237,7 @@ NOT_YET_ROWS: dict[tuple[str, str], str] = {
         "slot {} was left out of generation {} (members {}): it d",
     ): _CONTINUE,
     ("train/continuing.py", "the survivors stopped at optimizer steps {} after {}: mo"): _CONTINUE,
+    ("train/closings.py", "the survivors of a regroup stopped in places that no lo"): _CONTINUE,
     (
         "distributed/membership.py",
         "slot {} (restart {}) cannot join: every rank of generati",

@@ -12,8 +12,10 @@ fails because a peer is gone (closed gloo connection, collective timeout):
    same processes, a new gloo group);
 3. agrees on the optimizer step: a collective can end on one survivor and fail on another,
    so their marks can be one step apart, and the ones behind take the furthest one's state
-   (:func:`catch_up`); then re-wraps the module for the new group (DDP makes the
-   parameters identical there);
+   (:func:`catch_up`). Survivors lost between two epochs' steps (the epoch's figures, its
+   save) agree in the same all-gather whether the section they stopped in is done or done
+   again (:mod:`rankwise.train.closings`). Then it re-wraps the module for the new group (DDP
+   makes the parameters identical there);
 4. re-splits the rest of the epoch from the mark's cursor over the new world, keeping the
    global batch (``3 x 32 = 96`` becomes ``2 x 48``), so the steps that follow see the same
    samples, with the same mean gradient, as the uninterrupted run. A world that does not
@@ -54,6 +56,7 @@ from rankwise.distributed.contract import Keys
 from rankwise.distributed.membership import Membership, RegroupError
 from rankwise.distributed.signing import SignedStore
 from rankwise.parallel import unwrap_model
+from rankwise.train.closings import STEPS, Closings, Position
 from rankwise.train.config import DistributedTrainingConfig
 from rankwise.train.data import TrainBatches
 from rankwise.train.setup import rewrap
@@ -190,9 +193,12 @@ class Mark:
     sums: SumsLength | None
 
 
-def catch_up(state: TrainState, mark: Mark, reason: str) -> Mark:
+def catch_up(state: TrainState, mark: Mark, reason: str, closings: Closings | None = None) -> Mark:
     """Where every survivor of a regroup goes on from (``mark``: its own; a collective on the
-    new group): its own mark, or the furthest survivor's.
+    new group): its own mark, or the furthest survivor's. The same all-gather carries each
+    survivor's :class:`~rankwise.train.closings.Position` (``closings``: this rank's), which
+    decides whether a rank that stopped between two epochs' steps goes past its section or
+    does it again (:func:`~rankwise.train.closings.after_regroup`).
 
     A collective can end on one rank and fail on another: in a ring all-reduce a rank
     that already received every chunk returns while a peer still waiting for the lost
@@ -202,7 +208,11 @@ def catch_up(state: TrainState, mark: Mark, reason: str) -> Mark:
     cursor, and keep their own sums and random stream. (Those sums miss their share of
     that step's losses, as the epoch's figures miss the lost rank's: the weights and the
     samples stay exact.)"""
-    steps = rd.all_gather_plain(int(mark.step))  # no peer's pickle
+    position = closings.position if closings is not None else Position(state.epoch, STEPS)
+    gathered = rd.all_gather_plain([int(mark.step), *position])  # no peer's pickle
+    steps = [int(got[0]) for got in gathered]
+    if closings is not None:
+        closings.regrouped([Position(*map(int, got[1:])) for got in gathered], rd.get_rank())
     furthest = max(steps)
     if min(steps) == furthest:
         return mark
@@ -258,6 +268,8 @@ class Continuing:
         self.join_every = membership.cfg.join_check_every
         self.join_cursor: dict[str, Any] | None = None  # a joiner's, until it has the data
         self.cap = RecoveryCap(membership.cfg.world_size)
+        # the collectives between two epochs' steps, each section safe to retry
+        self.closings = Closings()
 
     @classmethod
     def for_this_job(
@@ -309,6 +321,7 @@ class Continuing:
             self._resplit(self.join_cursor, self.membership.world_size)
             self.join_cursor = None
         self.mark()
+        self.closings.in_steps(self.state.epoch)
         return self.source
 
     def epoch_over(self) -> bool:
@@ -363,7 +376,7 @@ class Continuing:
         self.membership.regroup()
         world = self._check_split("left")
         # Before the wrap: DDP's wrap hands rank 0's parameters to every rank.
-        agreed = catch_up(self.state, mark, reason)
+        agreed = catch_up(self.state, mark, reason, self.closings)
         state.model = rewrap(module, self.cfg, self.device)
         state.step = agreed.step
         if state.sums is not None and mark.sums is not None:

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import rankwise.distributed as rd
 from rankwise.train.checkpoint import Checkpointer
 from rankwise.train.checks import check_sync
+from rankwise.train.closings import END, FIGURES
 from rankwise.train.continuing import Continuing, JoinersWaiting
 from rankwise.train.data import UserBatches, check_even
 from rankwise.train.state import TrainState
@@ -71,8 +72,7 @@ def run_epoch(state: TrainState, run: FitRun, source: Any) -> EpochResult:
                 regroup = None
                 run.on_regroup()  # the logger follows rank 0 (maybe another process now)
             if continuing.epoch_over():  # lost in the epoch's closing all-reduce
-                assert state.sums is not None, "set by fit()"
-                return state.sums.result()
+                return _figures(state, run)
             return train_epoch(state, run, continuing.source)
         except JoinersWaiting:
             regroup = ""
@@ -83,10 +83,13 @@ def run_epoch(state: TrainState, run: FitRun, source: Any) -> EpochResult:
             regroup = continuing.lost_peer(exc)
 
 
-def between_epochs(run: FitRun, what: Callable[[], T]) -> T:
+def between_epochs(run: FitRun, what: Callable[[], T], epoch: int, stage: int) -> T:
     """``what()`` between epochs or after the last (a checkpoint save, the wait for the last
-    one), and its answer; under continue mode a peer lost in it is recovered from and ``what``
-    runs again in the new group (the state is at the last mark: an epoch's last step)."""
+    one), and its answer; under continue mode it is closing section ``(epoch, stage)``
+    (:mod:`rankwise.train.closings`: ``SAVE`` after epoch ``epoch``, ``END`` after the last)
+    and a peer lost in it is recovered from: ``what`` runs again in the new group (the state
+    is at the last mark: an epoch's last step, the checkpointer's choices as they were) unless
+    every survivor had done it."""
     continuing = run.continuing
     reason: str | None = None
     while True:
@@ -95,7 +98,12 @@ def between_epochs(run: FitRun, what: Callable[[], T]) -> T:
                 continuing.recover(reason)  # outside the except block, as in run_epoch
                 reason = None
                 run.on_regroup()
-            return what()
+            if continuing is None:
+                return what()
+            # nothing follows the end of fit's section on another rank: no barrier after it
+            return continuing.closings.run(
+                epoch, stage, what, run.checkpointer, commit=stage != END
+            )
         except RuntimeError as exc:
             if continuing is None:
                 raise
@@ -138,8 +146,18 @@ def train_epoch(state: TrainState, run: FitRun, source: Any) -> EpochResult:
         run.checkpointer.after_step(state, window.ends_epoch)
         if continuing is not None and not window.ends_epoch and continuing.joiners_agreed():
             raise JoinersWaiting
-    progress.mark(f"the all_reduce of the epoch's metrics (epoch {state.epoch})")
-    return sums.result()
+    return _figures(state, run)
+
+
+def _figures(state: TrainState, run: FitRun) -> EpochResult:
+    """The epoch's figures over the world (a collective; under continue mode closing section
+    ``(epoch, FIGURES)``, which a rank past it after a regroup does not do again)."""
+    sums = state.sums
+    assert sums is not None, "set by fit()"
+    run.step.progress.mark(f"the all_reduce of the epoch's metrics (epoch {state.epoch})")
+    if run.continuing is None:
+        return sums.result()
+    return run.continuing.closings.run(state.epoch, FIGURES, sums.result)
 
 
 def _since(started: float) -> float:

@@ -43,6 +43,7 @@ from rankwise.train.checkpoint import (
     read_checkpoint,
     save_file,
 )
+from rankwise.train.closings import END, SAVE
 from rankwise.train.config import DistributedTrainingConfig
 from rankwise.train.continuing import Continuing
 from rankwise.train.data import (
@@ -346,11 +347,11 @@ class DistributedTrainer:
                 save = functools.partial(checkpointer.at_end, state)
             else:
                 save = functools.partial(checkpointer.after_epoch, state, epoch, durable=reports)
-            saved = between_epochs(run, save)
+            saved = between_epochs(run, save, epoch, SAVE)
             if reports:
                 self._call("on_epoch_saved", self, epoch, metrics, saved)
         # a last save unless the last step is saved; fit returns once it is durable
-        between_epochs(run, functools.partial(checkpointer.at_end, state))
+        between_epochs(run, functools.partial(checkpointer.at_end, state), state.epoch - 1, END)
         if continuing is not None:
             continuing.finished()  # the launcher counts this process's exit 0 as the job's end
         return samples, train_seconds

@@ -133,6 +133,20 @@ class Checkpointer:
         self.regrouped()  # a write in flight now: SIGTERM waits for it
         return path
 
+    def snapshot(self) -> tuple[object, ...]:
+        """What decides this checkpointer's next saves (which step is saved, whether a step
+        save is due, which write is in flight), the same on every rank; for a closing
+        section that a lost peer makes every survivor do again (rankwise.train.closings)."""
+        kept = self.writer.snapshot() if self.writer is not None else ()
+        return (self.saved_at, self._saved_path, self._step_save_due, *kept)
+
+    def restore(self, snapshot: tuple[object, ...]) -> None:
+        """Back to :meth:`snapshot`'s choices: the retried section saves what it first would
+        have (a checkpoint that did land is written again, under the same name)."""
+        self.saved_at, self._saved_path, self._step_save_due = snapshot[:3]  # type: ignore[assignment]
+        if self.writer is not None:
+            self.writer.restore(snapshot[3:])
+
     def check_folder(self) -> None:
         """Before the first step (a collective): the folder is writable, or every rank stops
         naming the path and the OS error (not at the first save's end, an interval later)."""

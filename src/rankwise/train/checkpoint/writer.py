@@ -172,6 +172,7 @@ class CheckpointWriter:
         self._writes = writes
         self.stats = SaveStats()
         self._saved = saved
+        self._reported: set[str] = set()  # the checkpoints ``saved`` was told of (once each)
         self.final_wait_s = final_wait_s
         self._written = written
         self._recorded: set[str] = set()  # the writes ``written`` was told of (once each)
@@ -208,6 +209,13 @@ class CheckpointWriter:
         """Whether a background write of this rank can be in flight now: it writes now, or the
         write it started (maybe under another role) has not been waited for."""
         return self.background and (self.writes or self.manager.pending() is not None)
+
+    def snapshot(self) -> tuple[object, ...]:
+        """The save in flight as every rank knows it (:meth:`Checkpointer.snapshot`)."""
+        return (self._in_flight, self._written_in)
+
+    def restore(self, snapshot: tuple[object, ...]) -> None:
+        self._in_flight, self._written_in = snapshot  # type: ignore[assignment]
 
     def check_folder(self) -> None:
         """Before the first step (a collective): every rank that may write probes the folder
@@ -256,7 +264,7 @@ class CheckpointWriter:
         if self.writes and not self.background:
             self.stats.durable_after.append(time.perf_counter() - started)
         if path is not None and not self.background:
-            self._saved(path)
+            self._report(path)
         return path
 
     def finish(self, state: Savable | None = None) -> None:
@@ -490,6 +498,13 @@ class CheckpointWriter:
         mine = CheckpointWriteError(str(error))
         raise owned_by(mine, src, rd.get_rank(), f"rank {src}'s checkpoint write failed")
 
+    def _report(self, path: Location) -> None:
+        """``saved(path)`` once per checkpoint (a closing section done again after a lost
+        peer writes the same checkpoint again: rankwise.train.closings)."""
+        if str(path) not in self._reported:
+            self._reported.add(str(path))
+            self._saved(path)
+
     def _record_written(self, path: Location) -> None:
         """``written(path)`` on this rank, which wrote ``path`` and saw it land; once per
         checkpoint, whichever wait saw it first (a drain, the SIGTERM duty, the next save)."""
@@ -512,7 +527,7 @@ class CheckpointWriter:
             return
         path, self._in_flight = self._in_flight, None
         if path is not None and not self._writer_lost():
-            self._saved(path)
+            self._report(path)
 
     def _report_landed(self) -> None:
         """Queued saves: ``saved`` for each of this rank's writes that landed since the last
@@ -530,7 +545,7 @@ class CheckpointWriter:
             gathered = rd.all_gather_plain([str(p) for p in landed])
             landed = sorted({path for paths in gathered for path in paths})  # names sort by step
         for path in landed:
-            self._saved(path)
+            self._report(path)
 
     def _writer_lost(self) -> bool:
         """Whether a generation after the in-flight save's left its writer out (it was lost:
