@@ -592,6 +592,39 @@ def own_timeout_error(out: Path, rng: random.Random, trial: int) -> Trial:
         job.end()
 
 
+def lost_between_epochs(out: Path, rng: random.Random, trial: int) -> Trial:
+    # Slot 0 writes the checkpoints: every other trial loses it (its write in flight).
+    slot, epoch = (0 if trial % 2 == 0 else rng.randrange(1, 3)), rng.randrange(EPOCHS)
+    # The last epoch's closing (figures, the final save) takes about 0.1 s: a later kill would
+    # find the slot's fit over.
+    last = epoch == EPOCHS - 1
+    step, delay = (epoch + 1) * STEPS_PER_EPOCH, round(rng.uniform(0.0, 0.08 if last else 0.3), 3)
+    t = Trial(f"slot {slot} SIGKILLed {delay} s after epoch {epoch}'s last step (step {step})")
+    job = launch(out, "--kill-late", f"{slot}:{step}:{delay}", *CHECKPOINTS)
+    try:
+        code = job.wait()
+        killed = mark_time(out / f"killed-late-{slot}")
+        if mark_time(out / f"fit-done-{slot}") < killed:  # its fit was over: nothing to test
+            t.outcome = "the kill came after the slot's fit (not a trial of this class)"
+            t.seconds, t.bound = 0.0, 1.0
+            return finish(t, out, code, job.stderr, True)
+        others = [s for s in range(3) if s != slot]
+        if epoch < EPOCHS - 1:  # the survivors train the next epoch
+            t.seconds = next_step_after(out, killed, others)
+        else:  # the survivors close the last epoch and save
+            t.seconds = job.ended - killed
+        t.bound = TIMEOUT_S + STALE_S + EXIT_S
+        err = job.stderr
+        check(t, "it was killed", not math.isnan(killed))
+        check(t, "the others went on", "continuing on 2 rank(s) (was 3)" in job.stdout)
+        check(t, "no mismatched collectives", "invalid root rank" not in err)
+        check(t, "finished", code == 0)
+        check_final_checkpoint(t, out)
+        return finish(t, out, code, err, code == 0)
+    finally:
+        job.end()
+
+
 def early_exit_0(out: Path, rng: random.Random, trial: int) -> Trial:
     exits, raises = rng.sample(range(2), 2)  # one slot leaves with exit 0, the other raises
     k1 = rng.randint(2, STEPS_PER_EPOCH - 2)
@@ -849,6 +882,9 @@ CLASSES = [
                "the longest gap between two steps <= 2 s (never the store's silence)"),
     FaultClass("store-chaos", store_chaos, "finished or a named error",
                "launch -> the job's end <= the chaos test's bound"),
+    FaultClass("lost-between-epochs", lost_between_epochs, "finished",
+               "kill -> the survivors' next step (or the job's end after the last epoch) <= "
+               "the collective timeout + RANKWISE_STALE_S + a process's exit"),
     FaultClass("killed-in-setup", killed_in_setup, "finished",
                "joiner's death -> the members' next step <= the set-up timeout + "
                "RANKWISE_STALE_S + a process's exit"),

@@ -10,6 +10,10 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
   launcher and that launcher's other processes (a lost node; tests/launch/test_launch_multihost.py), once
   they have recorded their micro-batch of step K too.
 - ``--stop-slot S --stop-step K``: slot S SIGSTOPs itself there instead (frozen).
+- ``--kill-late S:K:SECONDS``: slot S is SIGKILLed by a timer SECONDS after its step K's
+  gradient left, wherever its main thread is then (after an epoch's last step: the figures,
+  the save or their barriers; benchmarks' lost-between-epochs class), on its first start only;
+  it writes ``OUT/killed-late-<slot>`` (the time) just before.
 - ``--await-joiner-step K[,K2...]``: in optimizer step K, a member of a smaller world than it started
   with waits (up to 120 s, or ``--await-joiner-s S``) until a restarted process asks to join,
   so the join lands at the end of step K however slowly the restarted process starts. A restarted process writes the
@@ -95,6 +99,11 @@ p.add_argument("--grad-accum", type=int, default=1)
 p.add_argument("--kill-slot", type=int, default=-1)
 p.add_argument("--kill-step", type=int, default=-1)
 p.add_argument("--kill-group", action="store_true")
+p.add_argument(
+    "--kill-late", default="", metavar="SLOT:STEP:SECONDS",
+    help="SIGKILL SLOT from a timer SECONDS after its step STEP's gradient left (first start): "
+    "past an epoch's last step the kill lands in the figures, the save or their barriers",
+)  # fmt: skip
 p.add_argument("--stop-slot", type=int, default=-1)
 p.add_argument("--stop-step", type=int, default=-1)
 p.add_argument("--await-joiner-step", default="", help="K or K1,K2,...")
@@ -170,6 +179,12 @@ def strike(i: int, kind: str, sig: signal.Signals) -> None:
     os.kill(os.getpid(), sig)
 
 
+def kill_late() -> None:
+    """--kill-late's timer: wherever the main thread is now, this process dies."""
+    (args.out / f"killed-late-{slot}").write_text(f"{time.time()}\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def save_strike(point: str) -> None:
     """The fault hook of every process; it fires in the one writing the checkpoints."""
     if point == "mid-write" and 0 <= args.disk_full_at <= trainer.state.step:
@@ -224,6 +239,9 @@ class Fault:
         if args.exit_zero == f"{slot}:{step + 1}":
             steps_log.flush()
             os._exit(0)  # leaves early without an error: not the end of training
+        late_slot, _, late = args.kill_late.partition(":")
+        if late and late_slot == str(slot) and str(step + 1) == late.split(":")[0]:
+            threading.Timer(float(late.split(":")[1]), kill_late).start()
         if slot == args.kill_slot and step + 1 == args.kill_step:
             if args.kill_group:
                 node_records(step + 1)
@@ -328,6 +346,8 @@ try:
 except BaseException as exc:
     error_mark(exc)
     raise
+if first_start:  # when this process's fit returned (a --kill-late after it hits no collective)
+    (args.out / f"fit-done-{slot}").write_text(f"{time.time()}\n")
 if rd.is_master():
     time.sleep(args.master_after_fit)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
