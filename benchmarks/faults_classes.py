@@ -593,14 +593,21 @@ def own_timeout_error(out: Path, rng: random.Random, trial: int) -> Trial:
 
 
 def lost_between_epochs(out: Path, rng: random.Random, trial: int) -> Trial:
-    # Slot 0 writes the checkpoints: every other trial loses it (its write in flight).
-    slot, epoch = (0 if trial % 2 == 0 else rng.randrange(1, 3)), rng.randrange(EPOCHS)
-    # The last epoch's closing (figures, the final save) takes about 0.1 s: a later kill would
-    # find the slot's fit over.
-    last = epoch == EPOCHS - 1
-    step, delay = (epoch + 1) * STEPS_PER_EPOCH, round(rng.uniform(0.0, 0.08 if last else 0.3), 3)
-    t = Trial(f"slot {slot} SIGKILLed {delay} s after epoch {epoch}'s last step (step {step})")
-    job = launch(out, "--kill-late", f"{slot}:{step}:{delay}", *CHECKPOINTS)
+    # Slot 0 writes the checkpoints: every other pair of trials loses it (its write in
+    # flight). Even trials start the timer as the figures all-reduce begins (0-2 ms: inside
+    # it, where it can end on one survivor and fail on another), odd ones after the step.
+    slot, epoch = (0 if trial // 2 % 2 == 0 else rng.randrange(1, 3)), rng.randrange(EPOCHS)
+    step = (epoch + 1) * STEPS_PER_EPOCH
+    if trial % 2 == 0:
+        delay = round(rng.uniform(0.0, 0.002), 5)
+        t = Trial(f"slot {slot} SIGKILLed {delay} s into epoch {epoch}'s figures all-reduce")
+        job = launch(out, "--kill-in-figures", f"{slot}:{epoch}:{delay}", *CHECKPOINTS)
+    else:
+        # The last epoch's closing (figures, the final save) takes about 0.1 s: a later kill
+        # would find the slot's fit over.
+        delay = round(rng.uniform(0.0, 0.08 if epoch == EPOCHS - 1 else 0.3), 3)
+        t = Trial(f"slot {slot} SIGKILLed {delay} s after epoch {epoch}'s last step ({step})")
+        job = launch(out, "--kill-late", f"{slot}:{step}:{delay}", *CHECKPOINTS)
     try:
         code = job.wait()
         killed = mark_time(out / f"killed-late-{slot}")

@@ -10,6 +10,8 @@ the parameters to ``OUT/final.pt`` and each process its PID history to ``OUT/pid
   launcher and that launcher's other processes (a lost node; tests/launch/test_launch_multihost.py), once
   they have recorded their micro-batch of step K too.
 - ``--stop-slot S --stop-step K``: slot S SIGSTOPs itself there instead (frozen).
+- ``--kill-in-figures S:E:SECONDS``: the same timer, started as epoch E's figures
+  all-reduce begins on slot S (``EpochSums.result``): the kill lands inside it or just after.
 - ``--kill-late S:K:SECONDS``: slot S is SIGKILLed by a timer SECONDS after its step K's
   gradient left, wherever its main thread is then (after an epoch's last step: the figures,
   the save or their barriers; benchmarks' lost-between-epochs class), on its first start only;
@@ -90,6 +92,7 @@ from rankwise.distributed.membership import Membership
 from rankwise.distributed.signing import parse_slots, read_raw
 from rankwise.train import AuditLog, DistributedTrainer, DistributedTrainingConfig
 from rankwise.train.checkpoint import FAULT_POINTS, set_fault_hook, writer
+from rankwise.train.sums import EpochSums
 
 p = argparse.ArgumentParser()
 p.add_argument("out", type=Path)
@@ -99,6 +102,11 @@ p.add_argument("--grad-accum", type=int, default=1)
 p.add_argument("--kill-slot", type=int, default=-1)
 p.add_argument("--kill-step", type=int, default=-1)
 p.add_argument("--kill-group", action="store_true")
+p.add_argument(
+    "--kill-in-figures", default="", metavar="SLOT:EPOCH:SECONDS",
+    help="SIGKILL SLOT from a timer started as epoch EPOCH's figures all-reduce begins, after "
+    "SECONDS (first start): inside the all-reduce, or in the barrier or save after it",
+)  # fmt: skip
 p.add_argument(
     "--kill-late", default="", metavar="SLOT:STEP:SECONDS",
     help="SIGKILL SLOT from a timer SECONDS after its step STEP's gradient left (first start): "
@@ -321,6 +329,16 @@ model, trainer = mlp_trainer([Fault(), AuditLog(args.out / "audit"), Hooks()])
 )
 if args.joiner_dies_waiting and os.environ.get("RANKWISE_INCARNATION") == "1":
     threading.Thread(target=die_once_waiting, daemon=True).start()
+if args.kill_in_figures and first_start and args.kill_in_figures.split(":")[0] == str(slot):
+    _, figures_epoch, figures_after = args.kill_in_figures.split(":")
+    own_result = EpochSums.result
+
+    def timed_result(sums: EpochSums) -> object:
+        if trainer.state.epoch == int(figures_epoch):
+            threading.Timer(float(figures_after), kill_late).start()
+        return own_result(sums)
+
+    EpochSums.result = timed_result  # type: ignore[assignment,method-assign]
 if any(kind in FAULT_POINTS for kind, _ in strikes) or args.disk_full_at >= 0:
     set_fault_hook(save_strike)
 every = args.checkpoint_every
