@@ -108,10 +108,10 @@ The classes of issue 30 (trust, second round):
    collective timeout of 60 s (not 3): the members give the group up after the set-up
    timeout (before, the group's set-up waited out the collective timeout itself), recover
    without it, and the slot's next restart joins: the job finishes on 3 ranks.
-15. lost-between-epochs: a slot (the writing rank 0 in every other trial) is SIGKILLed by a
-   timer 0-0.3 s after an epoch's last step, so that it dies in the epoch's figures
-   all-reduce, its save or their barriers, where a collective can end on one survivor and
-   fail on another: the survivors agree where they stopped (rankwise.train.closings) and the
+15. lost-between-epochs: a slot (the writing rank 0 in every other pair of trials) is
+   SIGKILLed by a timer started as the epoch's figures all-reduce begins (0-2 ms) or 0-0.3 s
+   after an epoch's last step, so that it dies in the figures all-reduce, the save or their
+   barriers, where a collective can end on one survivor and fail on another: the survivors agree where they stopped (rankwise.train.closings) and the
    job finishes exactly once, its newest checkpoint the final weights.
 
 Per class it reports the outcome (``finished``, or the error a job stopped with, read from
