@@ -107,14 +107,16 @@ def after_regroup(positions: list[Position], rank: int) -> bool:
     :class:`RegroupError` for positions that no single lost peer explains."""
     keys = sorted({(p.epoch, p.stage) for p in positions})
     mine = positions[rank]
+    if any(p.phase == COMMITTED for p in positions):  # past a barrier, in no section yet:
+        keys = []  # no recovered collective runs there (validation, callbacks): unexplained
     if len(keys) == 1:
         # One section: done once every survivor has done its work (the barrier's failure
         # alone left them there); else all do it again (the steps: catch_up's business).
         return mine.stage != STEPS and all(p.phase >= DONE for p in positions)
-    first, then = keys[0], keys[-1]
+    first, then = (keys[0], keys[-1]) if keys else ((0, STEPS), (0, STEPS))
     behind = [p for p in positions if (p.epoch, p.stage) == first]
     ahead = [p for p in positions if (p.epoch, p.stage) == then]
-    explained = len(keys) == 2 and _follows(first, then)
+    explained = len(keys) == 2 and _follows(first, then)  # (no keys: never explained)
     if first[1] == STEPS:  # a step behind the others' first figures collective: catch_up
         explained = explained and all(p.phase == WORKING for p in ahead)
     else:  # those ahead passed the barrier: every survivor had done the work; they are in

@@ -294,6 +294,7 @@ class Continuing:
         self.state.sums = EpochSums()  # its own sums of the epoch start empty
         self.membership.join()
         self._take_state(None)
+        self.closings.in_steps(self.state.epoch)  # the members' steps, where it joins them
         return True
 
     def finished(self) -> None:

@@ -67,7 +67,6 @@ class Checkpointer:
         self.every_n_epochs: int = cfg.checkpoint_every_n_epochs
         self.progress = progress
         self.saved_at = saved_at
-        self._step_save_due = False  # a step save that fell on an epoch's last step
         self._saved_path: Location | None = None  # the path of the save at saved_at (this fit)
         # fit's SIGTERM guard (rankwise.train.sigterm): told when a write may be in flight
         self.sigterm = sigterm
@@ -84,12 +83,10 @@ class Checkpointer:
         every = self.every_n_steps
         if not every or state.step % every:
             return
-        if ends_epoch:
-            # Saved once the epoch is closed (history, epoch scheduler, validation), as the
-            # start of the next epoch: saved here, the sampler would have nothing left and a
-            # resume would re-enter an epoch that is already over.
-            self._step_save_due = True
-        else:
+        if not ends_epoch:
+            # An epoch's last step is saved once the epoch is closed (history, epoch scheduler,
+            # validation), as the start of the next epoch (after_epoch): saved here, the
+            # sampler would have nothing left and a resume would re-enter an epoch that is over.
             self.save(state)
 
     def after_epoch(self, state: Savable, epoch: int, *, durable: bool = False) -> Location | None:
@@ -104,12 +101,19 @@ class Checkpointer:
         """
         every = self.every_n_epochs
         path = None
-        if (every and (epoch + 1) % every == 0) or self._step_save_due:
+        if (every and (epoch + 1) % every == 0) or self._step_save_deferred(state):
             path = self.save(state)
-        self._step_save_due = False
         if durable and path is not None and self.writer is not None and self.writer.background:
             path = self.writer.settle(state)
         return path
+
+    def _step_save_deferred(self, state: Savable) -> bool:
+        """Whether the epoch's last step is due a step save (deferred by :meth:`after_step`)
+        that has not been made: from the state, the same on every rank (under continue mode
+        a survivor that took a peer's state after a regroup never ran that step's
+        ``after_step``)."""
+        every = self.every_n_steps
+        return bool(every) and state.step % every == 0 and self.saved_at != state.step
 
     def at_end(self, state: Savable) -> Location | None:
         """After the last epoch: a save unless the last step is saved already, then return once
@@ -134,18 +138,18 @@ class Checkpointer:
         return path
 
     def snapshot(self) -> tuple[object, ...]:
-        """What decides this checkpointer's next saves (which step is saved, whether a step
-        save is due, which write is in flight), the same on every rank; for a closing
-        section that a lost peer makes every survivor do again (rankwise.train.closings)."""
+        """What decides this checkpointer's next saves (which step is saved, which write is
+        in flight), the same on every rank; for a closing section that a lost peer makes
+        every survivor do again (rankwise.train.closings)."""
         kept = self.writer.snapshot() if self.writer is not None else ()
-        return (self.saved_at, self._saved_path, self._step_save_due, *kept)
+        return (self.saved_at, self._saved_path, *kept)
 
     def restore(self, snapshot: tuple[object, ...]) -> None:
         """Back to :meth:`snapshot`'s choices: the retried section saves what it first would
         have (a checkpoint that did land is written again, under the same name)."""
-        self.saved_at, self._saved_path, self._step_save_due = snapshot[:3]  # type: ignore[assignment]
+        self.saved_at, self._saved_path = snapshot[:2]  # type: ignore[assignment]
         if self.writer is not None:
-            self.writer.restore(snapshot[3:])
+            self.writer.restore(snapshot[2:])
 
     def check_folder(self) -> None:
         """Before the first step (a collective): the folder is writable, or every rank stops
