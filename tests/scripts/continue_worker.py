@@ -187,10 +187,22 @@ def strike(i: int, kind: str, sig: signal.Signals) -> None:
     os.kill(os.getpid(), sig)
 
 
+def timed_kill(spec: str) -> tuple[int, float] | None:
+    """``SLOT:AT:SECONDS`` (--kill-late, --kill-in-figures): (AT, SECONDS) when SLOT is this
+    process's slot, else None."""
+    if not spec or spec.split(":")[0] != str(slot):
+        return None
+    _, at, seconds = spec.split(":")
+    return int(at), float(seconds)
+
+
 def kill_late() -> None:
     """--kill-late's timer: wherever the main thread is now, this process dies."""
     (args.out / f"killed-late-{slot}").write_text(f"{time.time()}\n")
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+kill_late_at = timed_kill(args.kill_late)  # (step, seconds) on the slot it kills
 
 
 def save_strike(point: str) -> None:
@@ -247,9 +259,8 @@ class Fault:
         if args.exit_zero == f"{slot}:{step + 1}":
             steps_log.flush()
             os._exit(0)  # leaves early without an error: not the end of training
-        late_slot, _, late = args.kill_late.partition(":")
-        if late and late_slot == str(slot) and str(step + 1) == late.split(":")[0]:
-            threading.Timer(float(late.split(":")[1]), kill_late).start()
+        if kill_late_at is not None and step + 1 == kill_late_at[0]:
+            threading.Timer(kill_late_at[1], kill_late).start()
         if slot == args.kill_slot and step + 1 == args.kill_step:
             if args.kill_group:
                 node_records(step + 1)
@@ -329,13 +340,12 @@ model, trainer = mlp_trainer([Fault(), AuditLog(args.out / "audit"), Hooks()])
 )
 if args.joiner_dies_waiting and os.environ.get("RANKWISE_INCARNATION") == "1":
     threading.Thread(target=die_once_waiting, daemon=True).start()
-if args.kill_in_figures and first_start and args.kill_in_figures.split(":")[0] == str(slot):
-    _, figures_epoch, figures_after = args.kill_in_figures.split(":")
+if (kill_in_figures := timed_kill(args.kill_in_figures)) is not None and first_start:
     own_result = EpochSums.result
 
     def timed_result(sums: EpochSums) -> object:
-        if trainer.state.epoch == int(figures_epoch):
-            threading.Timer(float(figures_after), kill_late).start()
+        if trainer.state.epoch == kill_in_figures[0]:
+            threading.Timer(kill_in_figures[1], kill_late).start()
         return own_result(sums)
 
     EpochSums.result = timed_result  # type: ignore[assignment,method-assign]

@@ -108,15 +108,15 @@ def after_regroup(positions: list[Position], rank: int) -> bool:
     keys = sorted({(p.epoch, p.stage) for p in positions})
     mine = positions[rank]
     if any(p.phase == COMMITTED for p in positions):  # past a barrier, in no section yet:
-        keys = []  # no recovered collective runs there (validation, callbacks): unexplained
+        raise _unexplained(positions)  # no recovered collective runs there (validation)
     if len(keys) == 1:
         # One section: done once every survivor has done its work (the barrier's failure
         # alone left them there); else all do it again (the steps: catch_up's business).
         return mine.stage != STEPS and all(p.phase >= DONE for p in positions)
-    first, then = (keys[0], keys[-1]) if keys else ((0, STEPS), (0, STEPS))
+    first, then = keys[0], keys[-1]
     behind = [p for p in positions if (p.epoch, p.stage) == first]
     ahead = [p for p in positions if (p.epoch, p.stage) == then]
-    explained = len(keys) == 2 and _follows(first, then)  # (no keys: never explained)
+    explained = len(keys) == 2 and _follows(first, then)
     if first[1] == STEPS:  # a step behind the others' first figures collective: catch_up
         explained = explained and all(p.phase == WORKING for p in ahead)
     else:  # those ahead passed the barrier: every survivor had done the work; they are in
@@ -124,13 +124,17 @@ def after_regroup(positions: list[Position], rank: int) -> bool:
         explained = explained and all(p.phase >= DONE for p in behind)
         explained = explained and all(p.phase <= DONE for p in ahead)
     if not explained:
-        said = ", ".join(f"rank {r}: {p.describe()}" for r, p in enumerate(positions))
-        raise RegroupError(
-            f"the survivors of a regroup stopped in places that no lost peer explains ({said}): "
-            "their next collectives would not match. The job stops; relaunch with "
-            "resume='auto' from the last checkpoint."
-        )
+        raise _unexplained(positions)
     return first[1] != STEPS and (mine.epoch, mine.stage) == first
+
+
+def _unexplained(positions: list[Position]) -> RegroupError:
+    said = ", ".join(f"rank {r}: {p.describe()}" for r, p in enumerate(positions))
+    return RegroupError(
+        f"the survivors of a regroup stopped in places that no lost peer explains ({said}): "
+        "their next collectives would not match. The job stops; relaunch with "
+        "resume='auto' from the last checkpoint."
+    )
 
 
 @dataclass

@@ -501,16 +501,12 @@ class CheckpointWriter:
     def _report(self, path: Location) -> None:
         """``saved(path)`` once per checkpoint (a closing section done again after a lost
         peer writes the same checkpoint again: rankwise.train.closings)."""
-        if str(path) not in self._reported:
-            self._reported.add(str(path))
-            self._saved(path)
+        _once(self._reported, path, self._saved)
 
     def _record_written(self, path: Location) -> None:
         """``written(path)`` on this rank, which wrote ``path`` and saw it land; once per
         checkpoint, whichever wait saw it first (a drain, the SIGTERM duty, the next save)."""
-        if str(path) not in self._recorded:
-            self._recorded.add(str(path))
-            self._written(path)
+        _once(self._recorded, path, self._written)
 
     def _time_write(self, started: float, future: concurrent.futures.Future[Any]) -> None:
         done = self.stats.durable_after.append
@@ -551,6 +547,13 @@ class CheckpointWriter:
         """Whether a generation after the in-flight save's left its writer out (it was lost:
         its write may never have landed)."""
         return self.roles.writer_left_out(self._written_in)
+
+
+def _once(told: set[str], path: Location, tell: Callable[[Location], None]) -> None:
+    """``tell(path)`` unless ``told`` holds it already (then it does)."""
+    if str(path) not in told:
+        told.add(str(path))
+        tell(path)
 
 
 def _failed(where: Location, exc: BaseException) -> str:
