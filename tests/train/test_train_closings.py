@@ -160,3 +160,33 @@ def test_a_section_done_again_starts_from_its_first_choices_and_a_finished_one_i
     closings.regrouped([closings.position, Position(1, END)], 0)
     assert closings.run(1, SAVE, work, kept) == "saved" and len(calls) == 2
     assert closings.run(1, END, lambda: "ended", kept, commit=False) == "ended"
+
+
+@pytest.mark.parametrize("ran_last_after_step", [True, False])
+def test_the_deferred_step_save_is_read_from_the_state_not_from_who_ran_the_step(
+    tmp_path: Any, ran_last_after_step: bool
+) -> None:
+    """After a regroup a survivor a step behind takes a peer's state at the epoch's last step
+    (catch_up) and never runs that step's ``after_step``: its ``after_epoch`` must save the
+    deferred step checkpoint all the same, or the others' save meets its barrier."""
+    import torch
+    from torch import nn
+
+    from rankwise.train import DistributedTrainingConfig
+    from rankwise.train.checkpoint import Checkpointer, CheckpointManager
+    from rankwise.train.state import TrainState
+
+    cfg = DistributedTrainingConfig(
+        checkpoint_dir=str(tmp_path), checkpoint_every_n_steps=3, checkpoint_every_n_epochs=0,
+        async_checkpoints=False, verbose=False,
+    )  # fmt: skip
+    model = nn.Linear(2, 2)
+    state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1), step=6)
+    checkpointer = Checkpointer(CheckpointManager(tmp_path), cfg, on_saved=lambda path: None)
+    if ran_last_after_step:
+        checkpointer.after_step(state, ends_epoch=True)  # the epoch's last step: deferred
+    assert not list(tmp_path.glob("*.pt"))
+    state.epoch = 1  # the epoch closed
+    path = checkpointer.after_epoch(state, 0)
+    assert path is not None and [p.name for p in tmp_path.glob("*.pt")] == [path.name]
+    assert checkpointer.after_epoch(state, 0) is None  # saved: not again
